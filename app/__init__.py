@@ -1,0 +1,1 @@
+"""tierd's service: settings, the REST API, the CLI and the Python client."""

@@ -1,0 +1,37 @@
+"""Plain configuration objects the engine receives.
+
+Only ``app.settings`` reads the environment or files; the engine gets these frozen dataclasses,
+so it can be used as a library with no service around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["EngineConfig", "TierConfig"]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One tier: a named directory root. Its rank is its position in the tier list (0 = fastest)."""
+
+    name: str
+    path: Path
+    quota_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to run."""
+
+    tiers: tuple[TierConfig, ...]
+    catalog_url: str
+    half_life_s: float = 86_400.0
+    access_flush_interval_s: float = 1.0
+    max_upload_bytes: int = 1 << 40
+    default_tier: str | None = None
+    scan_on_start: bool = True
+
+    def tier_names(self) -> list[str]:
+        return [t.name for t in self.tiers]

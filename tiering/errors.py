@@ -1,0 +1,173 @@
+"""The one exception tree of tierd's engine.
+
+Every error the engine raises on purpose is a :class:`TierdError`. Each class has a stable
+snake_case ``code`` that clients can switch on. HTTP knows nothing here: ``app.errors`` maps
+these classes to status codes in exactly one place.
+
+::
+
+    TierdError
+    ├── InvalidInput                  bad arguments from a caller (also a ValueError)
+    │   ├── InvalidPath               relpath is absolute, has '..', NUL, is too long, ...
+    │   ├── InvalidRange              offset/length outside the file, malformed Range header
+    │   ├── InvalidPolicy             a policy document that does not validate
+    │   ├── InvalidDevice             a device string that names no device here
+    │   ├── InvalidDtype              unknown dtype, or one that does not divide the length
+    │   ├── MisalignedBuffer          a buffer or offset not on the required alignment
+    │   ├── IndexOutOfRange           vector row indices outside the matrix
+    │   └── MalformedFile             a safetensors header that is truncated or wrong
+    ├── NotFound
+    │   ├── FileNotFound              no catalog record (or no bytes on disk) for that id/path
+    │   ├── TierNotFound              no tier of that name
+    │   └── BufferNotFound            no lease / job with that id
+    ├── Conflict
+    │   ├── AlreadyExists             relpath exists and overwrite was not asked for
+    │   └── FileBusy                  the file is migrating, pinned elsewhere, or changed under us
+    ├── TooLarge                      a body or request over a configured limit
+    ├── InsufficientSpace             a tier or device is out of space, quota or budget
+    ├── Unavailable                   temporarily unable to serve
+    │   └── CatalogBusy               SQLite stayed locked past busy_timeout
+    ├── IntegrityError                bytes do not match their checksum, or the source changed
+    ├── BackendUnavailable            an explicitly requested I/O backend is not installed here
+    └── ClosedFile                    an operation on a closed handle
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "BackendUnavailable",
+    "BufferNotFound",
+    "CatalogBusy",
+    "ClosedFile",
+    "Conflict",
+    "FileBusy",
+    "FileNotFound",
+    "IndexOutOfRange",
+    "InsufficientSpace",
+    "IntegrityError",
+    "InvalidDevice",
+    "InvalidDtype",
+    "InvalidInput",
+    "InvalidPath",
+    "InvalidPolicy",
+    "InvalidRange",
+    "MalformedFile",
+    "MisalignedBuffer",
+    "NotFound",
+    "TierNotFound",
+    "TierdError",
+    "TooLarge",
+    "Unavailable",
+]
+
+
+class TierdError(Exception):
+    """Base of every error tierd raises on purpose.
+
+    Parameters
+    ----------
+    message:
+        A sentence for a person: what was wrong and, where it helps, what to do.
+    **details:
+        Machine-readable extras (sizes, limits, ids) that clients may show.
+    """
+
+    code = "tierd_error"
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidInput(TierdError, ValueError):
+    code = "invalid_input"
+
+
+class InvalidPath(InvalidInput):
+    code = "invalid_path"
+
+
+class InvalidRange(InvalidInput):
+    code = "invalid_range"
+
+
+class InvalidPolicy(InvalidInput):
+    code = "invalid_policy"
+
+
+class InvalidDevice(InvalidInput):
+    code = "invalid_device"
+
+
+class InvalidDtype(InvalidInput):
+    code = "invalid_dtype"
+
+
+class MisalignedBuffer(InvalidInput):
+    code = "misaligned_buffer"
+
+
+class IndexOutOfRange(InvalidInput, IndexError):
+    code = "index_out_of_range"
+
+
+class MalformedFile(InvalidInput):
+    code = "malformed_file"
+
+
+class NotFound(TierdError, LookupError):
+    code = "not_found"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class TierNotFound(NotFound):
+    code = "tier_not_found"
+
+
+class BufferNotFound(NotFound):
+    code = "buffer_not_found"
+
+
+class Conflict(TierdError):
+    code = "conflict"
+
+
+class AlreadyExists(Conflict):
+    code = "already_exists"
+
+
+class FileBusy(Conflict):
+    code = "file_busy"
+
+
+class TooLarge(TierdError):
+    code = "too_large"
+
+
+class InsufficientSpace(TierdError):
+    code = "insufficient_space"
+
+
+class Unavailable(TierdError):
+    code = "unavailable"
+
+
+class CatalogBusy(Unavailable):
+    code = "catalog_busy"
+
+
+class IntegrityError(TierdError):
+    code = "integrity_error"
+
+
+class BackendUnavailable(TierdError, ImportError):
+    code = "backend_unavailable"
+
+
+class ClosedFile(TierdError):
+    code = "closed_file"
