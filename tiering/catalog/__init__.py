@@ -1,0 +1,19 @@
+"""The catalog: SQLAlchemy models, the single-writer database and the repository."""
+
+from tiering.catalog.db import Database, decay, upgrade
+from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase, PolicyVersion
+from tiering.catalog.repo import Catalog, NewFile, TierUsage
+
+__all__ = [
+    "Catalog",
+    "Database",
+    "FileRecord",
+    "FileState",
+    "Migration",
+    "MigrationPhase",
+    "NewFile",
+    "PolicyVersion",
+    "TierUsage",
+    "decay",
+    "upgrade",
+]

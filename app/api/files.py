@@ -1,0 +1,165 @@
+"""Files: list, look up, read (with Range), upload, delete."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import EngineDep
+from app.auth import require_admin, require_data
+from app.errors import HttpError
+from app.ranges import parse_range
+from app.schemas import FileList, FileOut
+from tiering.catalog import FileState
+from tiering.checksum import hex_digest
+from tiering.engine import Engine
+from tiering.paths import MAX_RELPATH_CHARS
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+UPLOAD_BUFFER = 1 << 20
+MAX_PAGE = 1000
+
+
+def _out(engine: Engine, rec: Any) -> FileOut:
+    return FileOut.of(rec, engine.heat(rec))
+
+
+def _encode_cursor(last_id: int) -> str:
+    return base64.urlsafe_b64encode(f"id:{last_id}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = raw.partition(":")
+        if kind != "id" or not value.isdigit():
+            raise ValueError(raw)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise HttpError(422, "invalid_cursor", "cursor is not one this server issued") from None
+
+
+PathQuery = Annotated[str, Query(max_length=MAX_RELPATH_CHARS * 4, description="File relpath")]
+
+
+@router.get("", dependencies=[require_data])
+def list_files(
+    engine: EngineDep,
+    tier: Annotated[str | None, Query(description="Only files on this tier")] = None,
+    prefix: Annotated[str | None, Query(max_length=4096, description="Relpath prefix")] = None,
+    state: Annotated[
+        str | None, Query(description="Only files in this state; default all but missing")
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> FileList:
+    """Files ordered by id, a page at a time; follow ``next_cursor`` for the next page."""
+    if tier is not None:
+        engine.tiers.get(tier)
+    if state is not None and state not in FileState.ALL:
+        raise HttpError(
+            422, "invalid_state", f"state must be one of {', '.join(FileState.ALL)}"
+        )
+    states = [state] if state else [s for s in FileState.ALL if s != FileState.MISSING]
+    after = _decode_cursor(cursor) if cursor else 0
+    recs = engine.catalog.list(tier=tier, prefix=prefix, states=states, after_id=after,
+                               limit=limit + 1)
+    more = len(recs) > limit
+    recs = recs[:limit]
+    return FileList(
+        items=[_out(engine, r) for r in recs],
+        next_cursor=_encode_cursor(recs[-1].id) if more else None,
+    )
+
+
+@router.get("/lookup", dependencies=[require_data])
+def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
+    """One file by relpath."""
+    return _out(engine, engine.lookup(path))
+
+
+@router.put("/content", dependencies=[require_data], status_code=201)
+async def upload(
+    request: Request,
+    engine: EngineDep,
+    path: PathQuery,
+    tier: Annotated[str | None, Query(description="Tier to write to; default the file's "
+                                                   "current tier, else the default tier")] = None,
+    overwrite: bool = False,
+) -> JSONResponse:
+    """Upload a file's bytes: streamed to a temp file, fsynced, published without clobbering,
+    then recorded. 201 for a new file, 200 when ``overwrite`` replaced one."""
+    length = request.headers.get("content-length")
+    expected: int | None = None
+    if length is not None:
+        if not length.isdigit():
+            raise HttpError(400, "invalid_content_length", "Content-Length must be an integer")
+        expected = int(length)
+    up = await run_in_threadpool(
+        engine.begin_upload, path, tier=tier, overwrite=overwrite, expected_size=expected
+    )
+    replaced = up.replaces is not None
+    try:
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) >= UPLOAD_BUFFER:
+                await run_in_threadpool(up.write, bytes(buf))
+                buf.clear()
+        if buf:
+            await run_in_threadpool(up.write, bytes(buf))
+        rec = await run_in_threadpool(up.commit)
+    finally:
+        await run_in_threadpool(up.abort)
+    body = _out(engine, rec).model_dump(mode="json")
+    return JSONResponse(body, status_code=200 if replaced else 201)
+
+
+@router.get("/{file_id}", dependencies=[require_data])
+def get_file(engine: EngineDep, file_id: int) -> FileOut:
+    """One file by id."""
+    return _out(engine, engine.get(file_id))
+
+
+@router.get("/{file_id}/content", dependencies=[require_data])
+def read_content(request: Request, engine: EngineDep, file_id: int) -> Response:
+    """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
+    an unsatisfiable or multi-part one gives 416. Counts one access."""
+    content = engine.open_content(file_id)
+    try:
+        rec = content.record
+        size = content.size
+        headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        # The checksum names the bytes recorded; if the file changed on disk outside tierd
+        # (size differs) the ETag would lie, so leave it off until a scan rehashes.
+        if rec.checksum and size == rec.size:
+            headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
+        range_header = request.headers.get("range")
+        if range_header is not None:
+            if_range = request.headers.get("if-range")
+            if if_range is not None and if_range != headers.get("ETag"):
+                range_header = None  # the client's copy is stale: send it all
+        if range_header is None:
+            start, end, status = 0, size, 200
+        else:
+            start, end = parse_range(range_header, size)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        headers["Content-Length"] = str(end - start)
+    except BaseException:
+        content.close()
+        raise
+    return StreamingResponse(content.iter_range(start, end), status_code=status, headers=headers)
+
+
+@router.delete("/{file_id}", dependencies=[require_admin])
+def delete_file(engine: EngineDep, file_id: int) -> dict[str, FileOut]:
+    """Remove a file's bytes from its tier and its record from the catalog."""
+    rec = engine.delete(file_id)
+    return {"deleted": _out(engine, rec)}

@@ -1,0 +1,43 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import APIRouter
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+
+from app.api.deps import EngineDep
+from app.schemas import iso
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(engine: EngineDep) -> JSONResponse:
+    """Ready when the catalog answers and every tier root is a usable directory."""
+    checks: dict[str, object] = {}
+    ok = True
+    try:
+        checks["catalog"] = {"ok": True, "files": engine.catalog.count()}
+    except Exception as exc:
+        ok = False
+        checks["catalog"] = {"ok": False, "error": str(exc)}
+    tiers = {}
+    for tier in engine.tiers:
+        usable = tier.root.is_dir() and os.access(tier.root, os.R_OK | os.W_OK | os.X_OK)
+        ok = ok and usable
+        tiers[tier.name] = {"ok": usable, "path": str(tier.root)}
+    checks["tiers"] = tiers
+    scan = engine.last_scan
+    checks["last_scan"] = scan.summary() if scan else None
+    body = {"status": "ready" if ok else "not_ready", "started_at": iso(engine.started_at),
+            "checks": checks}
+    return JSONResponse(jsonable_encoder(body), status_code=200 if ok else 503)

@@ -1,0 +1,61 @@
+"""Bearer tokens: the admin token may do everything, the data token the data routes."""
+
+from __future__ import annotations
+
+import hmac
+from enum import Enum
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.errors import HttpError
+
+__all__ = ["Role", "require_admin", "require_data"]
+
+
+class Role(str, Enum):
+    admin = "admin"
+    data = "data"
+
+
+def _same(a: str, b: str | None) -> bool:
+    return b is not None and hmac.compare_digest(a.encode(), b.encode())
+
+
+def _role(request: Request) -> Role:
+    settings = request.app.state.settings
+    if not settings.auth_enabled:
+        # No tokens: tierd only binds loopback (checked at start), so the caller is local.
+        return Role.admin
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise HttpError(
+            401,
+            "unauthorized",
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    token = token.strip()
+    if _same(token, settings.admin_token):
+        return Role.admin
+    if _same(token, settings.data_token):
+        return Role.data
+    raise HttpError(401, "unauthorized", "invalid token", {"WWW-Authenticate": "Bearer"})
+
+
+def _data(request: Request) -> Role:
+    return _role(request)
+
+
+def _admin(request: Request) -> Role:
+    role = _role(request)
+    if role is not Role.admin:
+        raise HttpError(403, "forbidden", "this route needs the admin token")
+    return role
+
+
+require_data = Depends(_data)
+require_admin = Depends(_admin)
+DataRole = Annotated[Role, require_data]
+AdminRole = Annotated[Role, require_admin]

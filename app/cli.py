@@ -1,0 +1,227 @@
+"""The ``tierd`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from app.schemas import FileOut, TierOut
+from app.settings import Settings, get_settings
+from tiering.catalog import upgrade
+from tiering.engine import Engine
+from tiering.errors import TierdError
+
+__all__ = ["cli", "main"]
+
+cli = typer.Typer(
+    name="tierd",
+    help="Keeps files on the right storage tier and gets them into GPU memory fast.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+db_cli = typer.Typer(help="Catalog database.", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Directory of the embedded default")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return get_settings(config, **overrides)
+    except (ValidationError, FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _engine(settings: Settings) -> Iterator[Engine]:
+    engine = Engine(settings.engine_config())
+    try:
+        yield engine.open()
+    except TierdError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
+
+
+def _print_json(obj: Any) -> None:
+    out.print_json(json.dumps(obj, default=str))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
+@cli.command()
+def serve(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error")] = None,
+) -> None:
+    """Run the service (upgrades the catalog and scans the tiers first)."""
+    import uvicorn
+
+    from app.main import UnsafeBind, create_app
+
+    settings = _settings(config, data_dir=data_dir, host=host, port=port, log_level=log_level)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app = create_app(settings)
+    except UnsafeBind as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+@db_cli.command("upgrade")
+def db_upgrade(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Create or upgrade the catalog schema (Alembic)."""
+    settings = _settings(config, data_dir=data_dir)
+    upgrade(settings.catalog_url)
+    out.print(f"catalog at {settings.catalog_url} is up to date")
+
+
+@cli.command()
+def scan(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    check: Annotated[bool, typer.Option("--check", help="Report drift, change nothing")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reconcile the catalog with the files in the tier roots."""
+    settings = _settings(config, data_dir=data_dir)
+    with _engine(settings) as engine:
+        t0 = time.perf_counter()
+        with out.status("scanning tiers…", spinner="dots") if not as_json else _null():
+            report = engine.scan(check=check)
+        elapsed = time.perf_counter() - t0
+    if as_json:
+        _print_json(report.as_dict() | {"seconds": round(elapsed, 3)})
+        return
+    verb = "would be" if check else "were"
+    out.print(f"scanned in {elapsed:.2f}s: {report.unchanged} unchanged")
+    for label, items in (
+        ("adopted", report.adopted),
+        ("changed", report.changed),
+        ("moved between tiers", report.moved),
+        ("marked missing", report.missing),
+    ):
+        if items:
+            out.print(f"{len(items)} {verb} {label}: " + ", ".join(items[:10])
+                      + (" …" if len(items) > 10 else ""))
+    for path, names in report.conflicts.items():
+        out.print(f"[yellow]conflict[/yellow]: {path} is in tiers {', '.join(names)}")
+    if check and (report.drift or report.conflicts):
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _null() -> Iterator[None]:
+    yield
+
+
+@cli.command()
+def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Show tiers with capacity, use and file counts."""
+    settings = _settings(config, data_dir=data_dir)
+    with _engine(settings) as engine:
+        rows = [TierOut.of(t) for t in engine.tier_infos()]
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table("rank", "tier", "path", "files", "file bytes", "quota", "free", "capacity")
+    for r in rows:
+        table.add_row(str(r.rank), r.name, r.path, str(r.files), _size(r.file_bytes),
+                      _size(r.quota_bytes), _size(r.free_bytes), _size(r.capacity_bytes))
+    out.print(table)
+
+
+@cli.command("ls")
+def ls(
+    prefix: Annotated[str | None, typer.Argument(help="Relpath prefix")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    tier: Annotated[str | None, typer.Option(help="Only this tier")] = None,
+    limit: Annotated[int, typer.Option(help="Most files to show")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """List files in the catalog."""
+    settings = _settings(config, data_dir=data_dir)
+    with _engine(settings) as engine:
+        if tier is not None:
+            engine.tiers.get(tier)
+        recs = engine.catalog.list(tier=tier, prefix=prefix, limit=limit)
+        files = [FileOut.of(r, engine.heat(r)) for r in recs]
+    if as_json:
+        _print_json([f.model_dump(mode="json") for f in files])
+        return
+    table = Table("id", "path", "tier", "size", "heat", "accesses", "state")
+    for f in files:
+        table.add_row(str(f.id), f.path, f.tier, _size(f.size), f"{f.heat:.2f}",
+                      str(f.access_count), f.state)
+    out.print(table)
+
+
+@cli.command()
+def stat(
+    path: Annotated[str, typer.Argument(help="File relpath")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one file's record."""
+    settings = _settings(config, data_dir=data_dir)
+    with _engine(settings) as engine:
+        rec = engine.lookup(path)
+        f = FileOut.of(rec, engine.heat(rec))
+    if as_json:
+        _print_json(f.model_dump(mode="json"))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in f.model_dump().items():
+        table.add_row(f"[bold]{key}[/bold]", "-" if value is None else str(value))
+    out.print(table)
+
+
+def main() -> None:
+    try:
+        cli()
+    except TierdError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

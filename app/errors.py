@@ -1,0 +1,103 @@
+"""The one place where engine errors become HTTP responses.
+
+Every error body has one shape: ``{"error": {"code": "snake_case", "message": "...", ...}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tiering import errors as e
+
+__all__ = ["HttpError", "error_response", "install_error_handlers", "status_for"]
+
+log = logging.getLogger(__name__)
+
+# Most specific first: the first class an error is an instance of decides its status.
+_STATUS: list[tuple[type[e.TierdError], int]] = [
+    (e.InvalidRange, 416),
+    (e.InvalidInput, 422),
+    (e.NotFound, 404),
+    (e.Conflict, 409),
+    (e.TooLarge, 413),
+    (e.InsufficientSpace, 507),
+    (e.Unavailable, 503),
+    (e.IntegrityError, 500),
+    (e.BackendUnavailable, 503),
+    (e.ClosedFile, 409),
+]
+
+
+class HttpError(Exception):
+    """An error the HTTP layer itself raises (auth, request shape), with its status."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def status_for(exc: e.TierdError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    **details: object,
+) -> JSONResponse:
+    body: dict[str, object] = {"code": code, "message": message}
+    body.update({k: v for k, v in details.items() if v is not None})
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _jsonable(details: dict[str, object]) -> dict[str, object]:
+    return {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in details.items()}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(e.TierdError)
+    async def _tierd(_req: Request, exc: e.TierdError) -> JSONResponse:
+        status = status_for(exc)
+        if status >= 500:
+            log.error("%s: %s", type(exc).__name__, exc.message)
+        headers = None
+        if isinstance(exc, e.InvalidRange) and "size" in exc.details:
+            headers = {"Content-Range": f"bytes */{exc.details['size']}"}
+        return error_response(status, exc.code, exc.message, headers, **_jsonable(exc.details))
+
+    @app.exception_handler(HttpError)
+    async def _http(_req: Request, exc: HttpError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")

@@ -1,0 +1,65 @@
+"""The ASGI app: ``create_app(settings)``; its lifespan starts and stops the engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+import tiering
+from app.api import files, health, tiers
+from app.errors import install_error_handlers
+from app.settings import Settings, get_settings
+from tiering.engine import Engine
+
+__all__ = ["UnsafeBind", "check_bind", "create_app"]
+
+log = logging.getLogger("tierd")
+
+
+class UnsafeBind(RuntimeError):
+    """Refusing to listen beyond loopback with no tokens configured."""
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse a non-loopback address without tokens; say so when serving open on loopback."""
+    if settings.auth_enabled:
+        return
+    if not settings.is_loopback():
+        raise UnsafeBind(
+            f"refusing to listen on {settings.host} with no tokens: set TIERD_ADMIN_TOKEN "
+            "(and TIERD_DATA_TOKEN), or listen on 127.0.0.1"
+        )
+    log.warning("no tokens configured: serving without auth on loopback %s only", settings.host)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. The engine starts in the lifespan, not here."""
+    settings = settings or get_settings()
+    check_bind(settings)
+    engine = Engine(settings.engine_config())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(engine.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine.stop)
+
+    app = FastAPI(
+        title="tierd",
+        version=tiering.__version__,
+        description="Keeps files on the right storage tier and gets them into GPU memory fast.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(tiers.router)
+    app.include_router(files.router)
+    return app

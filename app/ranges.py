@@ -1,0 +1,44 @@
+"""HTTP ``Range`` header parsing (RFC 9110 §14), single ranges only."""
+
+from __future__ import annotations
+
+import re
+
+from tiering.errors import InvalidRange
+
+__all__ = ["parse_range"]
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def parse_range(header: str, size: int) -> tuple[int, int]:
+    """The half-open byte interval ``[start, end)`` a ``Range`` header asks of a ``size``-byte file.
+
+    Raises
+    ------
+    InvalidRange
+        For anything but one satisfiable range: malformed, multiple ranges, or starting at or
+        past the end. The error carries ``size`` for the ``Content-Range: bytes */size`` reply.
+    """
+    m = _RANGE.match(header.strip())
+    if m is None:
+        raise InvalidRange(
+            f"unsupported Range {header[:100]!r}: send one range as bytes=start-end, "
+            "bytes=start- or bytes=-suffix",
+            size=size,
+        )
+    first, last = m.groups()
+    if first == "" and last == "":
+        raise InvalidRange("Range bytes=- names no bytes", size=size)
+    if first == "":
+        suffix = int(last)
+        if suffix == 0:
+            raise InvalidRange("a suffix range of 0 bytes is unsatisfiable", size=size)
+        return max(0, size - suffix), size
+    start = int(first)
+    end = size if last == "" else min(int(last) + 1, size)
+    if last != "" and int(last) < start:
+        raise InvalidRange(f"Range end {last} is before its start {start}", size=size)
+    if start >= size:
+        raise InvalidRange(f"Range starts at {start}, past the end of a {size}-byte file", size=size)
+    return start, end

@@ -1,0 +1,135 @@
+"""Every setting of tierd, with its default and a one-line description, in one place.
+
+Sources, strongest first: CLI flags, ``TIERD_*`` environment variables (nested with ``__``),
+the TOML file named by ``--config`` or ``TIERD_CONFIG``, then the defaults below. Settings are
+built by :func:`get_settings`, never at import time.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from tiering.config import EngineConfig, TierConfig
+
+__all__ = ["Settings", "TierSettings", "get_settings"]
+
+DEFAULT_TIER_NAMES = ("nvme", "ssd", "hdd")
+
+
+class TierSettings(BaseModel):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Tier name, e.g. nvme")
+    path: Path = Field(description="Directory root of the tier")
+    quota_bytes: int | None = Field(default=None, ge=0, description="Most bytes tierd places here")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIERD_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    data_dir: Path = Field(
+        default=Path("tierd-data"), description="Where the embedded default keeps tiers and catalog"
+    )
+    tiers: list[TierSettings] = Field(
+        default_factory=list,
+        description="Ordered tiers, fastest first; default <data_dir>/{nvme,ssd,hdd}",
+    )
+    catalog_url: str = Field(default="", description="SQLAlchemy URL; default <data_dir>/catalog.db")
+    host: str = Field(default="127.0.0.1", description="Address to listen on")
+    port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on")
+    admin_token: str | None = Field(default=None, description="Bearer token for every route")
+    data_token: str | None = Field(default=None, description="Bearer token for data routes")
+    half_life_s: float = Field(default=86_400.0, gt=0, description="Heat half-life in seconds")
+    access_flush_interval_s: float = Field(
+        default=1.0, gt=0, description="How often counted accesses are written to the catalog"
+    )
+    max_upload_bytes: int = Field(default=1 << 40, gt=0, description="Largest upload accepted")
+    default_tier: str | None = Field(
+        default=None, description="Tier for new uploads that name none; default the fastest"
+    )
+    scan_on_start: bool = Field(default=True, description="Reconcile tiers with catalog at start")
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique_tiers(cls, tiers: list[TierSettings]) -> list[TierSettings]:
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return tiers
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        # Absolute, so that a later chdir (or a daemon manager) cannot move the data.
+        self.data_dir = self.data_dir.absolute()
+        for t in self.tiers:
+            t.path = t.path.absolute()
+        if not self.tiers:
+            self.tiers = [TierSettings(name=n, path=self.data_dir / n) for n in DEFAULT_TIER_NAMES]
+        if not self.catalog_url:
+            self.catalog_url = f"sqlite:///{self.data_dir / 'catalog.db'}"
+        if self.default_tier is not None and self.default_tier not in {t.name for t in self.tiers}:
+            raise ValueError(f"default_tier {self.default_tier!r} is not one of the tiers")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    # -- derived -----------------------------------------------------------------------------
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.admin_token or self.data_token)
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            tiers=tuple(TierConfig(t.name, t.path, t.quota_bytes) for t in self.tiers),
+            catalog_url=self.catalog_url,
+            half_life_s=self.half_life_s,
+            access_flush_interval_s=self.access_flush_interval_s,
+            max_upload_bytes=self.max_upload_bytes,
+            default_tier=self.default_tier,
+            scan_on_start=self.scan_on_start,
+        )
+
+
+def get_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from flags (``overrides``), env, and the TOML file, in that order.
+
+    ``None`` overrides are ignored, so CLI options that were not given fall through.
+    """
+    path = config_file or os.environ.get("TIERD_CONFIG")
+    if path is not None and not Path(path).is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    cls: type[Settings] = Settings
+    if path is not None:
+        cls = type(
+            "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": path}}
+        )
+    return cls(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,114 @@
+"""SQLAlchemy 2 models of the catalog.
+
+The schema is created only by the Alembic migrations in ``migrations/``; ``Base.metadata`` is
+what those migrations target. Times are float seconds since the epoch (UTC), which keeps heat
+arithmetic cheap and exact enough.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "FileRecord", "FileState", "Migration", "MigrationPhase", "PolicyVersion"]
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class FileState:
+    """Values of ``FileRecord.state``."""
+
+    STABLE = "stable"  # bytes are on ``tier`` and match ``checksum``
+    MIGRATING = "migrating"  # a migration intent owns the file
+    MISSING = "missing"  # the record's bytes vanished from disk
+    CONFLICT = "conflict"  # the relpath is present in more than one tier
+    QUARANTINED = "quarantined"  # recovery could not decide; nothing was deleted
+
+    ALL = (STABLE, MIGRATING, MISSING, CONFLICT, QUARANTINED)
+
+
+class FileRecord(Base):
+    __tablename__ = "files"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    relpath: Mapped[str] = mapped_column(String(4096), unique=True)
+    tier: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default=FileState.STABLE, index=True)
+    # Bumped by every change of place or content; migrations compare-and-set on it.
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    access_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    heat: Mapped[float] = mapped_column(Float, default=0.0)
+    heat_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_access: Mapped[float | None] = mapped_column(Float)
+    pinned_tier: Mapped[str | None] = mapped_column(String(64))
+    # Why the file is not stable (conflict with tier X, quarantine reason, ...).
+    detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyVersion(Base):
+    """Every policy ever set; the highest version is in force."""
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    document: Mapped[str] = mapped_column(Text)  # JSON
+    created_at: Mapped[float] = mapped_column(Float)
+    author: Mapped[str | None] = mapped_column(String(64))
+
+
+class MigrationPhase:
+    """Values of ``Migration.phase``: the intent journal and the history in one table."""
+
+    COPYING = "copying"  # source authoritative
+    SWITCHED = "switched"  # destination authoritative; source may still exist
+    DONE = "done"
+    ABORTED = "aborted"  # cleaned up; the source stayed authoritative
+    FAILED = "failed"  # needs a person; see error
+
+    OPEN = (COPYING, SWITCHED)
+
+
+class Migration(Base):
+    __tablename__ = "migrations"
+    __table_args__ = (Index("ix_migrations_phase", "phase"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    file_id: Mapped[int | None] = mapped_column(
+        ForeignKey("files.id", ondelete="SET NULL"), index=True
+    )
+    relpath: Mapped[str] = mapped_column(String(4096))
+    src_tier: Mapped[str] = mapped_column(String(64))
+    dst_tier: Mapped[str] = mapped_column(String(64))
+    temp_name: Mapped[str] = mapped_column(String(255))
+    phase: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_copied: Mapped[int] = mapped_column(BigInteger, default=0)
+    generation: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,378 @@
+"""The engine: owns the tiers, the catalog and the background threads, and offers the file
+operations the service and the CLI are built on."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sqlalchemy.engine import make_url
+
+from tiering.access import AccessTracker
+from tiering.catalog import Catalog, Database, FileRecord, FileState, NewFile, decay, upgrade
+from tiering.config import EngineConfig
+from tiering.errors import (
+    AlreadyExists,
+    FileBusy,
+    FileNotFound,
+    InsufficientSpace,
+    InvalidInput,
+    TooLarge,
+    Unavailable,
+)
+from tiering.fsops import AtomicWriter
+from tiering.paths import validate_relpath
+from tiering.scan import ScanReport, scan
+from tiering.tiers import Space, Tier, Tiers
+
+__all__ = ["Content", "Engine", "TierInfo", "Upload"]
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class TierInfo:
+    name: str
+    rank: int
+    path: str
+    quota_bytes: int | None
+    space: Space
+    files: int
+    used_bytes: int
+
+
+class Content:
+    """An open file being served: bytes come from this fd, whatever happens to the path."""
+
+    def __init__(self, record: FileRecord, fd: int, size: int) -> None:
+        self.record = record
+        self.fd = fd
+        self.size = size
+
+    def iter_range(self, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:
+        """Bytes ``[start, end)`` in chunks; closes the fd when exhausted or closed."""
+        try:
+            pos = start
+            while pos < end:
+                data = os.pread(self.fd, min(chunk, end - pos), pos)
+                if not data:
+                    break
+                yield data
+                pos += len(data)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Upload:
+    """One streamed upload; see :meth:`Engine.begin_upload`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        writer: AtomicWriter,
+        previous: FileRecord | None,
+        max_bytes: int,
+    ) -> None:
+        self._engine = engine
+        self._writer = writer
+        self._previous = previous
+        self._max_bytes = max_bytes
+
+    @property
+    def size(self) -> int:
+        return self._writer.size
+
+    @property
+    def replaces(self) -> FileRecord | None:
+        """The record this upload overwrites, if any."""
+        return self._previous
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._writer.size + len(data) > self._max_bytes:
+            raise TooLarge(
+                f"upload is larger than max_upload_bytes ({self._max_bytes})",
+                limit=self._max_bytes,
+            )
+        self._writer.write(data)
+
+    def commit(self) -> FileRecord:
+        """Publish the bytes, then record them: the catalog commit comes last."""
+        published = self._writer.publish()
+        tier = self._writer.tier
+        rec = self._engine.catalog.upsert(
+            NewFile(published.relpath, tier.name, published.size, published.mtime_ns,
+                    published.checksum)
+        )
+        prev = self._previous
+        if prev is not None and prev.tier != tier.name:
+            # The record now names the new tier; the old copy is stale. A crash before this
+            # unlink leaves a conflict for scan to report, never a lost file.
+            self._engine.tiers.get(prev.tier).unlink(prev.relpath)
+        return rec
+
+    def abort(self) -> None:
+        self._writer.abort()
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+
+class Engine:
+    """tierd's engine over one set of tiers and one catalog.
+
+    ``start()`` brings the schema up to date, recovers, scans and starts the background
+    threads; ``stop()`` stops them and flushes. Use it as a context manager.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tiers = Tiers(config.tiers)
+        if config.default_tier is not None:
+            self.tiers.get(config.default_tier)
+        self.db: Database | None = None
+        self._catalog: Catalog | None = None
+        self.access: AccessTracker | None = None
+        self._lock_fd = -1
+        self.started_at: float | None = None
+        self.last_scan: ScanReport | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            raise Unavailable("the engine is not open")
+        return self._catalog
+
+    def open(self, *, upgrade_schema: bool = True) -> Engine:
+        """Create tier roots, upgrade the schema and connect; no threads, no scan."""
+        for tier in self.tiers:
+            tier.ensure_root()
+        if upgrade_schema:
+            upgrade(self.config.catalog_url)
+        self.db = Database(self.config.catalog_url)
+        self._catalog = Catalog(self.db)
+        self.access = AccessTracker(
+            self._catalog,
+            half_life_s=self.config.half_life_s,
+            interval_s=self.config.access_flush_interval_s,
+        )
+        return self
+
+    def start(self) -> Engine:
+        """Open exclusively (one serving process per catalog), recover, scan, start threads."""
+        self._take_lock()
+        try:
+            self.open()
+            self._remove_orphan_temps()
+            if self.config.scan_on_start:
+                self.last_scan = scan(self.catalog, self.tiers)
+            assert self.access is not None
+            self.access.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        return self
+
+    def stop(self) -> None:
+        if self.access is not None:
+            try:
+                self.access.stop()
+            except Exception:
+                log.exception("final flush of access counts failed")
+            self.access = None
+        if self.db is not None:
+            self.db.dispose()
+            self.db = None
+            self._catalog = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _take_lock(self) -> None:
+        db_path = Path(make_url(self.config.catalog_url).database or "catalog.db")
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{db_path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise Unavailable(
+                f"another tierd is already serving the catalog {db_path}"
+            ) from None
+        self._lock_fd = fd
+
+    def _remove_orphan_temps(self) -> None:
+        """Before serving, nothing is writing: every temp file is an orphan of a crash."""
+        for tier in self.tiers:
+            for rel in list(tier.temp_files()):
+                try:
+                    os.unlink(tier.root / rel)
+                    log.info("removed orphan temp file %s in tier %s", rel, tier.name)
+                except FileNotFoundError:
+                    pass
+
+    # -- queries -----------------------------------------------------------------------------
+    def heat(self, record: FileRecord, now: float | None = None) -> float:
+        """The record's heat decayed to ``now``."""
+        now = time.time() if now is None else now
+        return decay(record.heat, record.heat_at, now, self.config.half_life_s)
+
+    def tier_infos(self) -> list[TierInfo]:
+        usage = self.catalog.usage()
+        out = []
+        for t in self.tiers:
+            u = usage.get(t.name)
+            out.append(
+                TierInfo(
+                    t.name,
+                    t.rank,
+                    str(t.root),
+                    t.quota_bytes,
+                    t.space(),
+                    u.files if u else 0,
+                    u.bytes if u else 0,
+                )
+            )
+        return out
+
+    def get(self, file_id: int) -> FileRecord:
+        return self.catalog.get(file_id)
+
+    def lookup(self, relpath: str) -> FileRecord:
+        return self.catalog.lookup(validate_relpath(relpath))
+
+    def scan(self, *, check: bool = False) -> ScanReport:
+        report = scan(self.catalog, self.tiers, check=check)
+        if not check:
+            self.last_scan = report
+        return report
+
+    # -- content -----------------------------------------------------------------------------
+    def open_content(self, file_id: int) -> Content:
+        """Open a file's bytes for reading and count one access.
+
+        The fd is opened beneath the tier root; if a migration switches the file meanwhile, the
+        fd keeps reading the bytes it opened. If the catalog moved the file between our read of
+        the record and the open, the record is read again once.
+        """
+        for _ in range(3):
+            rec = self.catalog.get(file_id)
+            if rec.state == FileState.MISSING:
+                raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")
+            try:
+                fd, st = self.tiers.get(rec.tier).open_read(rec.relpath)
+            except FileNotFound:
+                continue  # switched to another tier between get and open: look again
+            assert self.access is not None
+            self.access.record(rec.id)
+            return Content(rec, fd, st.st_size)
+        raise FileNotFound(f"file {file_id} is not on disk where the catalog says")
+
+    def begin_upload(
+        self,
+        relpath: str,
+        *,
+        tier: str | None = None,
+        overwrite: bool = False,
+        expected_size: int | None = None,
+    ) -> Upload:
+        """Start a crash-safe upload; write to it, then ``commit()`` (or leave it to abort).
+
+        Raises
+        ------
+        InvalidPath, TierNotFound
+            Bad input; nothing is created.
+        AlreadyExists
+            The relpath exists (in any tier) and ``overwrite`` is false.
+        FileBusy
+            The file is being migrated.
+        TooLarge, InsufficientSpace
+            ``expected_size`` is over ``max_upload_bytes``, or over the tier's free space or quota.
+        """
+        relpath = validate_relpath(relpath)
+        previous = self.catalog.find(relpath)
+        if tier is None:
+            tier = previous.tier if previous else (self.config.default_tier or self.tiers.fastest.name)
+        target: Tier = self.tiers.get(tier)
+        if expected_size is not None and expected_size < 0:
+            raise InvalidInput("size must not be negative")
+        if previous is not None:
+            if not overwrite:
+                raise AlreadyExists(
+                    f"{relpath!r} already exists (id {previous.id}, tier {previous.tier}); "
+                    "pass overwrite=true to replace it",
+                    path=relpath,
+                    file_id=previous.id,
+                )
+            if previous.state == FileState.MIGRATING:
+                raise FileBusy(f"{relpath!r} is being migrated; try again", file_id=previous.id)
+        max_bytes = self.config.max_upload_bytes
+        if expected_size is not None and expected_size > max_bytes:
+            raise TooLarge(
+                f"upload of {expected_size} bytes is over max_upload_bytes ({max_bytes})",
+                limit=max_bytes,
+            )
+        limit = self._room(target, replacing=previous)
+        if expected_size is not None and expected_size > limit:
+            raise InsufficientSpace(
+                f"tier {target.name} has room for {limit} bytes, upload needs {expected_size}",
+                tier=target.name,
+                free=limit,
+            )
+        writer = AtomicWriter(target, relpath, overwrite=overwrite, limit=limit)
+        return Upload(self, writer, previous, max_bytes)
+
+    def _room(self, tier: Tier, replacing: FileRecord | None) -> int:
+        """Bytes that may still be written to ``tier``: free space, capped by its quota."""
+        room = tier.space().free
+        if tier.quota_bytes is not None:
+            used = self.catalog.usage().get(tier.name)
+            used_bytes = used.bytes if used else 0
+            if replacing is not None and replacing.tier == tier.name:
+                used_bytes -= replacing.size
+            room = min(room, max(0, tier.quota_bytes - used_bytes))
+        return room
+
+    def delete(self, file_id: int) -> FileRecord:
+        """Remove a file's bytes and its record. The bytes go first: a crash in between leaves a
+        ``missing`` record for scan to report, never a resurrected file."""
+        rec = self.catalog.get(file_id)
+        if rec.state == FileState.MIGRATING:
+            raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
+        self.tiers.get(rec.tier).unlink(rec.relpath)
+        if not self.catalog.delete(file_id, generation=rec.generation):
+            raise FileBusy(f"file {file_id} changed while it was being deleted", file_id=file_id)
+        return rec

@@ -1,0 +1,274 @@
+"""I/O backends and the chooser that imports them lazily.
+
+A backend knows three primitives: open a file for one I/O path, read one chunk of it into a
+flat ``uint8`` destination, and write a buffer to an open file descriptor. Splitting a load
+into chunks, running them on a tier's threads and keeping stats is done once, above them.
+
+``kvikio``: KvikIO's synchronous ``CuFile.raw_read`` issued from tierd's own per-tier
+threads. KvikIO's thread pool is one per process (``num_threads``), so tiers with different
+thread counts could only share it by resetting it around every call; tierd's threads give each
+tier its own concurrency and task size and leave KvikIO's global settings alone. Each chunk
+runs exactly the code a ``pread`` task runs (cuFile on the direct path, pinned bounce buffers
+and a per-thread stream on the compat path).
+
+``host``: parallel ``os.preadv`` into host memory; for a GPU target each thread reads into
+its own pinned double buffer and copies it to the device asynchronously.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from tiering.errors import BackendUnavailable, IntegrityError
+
+from ._config import BackendName
+from ._device import Device, import_cupy
+from ._stats import IoPath
+
+__all__ = ["Backend", "Chosen", "HostBackend", "KvikioBackend", "choose_backend", "pread_full"]
+
+log = logging.getLogger("tiering.io")
+
+KVIKIO_HINT = "install it with: pip install kvikio-cu13 (or pip install 'tierd[gpu]')"
+
+
+class Backend(Protocol):
+    """What a backend provides; see the module docstring."""
+
+    name: str
+
+    def open(self, path: str, direct: bool) -> Any:
+        """Return a handle for chunk reads (``None`` when the file descriptor is enough)."""
+
+    def io_path(self, handle: Any, device: Device) -> IoPath:
+        """The I/O path that reads through ``handle`` into ``device`` memory take."""
+
+    def read_chunk(
+        self, handle: Any, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int
+    ) -> None:
+        """Read exactly ``nbytes`` at ``file_offset`` into ``dst[dst_offset:]``."""
+
+    def write(self, fd: int, path: str, src: Any) -> None:
+        """Write all of flat ``uint8`` ``src`` at offset 0 of the file open as ``fd``."""
+
+
+def pread_full(fd: int, view: memoryview, file_offset: int) -> None:
+    """``preadv`` until ``view`` is full; a short file is an :class:`IntegrityError`."""
+    done = 0
+    total = len(view)
+    while done < total:
+        n = os.preadv(fd, [view[done:]], file_offset + done)
+        if n == 0:
+            raise IntegrityError(
+                "file ended early: it was truncated while being read",
+                offset=file_offset + done,
+            )
+        done += n
+
+
+def _host_view(arr: Any) -> memoryview:
+    return memoryview(arr).cast("B")
+
+
+class _Staging:
+    """Per-thread pinned double buffer, stream and events for host → device copies."""
+
+    def __init__(self, cp: ModuleType, size: int) -> None:
+        self.size = size
+        self.bufs = [cp.cuda.alloc_pinned_memory(size) for _ in range(2)]
+        self.views = [np.frombuffer(b, dtype=np.uint8, count=size) for b in self.bufs]
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.events: list[Any] = [None, None]
+
+
+class HostBackend:
+    """Parallel ``preadv`` into host memory (and from there to a GPU, if asked)."""
+
+    name = "host"
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+
+    def open(self, path: str, direct: bool) -> None:
+        return None
+
+    def io_path(self, handle: Any, device: Device) -> IoPath:
+        return "host"
+
+    def read_chunk(
+        self, handle: Any, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int
+    ) -> None:
+        if isinstance(dst, np.ndarray):
+            pread_full(fd, _host_view(dst)[dst_offset : dst_offset + nbytes], file_offset)
+            return
+        self._read_to_device(fd, dst, dst_offset, nbytes, file_offset)
+
+    def _staging(self, cp: ModuleType, nbytes: int) -> _Staging:
+        staging: _Staging | None = getattr(self._tls, "staging", None)
+        if staging is None or staging.size < nbytes:
+            # Thread-local and reused: cudaHostAlloc costs milliseconds per call.
+            staging = _Staging(cp, max(nbytes, 1 << 20))
+            self._tls.staging = staging
+        return staging
+
+    def _read_to_device(
+        self, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int
+    ) -> None:
+        cp = import_cupy()
+        piece = min(nbytes, 4 << 20)
+        st = self._staging(cp, piece)
+        base = int(dst.data.ptr) + dst_offset
+        done, i = 0, 0
+        while done < nbytes:
+            n = min(piece, nbytes - done)
+            slot = i % 2
+            ev = st.events[slot]
+            if ev is not None:
+                ev.synchronize()  # the copy that last read this buffer has finished
+            pread_full(fd, memoryview(st.views[slot])[:n], file_offset + done)
+            cp.cuda.runtime.memcpyAsync(
+                base + done,
+                st.views[slot].ctypes.data,
+                n,
+                cp.cuda.runtime.memcpyHostToDevice,
+                st.stream.ptr,
+            )
+            ev = cp.cuda.Event(block=False, disable_timing=True)
+            ev.record(st.stream)
+            st.events[slot] = ev
+            done += n
+            i += 1
+        st.stream.synchronize()
+        st.events = [None, None]
+
+    def write(self, fd: int, path: str, src: Any) -> None:
+        if not isinstance(src, np.ndarray):
+            src = import_cupy().asnumpy(src)
+        view = _host_view(src)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done : done + (64 << 20)], done)
+
+
+class KvikioBackend:
+    """KvikIO ``CuFile`` reads: cuFile direct (GDS) or the POSIX compat path."""
+
+    name = "kvikio"
+
+    def __init__(self, kvikio: ModuleType, gds_available: bool) -> None:
+        self._kvikio = kvikio
+        self.gds_available = gds_available
+        self._host = HostBackend()
+        # compat_mode is read by CuFile's constructor from KvikIO's process-wide defaults;
+        # the lock keeps concurrent opens from seeing each other's temporary setting.
+        self._open_lock = threading.Lock()
+
+    def open(self, path: str, direct: bool) -> Any:
+        mode = self._kvikio.CompatMode.AUTO if direct else self._kvikio.CompatMode.ON
+        with self._open_lock, self._kvikio.defaults.set({"compat_mode": mode}):
+            handle = self._kvikio.CuFile(path, "r")
+        # AUTO falls back to compat where O_DIRECT or cuFile registration fails (tmpfs,
+        # some network filesystems); a missing O_DIRECT descriptor is the visible sign.
+        handle._tierd_direct = direct and bool(handle.is_direct_io_supported())
+        return handle
+
+    def io_path(self, handle: Any, device: Device) -> IoPath:
+        if not device.is_cuda:
+            return "host"
+        if handle is None:
+            return "compat"
+        return "gds" if getattr(handle, "_tierd_direct", False) else "compat"
+
+    def read_chunk(
+        self, handle: Any, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int
+    ) -> None:
+        if isinstance(dst, np.ndarray):
+            # Host memory: KvikIO would run the same pread on its own pool.
+            self._host.read_chunk(None, fd, dst, dst_offset, nbytes, file_offset)
+            return
+        got = handle.raw_read(dst, nbytes, file_offset, dst_offset)
+        if got != nbytes:
+            raise IntegrityError(
+                "file ended early: it was truncated while being read", offset=file_offset
+            )
+
+    def write(self, fd: int, path: str, src: Any) -> None:
+        if isinstance(src, np.ndarray):
+            self._host.write(fd, path, src)
+            return
+        with self._open_lock, self._kvikio.defaults.set(
+            {"compat_mode": self._kvikio.CompatMode.ON}
+        ):
+            f = self._kvikio.CuFile(path, "r+")
+        try:
+            f.write(src)
+        finally:
+            f.close()
+
+
+def _gds_available(kvikio: ModuleType) -> tuple[bool, str]:
+    try:
+        driver = importlib.import_module("kvikio.cufile_driver")
+        if bool(driver.get("is_gds_available")):
+            return True, "cuFile reports nvidia-fs loaded"
+        return False, "cuFile reports no nvidia-fs kernel module"
+    except Exception as exc:  # libcufile missing or driver open failed
+        return False, f"cuFile driver unusable: {exc}"
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The backend a storage uses, whether GDS proper is possible, and why."""
+
+    backend: Backend
+    gds_available: bool
+    reason: str
+
+
+def _import_kvikio() -> ModuleType:
+    try:
+        return importlib.import_module("kvikio")
+    except ImportError as exc:
+        raise BackendUnavailable(f"KvikIO is not installed; {KVIKIO_HINT}") from exc
+
+
+def choose_backend(name: BackendName, device: Device, gds_enabled: bool) -> Chosen:
+    """Pick the backend for ``name`` on ``device``.
+
+    ``auto`` never raises for a missing optional package: it logs why it fell back. A
+    backend asked for by name raises :class:`BackendUnavailable` when it cannot run here.
+    """
+    if name == "host":
+        return Chosen(HostBackend(), False, "host backend requested")
+    if name in ("kvikio", "gds"):
+        kvikio = _import_kvikio()
+        gds, why = _gds_available(kvikio)
+        if name == "gds" and not gds:
+            raise BackendUnavailable(
+                f"GDS is not available on this host ({why}); use backend='kvikio' for "
+                "KvikIO's compat path, or install nvidia-fs and cuFile"
+            )
+        return Chosen(KvikioBackend(kvikio, gds and gds_enabled), gds and gds_enabled, why)
+    # auto
+    if not device.is_cuda:
+        return Chosen(HostBackend(), False, "device is cpu: host backend")
+    try:
+        kvikio = _import_kvikio()
+    except BackendUnavailable as exc:
+        reason = f"{exc.message}; falling back to the host backend (preadv + pinned copies)"
+        log.warning("tiering.io: %s", reason)
+        return Chosen(HostBackend(), False, reason)
+    gds, why = _gds_available(kvikio)
+    if not gds:
+        log.info("tiering.io: GDS direct path unavailable (%s); using KvikIO compat", why)
+    elif not gds_enabled:
+        why = "GDS disabled by config"
+    return Chosen(KvikioBackend(kvikio, gds and gds_enabled), gds and gds_enabled, why)

@@ -1,0 +1,138 @@
+"""Settings of the data path: :class:`GdsConfig` and the per-tier :class:`TierIo`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from tiering.errors import InvalidInput
+
+__all__ = ["BackendName", "GdsConfig", "TierIo"]
+
+MiB = 1 << 20
+
+BackendName = Literal["auto", "gds", "kvikio", "host"]
+"""Which I/O engine to use.
+
+``auto`` picks the best one installed and logs why it fell back; ``gds`` requires KvikIO *and* a
+working cuFile + nvidia-fs; ``kvikio`` requires KvikIO (GDS where the host has it, its POSIX
+compat path otherwise); ``host`` is tierd's own parallel ``preadv`` into host memory.
+"""
+
+_BACKENDS = ("auto", "gds", "kvikio", "host")
+
+
+@dataclass(frozen=True)
+class TierIo:
+    """How reads from one tier are issued.
+
+    Parameters
+    ----------
+    threads:
+        Concurrent reads in flight for one load. KvikIO's default of 1 thread reaches a sixth
+        of what the H100 machine can do from the page cache, so tierd never uses it.
+    task_size:
+        Bytes per read request. 4-8 MiB measured best for hot files; a slow disk wants fewer,
+        larger requests.
+    direct:
+        ``True``: use the GDS direct path when the host has it; ``False``: always the
+        bounce-buffer path; ``None`` (default): direct for the fastest tier only.
+    """
+
+    threads: int = 16
+    task_size: int = 4 * MiB
+    direct: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.threads <= 256:
+            raise InvalidInput(f"threads must be in 1..256, got {self.threads}")
+        if self.task_size < 4096 or self.task_size % 4096:
+            raise InvalidInput(
+                f"task_size must be a positive multiple of 4096, got {self.task_size}"
+            )
+
+
+def _default_tier_io() -> Mapping[str, TierIo]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class GdsConfig:
+    """Configuration of :class:`~tiering.io.GpuDirectStorage`.
+
+    The first five fields follow the seed API; the rest are tierd's tuning knobs. Defaults are
+    the best settings measured on the H100 machine (see ``shared/device/README.md``).
+
+    Parameters
+    ----------
+    enabled:
+        Allow the GDS direct path (cuFile + nvidia-fs). ``False`` keeps every GPU read on the
+        bounce-buffer path, which is also what hosts without nvidia-fs get.
+    max_concurrent_ops:
+        Files or shards loaded at once by the batch calls.
+    alignment:
+        Alignment in bytes that direct I/O needs (4096 for O_DIRECT and cuFile).
+    prefetch_batch_size:
+        Rows of a gather are staged in batches of at most this many bytes.
+    thread_pool_size:
+        Threads that run the ``async`` twins of the blocking calls.
+    require_alignment:
+        Enforce ``alignment`` on offsets, lengths and buffer addresses of ``load_to_gpu``
+        (O_DIRECT semantics) instead of splitting unaligned requests silently.
+    backend:
+        See :data:`BackendName`.
+    fast_tier_io:
+        Settings for the fastest tier (rank 0) and for files outside every tier.
+    slow_tier_io:
+        Settings for every slower tier.
+    cold_io:
+        Settings used when most of the requested range is not in the page cache: the
+        virtio disk of the H100 machine, like most disks, is fastest with a few large
+        requests (O_DIRECT, 1 thread: 2.3 GB/s; 16 threads: 1.6 GB/s).
+    tier_io:
+        Per tier name overrides of the two defaults above.
+    gather_threads:
+        Threads that copy scattered rows into the staging buffer.
+    cold_threshold:
+        Fraction of the range resident in the page cache below which ``cold_io`` is used.
+    """
+
+    enabled: bool = True
+    max_concurrent_ops: int = 32
+    alignment: int = 4096
+    prefetch_batch_size: int = 64 * MiB
+    thread_pool_size: int = 4
+    require_alignment: bool = False
+    backend: BackendName = "auto"
+    fast_tier_io: TierIo = TierIo(threads=16, task_size=4 * MiB)
+    slow_tier_io: TierIo = TierIo(threads=4, task_size=16 * MiB, direct=False)
+    cold_io: TierIo = TierIo(threads=2, task_size=16 * MiB)
+    tier_io: Mapping[str, TierIo] = field(default_factory=_default_tier_io)
+    gather_threads: int = 16
+    cold_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.backend not in _BACKENDS:
+            raise InvalidInput(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        for name in ("max_concurrent_ops", "thread_pool_size", "gather_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise InvalidInput(f"alignment must be a power of two, got {self.alignment}")
+        if self.prefetch_batch_size < self.alignment:
+            raise InvalidInput("prefetch_batch_size must be at least one alignment unit")
+        if not 0.0 <= self.cold_threshold <= 1.0:
+            raise InvalidInput("cold_threshold must be in [0, 1]")
+        # Freeze the mapping so a shared config cannot change under a running storage.
+        object.__setattr__(self, "tier_io", MappingProxyType(dict(self.tier_io)))
+
+    def io_for(self, tier: str | None, rank: int | None) -> TierIo:
+        """Return the settings for a tier (``None`` for files outside every tier)."""
+        if tier is not None and tier in self.tier_io:
+            return self.tier_io[tier]
+        if rank is None or rank == 0:
+            return self.fast_tier_io
+        return self.slow_tier_io

@@ -1,0 +1,122 @@
+"""Devices (``cpu``, ``cuda:N``) and the lazy imports of the CUDA stack."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from tiering.errors import BackendUnavailable, InvalidDevice
+
+__all__ = ["Device", "import_cupy", "parse_device"]
+
+_DEVICE_RE = re.compile(r"^(?:(cpu)|cuda(?::(\d+))?)$")
+
+CUPY_HINT = "install the GPU extra: pip install 'tierd[gpu]' (cupy-cuda13x, kvikio-cu13)"
+
+
+def import_cupy() -> ModuleType:
+    """Import CuPy, or raise :class:`BackendUnavailable` with an install hint."""
+    try:
+        return importlib.import_module("cupy")
+    except ImportError as exc:
+        raise BackendUnavailable(f"CuPy is not installed; {CUPY_HINT}") from exc
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where loaded bytes end up: host memory (``cpu``) or one CUDA device."""
+
+    kind: str  # "cpu" or "cuda"
+    index: int = 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @property
+    def xp(self) -> ModuleType:
+        """The array module for this device: NumPy or CuPy."""
+        return import_cupy() if self.is_cuda else np
+
+    def empty(self, nbytes: int) -> Any:
+        """A fresh flat ``uint8`` array of ``nbytes`` on this device."""
+        if not self.is_cuda:
+            return np.empty(nbytes, dtype=np.uint8)
+        cp = import_cupy()
+        with cp.cuda.Device(self.index):
+            return cp.empty(nbytes, dtype=cp.uint8)
+
+    def make_current(self) -> None:
+        """Make this device current on the calling thread (once per thread).
+
+        KvikIO's synchronous reads use the driver API's current context; since CUDA 12,
+        ``cudaSetDevice`` creates and binds the primary context, which is what they need.
+        """
+        if not self.is_cuda:
+            return
+        done: set[int] = _tls.__dict__.setdefault("devices", set())
+        if self.index not in done:
+            import_cupy().cuda.runtime.setDevice(self.index)
+            done.add(self.index)
+
+
+_tls = threading.local()
+
+
+def parse_device(device: str | int | Device) -> Device:
+    """Parse and check a device.
+
+    Parameters
+    ----------
+    device:
+        ``"cpu"``, ``"cuda"`` (device 0), ``"cuda:N"``, a bare index ``N`` or a :class:`Device`.
+
+    Raises
+    ------
+    InvalidDevice
+        The string names no device, or no such CUDA device exists here.
+    BackendUnavailable
+        A CUDA device was asked for and CuPy is not installed.
+    """
+    if isinstance(device, Device):
+        parsed = device
+    elif isinstance(device, bool):  # bool is an int; True is no device
+        raise InvalidDevice(f"not a device: {device!r}")
+    elif isinstance(device, int):
+        if device < 0:
+            raise InvalidDevice(f"device index must be >= 0, got {device}")
+        parsed = Device("cuda", device)
+    elif isinstance(device, str):
+        m = _DEVICE_RE.match(device.strip().lower())
+        if not m:
+            raise InvalidDevice(
+                f"not a device: {device!r}; use 'cpu' or 'cuda:N'", device=device
+            )
+        parsed = Device("cpu") if m.group(1) else Device("cuda", int(m.group(2) or 0))
+    else:
+        raise InvalidDevice(f"not a device: {device!r}")
+    if parsed.is_cuda:
+        cp = import_cupy()
+        try:
+            count = int(cp.cuda.runtime.getDeviceCount())
+        except Exception as exc:  # CUDARuntimeError: no driver, no device
+            raise InvalidDevice(
+                f"{parsed} does not exist: CUDA reports no usable device ({exc})",
+                device=str(parsed),
+            ) from exc
+        if parsed.index >= count:
+            raise InvalidDevice(
+                f"{parsed} does not exist: this host has {count} CUDA device(s)",
+                device=str(parsed),
+                device_count=count,
+            )
+    return parsed

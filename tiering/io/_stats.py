@@ -1,0 +1,182 @@
+"""I/O reports and statistics, broken down per I/O path and per tier.
+
+Units: bandwidths are GB/s with 1 GB = 10**9 bytes (the seed's draft computed Gbit/s; tierd
+reports bytes so they compare with the device README and ``tierd bench``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = ["GdsStatsSnapshot", "IoPath", "IoReport", "PathStats", "Stats", "UNTIERED"]
+
+IoPath = Literal["gds", "compat", "host"]
+"""Which path moved the bytes.
+
+``gds``: cuFile direct storage → GPU DMA (KvikIO, nvidia-fs). ``compat``: KvikIO's POSIX path
+through pinned bounce buffers. ``host``: tierd's own parallel ``preadv`` into host memory,
+followed by one host → device copy when the target is a GPU.
+"""
+
+UNTIERED = "untiered"
+"""The tier key of files that lie under no tier root."""
+
+
+@dataclass(frozen=True)
+class IoReport:
+    """What one call did: bytes moved, the path it took, the tier it read, and how fast."""
+
+    nbytes: int
+    io_path: IoPath
+    tier: str
+    seconds: float
+    cold: bool = False
+
+    @property
+    def gbps(self) -> float:
+        """Bandwidth of this call in GB/s (10**9 bytes per second)."""
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def __int__(self) -> int:  # the seed's load_to_gpu returns the byte count
+        return self.nbytes
+
+
+@dataclass(frozen=True)
+class PathStats:
+    """Counters of one slice of the traffic (all of it, one path, or one tier)."""
+
+    bytes_transferred: int = 0
+    operations_completed: int = 0
+    operations_failed: int = 0
+    peak_bandwidth_gbps: float = 0.0
+    avg_latency_us: float = 0.0
+    effective_bandwidth_gbps: float = 0.0
+
+
+@dataclass(frozen=True)
+class GdsStatsSnapshot(PathStats):
+    """A consistent copy of the counters.
+
+    ``effective_bandwidth_gbps`` is bytes over the time at least one operation was in flight
+    (not over the sum of their durations, which would undercount concurrent loads).
+    ``peak_bandwidth_gbps`` is the fastest single operation of at least 1 MiB (smaller ones
+    measure latency, not bandwidth). ``by_path`` and ``by_tier`` hold the same fields per
+    I/O path and per tier name.
+    """
+
+    by_path: dict[str, PathStats] = field(default_factory=dict)
+    by_tier: dict[str, PathStats] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_PEAK_MIN_BYTES = 1 << 20
+
+
+class _Counter:
+    __slots__ = ("nbytes", "ok", "failed", "peak", "latency_s", "active", "busy_s", "since")
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self.ok = 0
+        self.failed = 0
+        self.peak = 0.0
+        self.latency_s = 0.0
+        self.active = 0
+        self.busy_s = 0.0
+        self.since = 0.0
+
+    def begin(self, now: float) -> None:
+        if self.active == 0:
+            self.since = now
+        self.active += 1
+
+    def end(self, now: float, nbytes: int, seconds: float, ok: bool) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.busy_s += now - self.since
+        if not ok:
+            self.failed += 1
+            return
+        self.ok += 1
+        self.nbytes += nbytes
+        self.latency_s += seconds
+        if nbytes >= _PEAK_MIN_BYTES and seconds > 0:
+            self.peak = max(self.peak, nbytes / seconds / 1e9)
+
+    def snapshot(self, now: float) -> PathStats:
+        busy = self.busy_s + (now - self.since if self.active else 0.0)
+        return PathStats(
+            bytes_transferred=self.nbytes,
+            operations_completed=self.ok,
+            operations_failed=self.failed,
+            peak_bandwidth_gbps=self.peak,
+            avg_latency_us=self.latency_s / self.ok * 1e6 if self.ok else 0.0,
+            effective_bandwidth_gbps=self.nbytes / busy / 1e9 if busy > 0 else 0.0,
+        )
+
+
+class Stats:
+    """Thread-safe counters; one lock, held for a few additions per operation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._total = _Counter()
+        self._paths: dict[str, _Counter] = {}
+        self._tiers: dict[str, _Counter] = {}
+
+    def _counters(self, io_path: str, tier: str) -> tuple[_Counter, _Counter, _Counter]:
+        return (
+            self._total,
+            self._paths.setdefault(io_path, _Counter()),
+            self._tiers.setdefault(tier, _Counter()),
+        )
+
+    def begin(self, io_path: str, tier: str) -> float:
+        """Mark an operation as started; returns its start time for :meth:`end`."""
+        now = time.perf_counter()
+        with self._lock:
+            for c in self._counters(io_path, tier):
+                c.begin(now)
+        return now
+
+    def end(self, io_path: str, tier: str, started: float, nbytes: int, ok: bool) -> float:
+        """Mark an operation as finished; returns its duration in seconds."""
+        now = time.perf_counter()
+        seconds = now - started
+        with self._lock:
+            for c in self._counters(io_path, tier):
+                c.end(now, nbytes, seconds, ok)
+        return seconds
+
+    def snapshot(self) -> GdsStatsSnapshot:
+        now = time.perf_counter()
+        with self._lock:
+            total = self._total.snapshot(now)
+            by_path = {k: v.snapshot(now) for k, v in sorted(self._paths.items())}
+            by_tier = {k: v.snapshot(now) for k, v in sorted(self._tiers.items())}
+        return GdsStatsSnapshot(**asdict(total), by_path=by_path, by_tier=by_tier)
+
+    def reset(self) -> None:
+        """Zero every counter. Operations in flight are counted afresh when they end."""
+        now = time.perf_counter()
+        with self._lock:
+            in_flight = [(k, c.active) for k, c in self._paths.items() if c.active]
+            tiers = [(k, c.active) for k, c in self._tiers.items() if c.active]
+            total_active = self._total.active
+            self._reset()
+            # Keep the in-flight counts so that their end() calls stay balanced.
+            self._total.active, self._total.since = total_active, now
+            for k, n in in_flight:
+                self._paths[k] = c = _Counter()
+                c.active, c.since = n, now
+            for k, n in tiers:
+                self._tiers[k] = c = _Counter()
+                c.active, c.since = n, now
