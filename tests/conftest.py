@@ -1,0 +1,156 @@
+"""Shared fixtures: real temp tiers, an Alembic-built SQLite catalog, the real app in-process,
+and a real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from app.main import create_app
+from app.settings import Settings, get_settings
+from tiering.engine import Engine
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="run slow crash loops and big files")
+
+
+def _gpu_present() -> bool:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_slow = pytest.mark.skip(reason="slow: pass --runslow")
+    gpu = None
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords:
+            if gpu is None:
+                gpu = _gpu_present()
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU and cupy"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's TIERD_* settings."""
+    for key in list(os.environ):
+        if key.startswith("TIERD_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread running (background work must stop with its owner)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        leaked = [
+            t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(("asyncio_", "AnyIO"))
+        ]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+def make_settings(root: Path, **overrides: Any) -> Settings:
+    overrides.setdefault("access_flush_interval_s", 0.05)
+    return get_settings(data_dir=root, **overrides)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def settings(data_dir: Path) -> Settings:
+    return make_settings(data_dir)
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[Engine]:
+    with Engine(settings.engine_config()) as eng:
+        yield eng
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[Any]:
+    """The real app, in-process, with its lifespan run."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """uvicorn serving the real app on a loopback port, in a thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings.model_copy(update={"port": free_port()})
+        config = uvicorn.Config(
+            create_app(self.settings),
+            host="127.0.0.1",
+            port=self.settings.port,
+            log_level="warning",
+            lifespan="on",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test")
+        self.url = f"http://127.0.0.1:{self.settings.port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    with LiveServer(settings) as srv:
+        yield srv
+
+
+def disk_snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (to prove bad input changed nothing)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith("catalog.db")
+    }

@@ -1,0 +1,152 @@
+""":class:`GdsFile`: an open file, the tier it lies on, and its backend handle."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from tiering.errors import ClosedFile
+
+from ._stats import UNTIERED, IoPath
+
+__all__ = ["GdsFile"]
+
+
+class GdsFile:
+    """A file opened by :meth:`GpuDirectStorage.open_file <tiering.io.GpuDirectStorage.open_file>`.
+
+    It holds a read-only descriptor, the backend's handle (a KvikIO ``CuFile`` on GPU hosts)
+    and, once a gather needs it, a read-only memory map. Use it as a context manager, or call
+    :meth:`close`; operations on a closed file raise :class:`~tiering.errors.ClosedFile`.
+    Closing waits for reads already in flight on other threads.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        size: int,
+        *,
+        tier: str | None,
+        rank: int | None,
+        alignment: int,
+        handle: Any,
+        io_path: IoPath,
+        owner: object,
+    ) -> None:
+        self.path = path
+        self.tier = tier
+        self.rank = rank
+        self.io_path: IoPath = io_path
+        """The path reads of this file take into the storage's device."""
+        self._fd = fd
+        self._size = size
+        self._alignment = alignment
+        self._handle = handle
+        self._owner = owner
+        self._map: mmap.mmap | None = None
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    def size(self) -> int:
+        """Size of the file in bytes when it was opened."""
+        return self._size
+
+    def is_aligned(self) -> bool:
+        """Whether the size is a multiple of the direct-I/O alignment (4096 by default).
+
+        Direct reads of an aligned file never need a bounce buffer for a partial last page.
+        """
+        return self._size % self._alignment == 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def tier_key(self) -> str:
+        """The tier name used in stats (``"untiered"`` outside every tier root)."""
+        return self.tier if self.tier is not None else UNTIERED
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[int]:
+        """Guard one operation: raises ClosedFile, and delays close() until it ends."""
+        with self._cond:
+            if self._closed:
+                raise ClosedFile(f"{self.path} is closed", path=str(self.path))
+            self._in_flight += 1
+        try:
+            yield self._fd
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._cond.notify_all()
+
+    def _rows(self, populate: bool) -> np.ndarray:
+        """The file as a flat read-only ``uint8`` array over a shared memory map.
+
+        ``populate`` maps every page up front (MAP_POPULATE): on a file that is in the page
+        cache this costs a one-time walk and saves a page fault per gathered row later.
+        """
+        with self._cond:
+            if self._map is None:
+                flags = mmap.MAP_SHARED
+                if populate and hasattr(mmap, "MAP_POPULATE"):
+                    flags |= mmap.MAP_POPULATE
+                self._map = mmap.mmap(self._fd, self._size, flags=flags, prot=mmap.PROT_READ)
+                if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+                    # Gathers jump around; read-ahead around each fault would be wasted I/O.
+                    self._map.madvise(mmap.MADV_RANDOM)
+            return np.frombuffer(self._map, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Close the file; waits for operations in flight. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            while self._in_flight:
+                self._cond.wait()
+            handle, self._handle = self._handle, None
+            mapping, self._map = self._map, None
+        if handle is not None:
+            handle.close()
+        if mapping is not None:
+            with contextlib.suppress(BufferError):
+                # Arrays handed out still view it; the map then closes when they are freed.
+                mapping.close()
+        os.close(self._fd)
+
+    def __enter__(self) -> GdsFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<GdsFile {str(self.path)!r} size={self._size} tier={self.tier_key} "
+            f"io_path={self.io_path} {state}>"
+        )
+
+    def __del__(self) -> None:
+        # A forgotten file must not leak its descriptor; close() is the supported way.
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):
+                self.close()
