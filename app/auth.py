@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -13,7 +13,7 @@ from app.errors import HttpError
 __all__ = ["Role", "require_admin", "require_data"]
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     admin = "admin"
     data = "data"
 

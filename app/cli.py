@@ -120,16 +120,17 @@ def scan(
     check: Annotated[bool, typer.Option("--check", help="Report drift, change nothing")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Reconcile the catalog with the files in the tier roots."""
+    """Reconcile the catalog with the files in the tier roots (--check: exit 1 on drift)."""
     settings = _settings(config, data_dir=data_dir)
     with _engine(settings) as engine:
         t0 = time.perf_counter()
         with out.status("scanning tiers…", spinner="dots") if not as_json else _null():
             report = engine.scan(check=check)
         elapsed = time.perf_counter() - t0
+    drifted = check and bool(report.drift or report.conflicts)
     if as_json:
         _print_json(report.as_dict() | {"seconds": round(elapsed, 3)})
-        return
+        raise typer.Exit(1 if drifted else 0)
     verb = "would be" if check else "were"
     out.print(f"scanned in {elapsed:.2f}s: {report.unchanged} unchanged")
     for label, items in (
@@ -139,11 +140,14 @@ def scan(
         ("marked missing", report.missing),
     ):
         if items:
-            out.print(f"{len(items)} {verb} {label}: " + ", ".join(items[:10])
-                      + (" …" if len(items) > 10 else ""))
+            out.print(
+                f"{len(items)} {verb} {label}: "
+                + ", ".join(items[:10])
+                + (" …" if len(items) > 10 else "")
+            )
     for path, names in report.conflicts.items():
         out.print(f"[yellow]conflict[/yellow]: {path} is in tiers {', '.join(names)}")
-    if check and (report.drift or report.conflicts):
+    if drifted:
         raise typer.Exit(1)
 
 
@@ -163,8 +167,16 @@ def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOp
         return
     table = Table("rank", "tier", "path", "files", "file bytes", "quota", "free", "capacity")
     for r in rows:
-        table.add_row(str(r.rank), r.name, r.path, str(r.files), _size(r.file_bytes),
-                      _size(r.quota_bytes), _size(r.free_bytes), _size(r.capacity_bytes))
+        table.add_row(
+            str(r.rank),
+            r.name,
+            r.path,
+            str(r.files),
+            _size(r.file_bytes),
+            _size(r.quota_bytes),
+            _size(r.free_bytes),
+            _size(r.capacity_bytes),
+        )
     out.print(table)
 
 
@@ -189,8 +201,9 @@ def ls(
         return
     table = Table("id", "path", "tier", "size", "heat", "accesses", "state")
     for f in files:
-        table.add_row(str(f.id), f.path, f.tier, _size(f.size), f"{f.heat:.2f}",
-                      str(f.access_count), f.state)
+        table.add_row(
+            str(f.id), f.path, f.tier, _size(f.size), f"{f.heat:.2f}", str(f.access_count), f.state
+        )
     out.print(table)
 
 

@@ -5,6 +5,7 @@ Every error body has one shape: ``{"error": {"code": "snake_case", "message": ".
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from fastapi import FastAPI, Request
@@ -96,6 +97,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _starlette(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(OSError)
+    async def _os(_req: Request, exc: OSError) -> JSONResponse:
+        # Storage faults the engine did not translate: say what failed, never a stack trace.
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error_response(507, "insufficient_space", f"no space: {exc.strerror}")
+        log.error("storage error: %s", exc)
+        return error_response(500, "io_error", f"storage error: {exc.strerror or exc}")
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:

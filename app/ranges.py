@@ -8,7 +8,7 @@ from tiering.errors import InvalidRange
 
 __all__ = ["parse_range"]
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 
 
 def parse_range(header: str, size: int) -> tuple[int, int]:
@@ -32,13 +32,15 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
         raise InvalidRange("Range bytes=- names no bytes", size=size)
     if first == "":
         suffix = int(last)
-        if suffix == 0:
-            raise InvalidRange("a suffix range of 0 bytes is unsatisfiable", size=size)
+        if suffix == 0 or size == 0:
+            raise InvalidRange(f"suffix range of {suffix} bytes of a {size}-byte file", size=size)
         return max(0, size - suffix), size
     start = int(first)
     end = size if last == "" else min(int(last) + 1, size)
     if last != "" and int(last) < start:
         raise InvalidRange(f"Range end {last} is before its start {start}", size=size)
     if start >= size:
-        raise InvalidRange(f"Range starts at {start}, past the end of a {size}-byte file", size=size)
+        raise InvalidRange(
+            f"Range starts at {start}, past the end of a {size}-byte file", size=size
+        )
     return start, end

@@ -45,7 +45,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Ordered tiers, fastest first; default <data_dir>/{nvme,ssd,hdd}",
     )
-    catalog_url: str = Field(default="", description="SQLAlchemy URL; default <data_dir>/catalog.db")
+    catalog_url: str = Field(
+        default="", description="SQLAlchemy URL; default <data_dir>/catalog.db"
+    )
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on")
     admin_token: str | None = Field(default=None, description="Bearer token for every route")

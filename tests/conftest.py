@@ -62,7 +62,8 @@ def _no_leaked_threads() -> Iterator[None]:
     deadline = time.monotonic() + 5
     while True:
         leaked = [
-            t for t in threading.enumerate()
+            t
+            for t in threading.enumerate()
             if t not in before and t.is_alive() and not t.name.startswith(("asyncio_", "AnyIO"))
         ]
         if not leaked or time.monotonic() > deadline:

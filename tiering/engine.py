@@ -113,8 +113,9 @@ class Upload:
         published = self._writer.publish()
         tier = self._writer.tier
         rec = self._engine.catalog.upsert(
-            NewFile(published.relpath, tier.name, published.size, published.mtime_ns,
-                    published.checksum)
+            NewFile(
+                published.relpath, tier.name, published.size, published.mtime_ns, published.checksum
+            )
         )
         prev = self._previous
         if prev is not None and prev.tier != tier.name:
@@ -229,9 +230,7 @@ class Engine:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise Unavailable(
-                f"another tierd is already serving the catalog {db_path}"
-            ) from None
+            raise Unavailable(f"another tierd is already serving the catalog {db_path}") from None
         self._lock_fd = fd
 
     def _remove_orphan_temps(self) -> None:
@@ -325,8 +324,8 @@ class Engine:
         relpath = validate_relpath(relpath)
         previous = self.catalog.find(relpath)
         if tier is None:
-            tier = previous.tier if previous else (self.config.default_tier or self.tiers.fastest.name)
-        target: Tier = self.tiers.get(tier)
+            tier = previous.tier if previous else self.config.default_tier
+        target: Tier = self.tiers.get(tier) if tier else self.tiers.fastest
         if expected_size is not None and expected_size < 0:
             raise InvalidInput("size must not be negative")
         if previous is not None:

@@ -7,6 +7,7 @@ are called as ``os.<name>`` at call time so tests can patch ``os`` functions to 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -182,10 +183,8 @@ class AtomicWriter:
     def _unlink_temp(self) -> None:
         if self._dirfd < 0:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.temp_name, dir_fd=self._dirfd)
-        except FileNotFoundError:
-            pass
 
     def _close_dir(self) -> None:
         if self._dirfd >= 0:

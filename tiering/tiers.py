@@ -80,7 +80,9 @@ class Tier:
         """
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            walked: list[str] = []
             for part in parts:
+                walked.append(part)
                 try:
                     nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -94,6 +96,12 @@ class Tier:
                     nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                where = "/".join(walked)
+                raise InvalidPath(f"{where!r} is a symlink or not a directory") from exc
+            raise
         except BaseException:
             os.close(fd)
             raise

@@ -63,13 +63,12 @@ def list_files(
     if tier is not None:
         engine.tiers.get(tier)
     if state is not None and state not in FileState.ALL:
-        raise HttpError(
-            422, "invalid_state", f"state must be one of {', '.join(FileState.ALL)}"
-        )
+        raise HttpError(422, "invalid_state", f"state must be one of {', '.join(FileState.ALL)}")
     states = [state] if state else [s for s in FileState.ALL if s != FileState.MISSING]
     after = _decode_cursor(cursor) if cursor else 0
-    recs = engine.catalog.list(tier=tier, prefix=prefix, states=states, after_id=after,
-                               limit=limit + 1)
+    recs = engine.catalog.list(
+        tier=tier, prefix=prefix, states=states, after_id=after, limit=limit + 1
+    )
     more = len(recs) > limit
     recs = recs[:limit]
     return FileList(
@@ -89,8 +88,12 @@ async def upload(
     request: Request,
     engine: EngineDep,
     path: PathQuery,
-    tier: Annotated[str | None, Query(description="Tier to write to; default the file's "
-                                                   "current tier, else the default tier")] = None,
+    tier: Annotated[
+        str | None,
+        Query(
+            description="Tier to write to; default the file's current tier, else the default tier"
+        ),
+    ] = None,
     overwrite: bool = False,
 ) -> JSONResponse:
     """Upload a file's bytes: streamed to a temp file, fsynced, published without clobbering,

@@ -38,6 +38,9 @@ def readyz(engine: EngineDep) -> JSONResponse:
     checks["tiers"] = tiers
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
-    body = {"status": "ready" if ok else "not_ready", "started_at": iso(engine.started_at),
-            "checks": checks}
+    body = {
+        "status": "ready" if ok else "not_ready",
+        "started_at": iso(engine.started_at),
+        "checks": checks,
+    }
     return JSONResponse(jsonable_encoder(body), status_code=200 if ok else 503)

@@ -133,9 +133,7 @@ class Catalog:
             s.flush()
             return rec
 
-    def set_state(
-        self, file_ids: Iterable[int], state: str, detail: str | None = None
-    ) -> int:
+    def set_state(self, file_ids: Iterable[int], state: str, detail: str | None = None) -> int:
         ids = list(file_ids)
         if not ids:
             return 0
@@ -156,9 +154,7 @@ class Catalog:
             s.delete(rec)
             return True
 
-    def record_accesses(
-        self, counts: Mapping[int, int], *, now: float, half_life_s: float
-    ) -> None:
+    def record_accesses(self, counts: Mapping[int, int], *, now: float, half_life_s: float) -> None:
         """Add accesses in one batch: decay each file's heat to ``now``, then add the count."""
         if not counts:
             return

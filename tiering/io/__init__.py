@@ -1,0 +1,41 @@
+"""tierd's data path: files into GPU (``cuda:N``) or host (``cpu``) memory, fast.
+
+Importing this package needs neither CUDA, CuPy nor KvikIO: they are imported when a storage
+for a GPU is created, behind a backend chooser (see :class:`GdsConfig`).
+
+>>> from tiering.io import GpuDirectStorage
+>>> with GpuDirectStorage("cpu") as gds, gds.open_file(path) as f:  # doctest: +SKIP
+...     result = gds.read(f)
+...     result.array, result.report.io_path, result.report.gbps
+"""
+
+from __future__ import annotations
+
+from ._config import BackendName, GdsConfig, TierIo
+from ._device import Device, parse_device
+from ._file import GdsFile
+from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats
+from ._storage import BatchResult, GpuDirectStorage, ReadResult
+from ._write import TMP_SUFFIX
+from .safetensors import LoadedTensors, SafetensorsHeader, TensorInfo, read_header
+
+__all__ = [
+    "TMP_SUFFIX",
+    "BackendName",
+    "BatchResult",
+    "Device",
+    "GdsConfig",
+    "GdsFile",
+    "GdsStatsSnapshot",
+    "GpuDirectStorage",
+    "IoPath",
+    "IoReport",
+    "LoadedTensors",
+    "PathStats",
+    "ReadResult",
+    "SafetensorsHeader",
+    "TensorInfo",
+    "TierIo",
+    "parse_device",
+    "read_header",
+]

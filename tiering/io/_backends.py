@@ -204,8 +204,9 @@ class KvikioBackend:
         if isinstance(src, np.ndarray):
             self._host.write(fd, path, src)
             return
-        with self._open_lock, self._kvikio.defaults.set(
-            {"compat_mode": self._kvikio.CompatMode.ON}
+        with (
+            self._open_lock,
+            self._kvikio.defaults.set({"compat_mode": self._kvikio.CompatMode.ON}),
         ):
             f = self._kvikio.CuFile(path, "r+")
         try:

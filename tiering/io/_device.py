@@ -98,9 +98,7 @@ def parse_device(device: str | int | Device) -> Device:
     elif isinstance(device, str):
         m = _DEVICE_RE.match(device.strip().lower())
         if not m:
-            raise InvalidDevice(
-                f"not a device: {device!r}; use 'cpu' or 'cuda:N'", device=device
-            )
+            raise InvalidDevice(f"not a device: {device!r}; use 'cpu' or 'cuda:N'", device=device)
         parsed = Device("cpu") if m.group(1) else Device("cuda", int(m.group(2) or 0))
     else:
         raise InvalidDevice(f"not a device: {device!r}")

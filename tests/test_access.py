@@ -1,0 +1,88 @@
+"""Access tracking: batched counts, heat decay, flush at shutdown."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from tiering.catalog import decay
+from tiering.engine import Engine
+
+
+def wait_for(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_decay_halves_per_half_life() -> None:
+    assert decay(8.0, 100.0, 100.0, 10.0) == 8.0
+    assert decay(8.0, 100.0, 110.0, 10.0) == pytest.approx(4.0)
+    assert decay(8.0, 100.0, 130.0, 10.0) == pytest.approx(1.0)
+    assert decay(0.0, 0.0, 1e9, 10.0) == 0.0
+    assert decay(5.0, 200.0, 100.0, 10.0) == 5.0  # clocks going back never add heat
+
+
+def test_reads_are_counted_in_batches(client) -> None:
+    fid = client.put("/v1/files/content", params={"path": "h.bin"}, content=b"abc").json()["id"]
+    for _ in range(10):
+        client.get(f"/v1/files/{fid}/content")
+    client.get(f"/v1/files/{fid}/content", headers={"Range": "bytes=0-0"})
+    wait_for(lambda: client.get(f"/v1/files/{fid}").json()["access_count"] == 11)
+    rec = client.get(f"/v1/files/{fid}").json()
+    assert 10.9 < rec["heat"] <= 11 and rec["last_access"] is not None
+    assert client.get(f"/v1/files/{fid}").json()["access_count"] == 11  # metadata isn't a read
+
+
+def test_heat_decays_lazily(engine: Engine) -> None:
+    up = engine.begin_upload("d.bin")
+    up.write(b"x")
+    rec = up.commit()
+    t0 = time.time()
+    engine.access.record(rec.id, 4)
+    engine.access.flush(now=t0)
+    rec = engine.get(rec.id)
+    hl = engine.config.half_life_s
+    assert engine.heat(rec, now=t0) == pytest.approx(4)
+    assert engine.heat(rec, now=t0 + hl) == pytest.approx(2)
+    # New accesses decay the stored heat first, then add.
+    engine.access.record(rec.id, 1)
+    engine.access.flush(now=t0 + 2 * hl)
+    assert engine.get(rec.id).heat == pytest.approx(2.0)
+    assert engine.get(rec.id).access_count == 5
+
+
+def test_counts_survive_shutdown(settings) -> None:
+    slow = settings.model_copy(update={"access_flush_interval_s": 3600})
+    with Engine(slow.engine_config()) as eng:
+        up = eng.begin_upload("s.bin")
+        up.write(b"x")
+        fid = up.commit().id
+        for _ in range(7):
+            eng.open_content(fid).close()
+    with Engine(slow.engine_config()) as eng:
+        assert eng.get(fid).access_count == 7
+
+
+def test_concurrent_recording_loses_nothing(engine: Engine) -> None:
+    up = engine.begin_upload("c.bin")
+    up.write(b"x")
+    fid = up.commit().id
+
+    def hammer() -> None:
+        for _ in range(20_000):
+            engine.access.record(fid)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.access.flush()
+    assert engine.get(fid).access_count == 80_000
+    assert math.isfinite(engine.get(fid).heat)

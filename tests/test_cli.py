@@ -1,0 +1,58 @@
+"""The tierd CLI, run in-process with typer's runner against a real data dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from app.cli import cli
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_scan_tiers_ls_stat(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    (d / "ssd/m").mkdir(parents=True)
+    (d / "ssd/m/w.bin").write_bytes(b"weights")
+    code, out = run("db", "upgrade", "--data-dir", str(d))
+    assert code == 0 and "up to date" in out
+    code, out = run("scan", "--data-dir", str(d), "--check", "--json")
+    assert code == 1 and json.loads(out)["adopted"] == ["m/w.bin"]
+    code, out = run("scan", "--data-dir", str(d))
+    assert code == 0 and "adopted" in out and "m/w.bin" in out
+    code, out = run("scan", "--data-dir", str(d), "--check")
+    assert code == 0
+    code, out = run("tiers", "--data-dir", str(d), "--json")
+    tiers = json.loads(out)
+    assert [t["name"] for t in tiers] == ["nvme", "ssd", "hdd"] and tiers[1]["files"] == 1
+    code, out = run("tiers", "--data-dir", str(d))
+    assert code == 0 and "ssd" in out
+    code, out = run("ls", "--data-dir", str(d), "--json")
+    assert [f["path"] for f in json.loads(out)] == ["m/w.bin"]
+    code, out = run("ls", "m/", "--data-dir", str(d))
+    assert code == 0 and "m/w.bin" in out
+    code, out = run("stat", "m/w.bin", "--data-dir", str(d), "--json")
+    assert json.loads(out)["size"] == 7
+    code, out = run("stat", "m/w.bin", "--data-dir", str(d))
+    assert code == 0 and "checksum" in out
+
+
+def test_errors_are_plain(tmp_path: Path) -> None:
+    d = str(tmp_path / "d")
+    code, out = run("stat", "nope.bin", "--data-dir", d)
+    assert code == 1 and "no file at path" in out
+    code, out = run("stat", "../x", "--data-dir", d)
+    assert code == 1 and "not normal" in out
+    code, out = run("ls", "--tier", "floppy", "--data-dir", d)
+    assert code == 1 and "no tier named" in out
+    code, out = run("serve", "--data-dir", d, "--host", "0.0.0.0")
+    assert code == 2 and "refusing" in out
+    code, out = run("tiers", "--config", str(tmp_path / "missing.toml"))
+    assert code == 2 and "does not exist" in out

@@ -1,0 +1,99 @@
+"""Scan: adopting, changed, moved by hand, missing, conflicts, temp files, --check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tiering.catalog import FileState
+from tiering.checksum import Hasher
+from tiering.engine import Engine
+
+
+def write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def xxh(data: bytes) -> str:
+    h = Hasher()
+    h.update(data)
+    return h.value()
+
+
+def test_start_adopts_existing_files(settings, data_dir: Path) -> None:
+    write(data_dir / "ssd/models/a.bin", b"aaa")
+    write(data_dir / "hdd/b.bin", b"bb")
+    write(data_dir / "hdd/.w-deadbeef.tierd-tmp", b"orphan")  # a crashed upload
+    write(data_dir / "hdd/user.tierd-tmp.txt", b"user file, not ours")
+    with Engine(settings.engine_config()) as eng:
+        recs = {r.relpath: r for r in eng.catalog.all()}
+        assert set(recs) == {"models/a.bin", "b.bin", "user.tierd-tmp.txt"}
+        assert recs["models/a.bin"].tier == "ssd" and recs["models/a.bin"].checksum == xxh(b"aaa")
+        assert recs["b.bin"].size == 2
+        assert eng.last_scan is not None and len(eng.last_scan.adopted) == 3
+    assert not (data_dir / "hdd/.w-deadbeef.tierd-tmp").exists()
+
+
+def test_changed_moved_missing_and_back(engine: Engine, data_dir: Path) -> None:
+    write(data_dir / "nvme/c.bin", b"v1")
+    write(data_dir / "nvme/m.bin", b"moving")
+    write(data_dir / "nvme/g.bin", b"gone")
+    engine.scan()
+    c0 = engine.lookup("c.bin")
+    engine.access.record(c0.id, 5)
+    engine.access.flush()
+
+    write(data_dir / "nvme/c.bin", b"version 2")
+    os.rename(data_dir / "nvme/m.bin", data_dir / "hdd/m.bin")
+    (data_dir / "nvme/g.bin").unlink()
+
+    check = engine.scan(check=True)
+    assert (check.changed, check.moved, check.missing) == (["c.bin"], ["m.bin"], ["g.bin"])
+    assert engine.lookup("c.bin").checksum == xxh(b"v1")  # --check changed nothing
+
+    report = engine.scan()
+    assert (report.changed, report.moved, report.missing) == (["c.bin"], ["m.bin"], ["g.bin"])
+    c1 = engine.lookup("c.bin")
+    assert c1.id == c0.id and c1.checksum == xxh(b"version 2") and c1.size == 9
+    assert c1.access_count == 5  # heat and counts survive an outside edit
+    assert engine.lookup("m.bin").tier == "hdd"
+    assert engine.lookup("g.bin").state == FileState.MISSING
+
+    write(data_dir / "ssd/g.bin", b"gone")
+    engine.scan()
+    assert engine.lookup("g.bin").state == FileState.STABLE
+    assert engine.lookup("g.bin").tier == "ssd"
+    assert engine.scan().drift == 0
+
+
+def test_conflict_is_reported_and_nothing_deleted(engine: Engine, data_dir: Path) -> None:
+    write(data_dir / "nvme/dup.bin", b"fast copy")
+    write(data_dir / "hdd/dup.bin", b"slow copy")
+    report = engine.scan()
+    assert report.conflicts == {"dup.bin": ["nvme", "hdd"]}
+    rec = engine.lookup("dup.bin")
+    assert rec.state == FileState.CONFLICT and "nvme" in (rec.detail or "")
+    assert (data_dir / "nvme/dup.bin").read_bytes() == b"fast copy"
+    assert (data_dir / "hdd/dup.bin").read_bytes() == b"slow copy"
+    (data_dir / "hdd/dup.bin").unlink()
+    engine.scan()
+    assert engine.lookup("dup.bin").state == FileState.STABLE
+
+
+def test_symlinks_are_not_adopted(engine: Engine, data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "outside.txt").write_bytes(b"secret")
+    (data_dir / "nvme/link.txt").symlink_to(tmp_path / "outside.txt")
+    (data_dir / "nvme/dirlink").symlink_to(tmp_path)
+    engine.scan()
+    assert engine.catalog.all() == []
+
+
+def test_missing_files_are_hidden_from_listings(client, data_dir: Path) -> None:
+    fid = client.put("/v1/files/content", params={"path": "x.bin"}, content=b"x").json()["id"]
+    (data_dir / "nvme/x.bin").unlink()
+    client.app.state.engine.scan()
+    assert client.get("/v1/files").json()["items"] == []
+    missing = client.get("/v1/files", params={"state": "missing"}).json()["items"]
+    assert [f["id"] for f in missing] == [fid]
+    assert client.get(f"/v1/files/{fid}/content").status_code == 404

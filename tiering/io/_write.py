@@ -1,0 +1,77 @@
+"""Crash-safe publication of a new file: temp file in the destination directory, fsync,
+no-clobber link, fsync of the directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from tiering.errors import AlreadyExists, FileNotFound, InvalidPath
+
+from ._backends import Backend
+
+__all__ = ["TMP_SUFFIX", "temp_name", "write_atomic"]
+
+TMP_SUFFIX = ".tierd-tmp"
+"""Every temporary file tierd creates ends with this; recovery may delete such files."""
+
+
+def temp_name(final: Path) -> Path:
+    """A fresh hidden temp name beside ``final``: ``.<name>.<random>.tierd-tmp``."""
+    # Keep the result under NAME_MAX (255) however long the final name is.
+    return final.with_name(f".{final.name[:200]}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(backend: Backend, src: Any, final: Path, *, overwrite: bool) -> None:
+    """Write flat uint8 ``src`` to ``final`` so that a crash never leaves a partial file.
+
+    Raises
+    ------
+    AlreadyExists
+        ``final`` exists and ``overwrite`` is false (checked first, and again atomically by
+        the link, so a racing writer cannot be clobbered).
+    FileNotFound
+        The directory does not exist.
+    """
+    if final.name in ("", ".", "..") or final.name.endswith(TMP_SUFFIX):
+        raise InvalidPath(f"cannot write to {final}", path=str(final))
+    directory = final.parent
+    if not directory.is_dir():
+        raise FileNotFound(f"directory does not exist: {directory}", path=str(directory))
+    if not overwrite and os.path.lexists(final):
+        raise AlreadyExists(f"{final} already exists", path=str(final))
+    tmp = temp_name(final)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    published = False
+    try:
+        try:
+            backend.write(fd, str(tmp), src)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            try:
+                os.link(tmp, final)
+            except FileExistsError as exc:
+                raise AlreadyExists(f"{final} already exists", path=str(final)) from exc
+            published = True
+            os.unlink(tmp)
+        published = True
+        _fsync_dir(directory)
+    finally:
+        if not published or os.path.lexists(tmp):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
