@@ -194,7 +194,7 @@ def ls(
     with _engine(settings) as engine:
         if tier is not None:
             engine.tiers.get(tier)
-        recs = engine.catalog.list(tier=tier, prefix=prefix, limit=limit)
+        recs = engine.catalog.page(tier=tier, prefix=prefix, limit=limit)
         files = [FileOut.of(r, engine.heat(r)) for r in recs]
     if as_json:
         _print_json([f.model_dump(mode="json") for f in files])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -58,7 +59,7 @@ def error_response(
     status: int,
     code: str,
     message: str,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     **details: object,
 ) -> JSONResponse:
     body: dict[str, object] = {"code": code, "message": message}

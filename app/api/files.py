@@ -66,7 +66,7 @@ def list_files(
         raise HttpError(422, "invalid_state", f"state must be one of {', '.join(FileState.ALL)}")
     states = [state] if state else [s for s in FileState.ALL if s != FileState.MISSING]
     after = _decode_cursor(cursor) if cursor else 0
-    recs = engine.catalog.list(
+    recs = engine.catalog.page(
         tier=tier, prefix=prefix, states=states, after_id=after, limit=limit + 1
     )
     more = len(recs) > limit

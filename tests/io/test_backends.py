@@ -16,10 +16,24 @@ from tiering.io import GdsConfig, GpuDirectStorage
 def test_public_names():
     assert sorted(tiering.io.__all__) == sorted(
         [
-            "BackendName", "BatchResult", "Device", "GdsConfig", "GdsFile", "GdsStatsSnapshot",
-            "GpuDirectStorage", "IoPath", "IoReport", "LoadedTensors", "PathStats",
-            "ReadResult", "SafetensorsHeader", "TMP_SUFFIX", "TensorInfo", "TierIo",
-            "parse_device", "read_header",
+            "BackendName",
+            "BatchResult",
+            "Device",
+            "GdsConfig",
+            "GdsFile",
+            "GdsStatsSnapshot",
+            "GpuDirectStorage",
+            "IoPath",
+            "IoReport",
+            "LoadedTensors",
+            "PathStats",
+            "ReadResult",
+            "SafetensorsHeader",
+            "TMP_SUFFIX",
+            "TensorInfo",
+            "TierIo",
+            "parse_device",
+            "read_header",
         ]
     )
     for name in tiering.io.__all__:

@@ -58,9 +58,10 @@ def test_misaligned_buffer_when_alignment_required(target, tiers, write_random, 
     device, backend = target
     write_random(tiers[0].path / "f.bin", 64 * 1024)
     config = GdsConfig(backend=backend, require_alignment=True)  # type: ignore[arg-type]
-    with GpuDirectStorage(device, config, tiers) as gds, gds.open_file(
-        tiers[0].path / "f.bin"
-    ) as fh:
+    with (
+        GpuDirectStorage(device, config, tiers) as gds,
+        gds.open_file(tiers[0].path / "f.bin") as fh,
+    ):
         aligned = gds.device.empty(3 * 4096 + 4096)
         base = int(aligned.data.ptr) if gds.device.is_cuda else aligned.ctypes.data
         skip = (-base) % 4096

@@ -57,9 +57,7 @@ def test_subset_and_many_shards(storage, tiers, to_numpy):
     rng = np.random.default_rng(1)
     shards, want = [], {}
     for s in range(3):
-        tensors = {
-            f"s{s}.t{i}": rng.standard_normal((64, 33)).astype(np.float32) for i in range(6)
-        }
+        tensors = {f"s{s}.t{i}": rng.standard_normal((64, 33)).astype(np.float32) for i in range(6)}
         want.update(tensors)
         path = tiers[s % 2].path / f"model-{s:05d}.safetensors"
         save_file(tensors, str(path))
@@ -103,8 +101,11 @@ def test_bf16_and_f8_are_raw_bits_without_ml_dtypes(storage, tiers, to_numpy, mo
 def test_bf16_with_ml_dtypes(cpu_storage, tiers):
     ml = pytest.importorskip("ml_dtypes")
     path = tiers[0].path / "bf.safetensors"
-    _raw_file(path, {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}},
-              np.array([0x3F80, 0x4000], np.uint16).tobytes())
+    _raw_file(
+        path,
+        {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}},
+        np.array([0x3F80, 0x4000], np.uint16).tobytes(),
+    )
     w = cpu_storage.load_safetensors(path)["w"]
     assert w.dtype == ml.bfloat16 and w.astype(np.float32).tolist() == [1.0, 2.0]
 
@@ -115,10 +116,14 @@ def test_torch_framework_gets_real_dtypes(tiers):
     from tiering.io import GpuDirectStorage
 
     path = tiers[0].path / "t.safetensors"
-    _raw_file(path, {
-        "w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
-        "f": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
-    }, np.array([0x3F80, 0x4000], np.uint16).tobytes() + np.float32(7).tobytes())
+    _raw_file(
+        path,
+        {
+            "w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
+            "f": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+        },
+        np.array([0x3F80, 0x4000], np.uint16).tobytes() + np.float32(7).tobytes(),
+    )
     with GpuDirectStorage("cuda:0", tiers=tiers) as gds:
         out = gds.load_safetensors(path, framework="torch")
     assert out["w"].dtype == torch.bfloat16 and out["w"].device.type == "cuda"
@@ -143,7 +148,11 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     make("not_object", struct.pack("<Q", 2) + b"[]")
     make("not_utf8", struct.pack("<Q", 2) + b"\xff\xfe")
     for name, header, data in [
-        ("offsets_past_end", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4),
+        (
+            "offsets_past_end",
+            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+            b"\0" * 4,
+        ),
         ("size_mismatch", {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8),
         ("reversed", {"a": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}}, b"\0" * 8),
         ("bad_shape", {"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8),
@@ -161,9 +170,21 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
 @pytest.mark.parametrize(
     "name",
     [
-        "empty", "short_length", "length_past_end", "huge_length", "not_json", "not_object",
-        "not_utf8", "offsets_past_end", "size_mismatch", "reversed", "bad_shape", "bad_offsets",
-        "no_dtype", "entry_not_object", "bad_metadata",
+        "empty",
+        "short_length",
+        "length_past_end",
+        "huge_length",
+        "not_json",
+        "not_object",
+        "not_utf8",
+        "offsets_past_end",
+        "size_mismatch",
+        "reversed",
+        "bad_shape",
+        "bad_offsets",
+        "no_dtype",
+        "entry_not_object",
+        "bad_metadata",
     ],
 )
 def test_malformed_files_rejected_before_allocation(storage, tiers, name):
@@ -193,10 +214,14 @@ def test_duplicate_tensor_across_shards(storage, tiers):
 def test_unaligned_tensor_is_copied_to_an_aligned_array(storage, tiers, to_numpy):
     path = tiers[0].path / "odd.safetensors"
     f32 = np.arange(3, dtype=np.float32)
-    _raw_file(path, {
-        "b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-        "f": {"dtype": "F32", "shape": [3], "data_offsets": [1, 13]},
-    }, b"\x07" + f32.tobytes())
+    _raw_file(
+        path,
+        {
+            "b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+            "f": {"dtype": "F32", "shape": [3], "data_offsets": [1, 13]},
+        },
+        b"\x07" + f32.tobytes(),
+    )
     out = storage.load_safetensors(path)
     np.testing.assert_array_equal(to_numpy(out["f"]), f32)
     assert to_numpy(out["b"]).tolist() == [7]

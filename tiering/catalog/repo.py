@@ -65,7 +65,7 @@ class Catalog:
         with self.db.read() as s:
             return s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
 
-    def list(
+    def page(
         self,
         *,
         tier: str | None = None,
@@ -164,5 +164,5 @@ class Catalog:
                 "UPDATE files SET heat = tierd_decay(heat, heat_at, :now, :hl) + :n, "
                 "heat_at = :now, access_count = access_count + :n, last_access = :now "
                 "WHERE id = :fid",
-                params,  # type: ignore[arg-type]
+                params,
             )
