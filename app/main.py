@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 import tiering
 from app.api import files, health, tiers
 from app.errors import install_error_handlers
+from app.limits import InflightLimit
 from app.settings import Settings, get_settings
 from tiering.engine import Engine
 
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     install_error_handlers(app)
+    app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
     app.include_router(health.router)
     app.include_router(tiers.router)
     app.include_router(files.router)

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
         default=None, description="Tier for new uploads that name none; default the fastest"
     )
     scan_on_start: bool = Field(default=True, description="Reconcile tiers with catalog at start")
+    busy_timeout_ms: int = Field(
+        default=5000, ge=0, description="How long a catalog write waits for a lock before 503"
+    )
+    max_inflight_requests: int = Field(
+        default=512, ge=1, description="Requests served at once; more get 429"
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
 
     @field_validator("tiers")
@@ -118,6 +124,7 @@ class Settings(BaseSettings):
             max_upload_bytes=self.max_upload_bytes,
             default_tier=self.default_tier,
             scan_on_start=self.scan_on_start,
+            busy_timeout_ms=self.busy_timeout_ms,
         )
 
 

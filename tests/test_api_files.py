@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,61 @@ def test_restart_keeps_files_and_accesses(settings) -> None:
         r = c.get(f"/v1/files/{fid}/content", headers={"Range": "bytes=100-199"})
         assert r.status_code == 206 and r.content == data[100:200]
         assert c.get("/v1/files").json()["items"][0]["path"] == "keep/me.bin"
+
+
+# -- overload: a locked catalog gives 503, a flood gives 429, and nothing half-done remains ------
+def test_locked_catalog_gives_503_and_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    settings = make_settings(root, busy_timeout_ms=200)
+    with LiveServer(settings) as srv, srv.client() as c:
+        keep = upload(c, "keep.bin", b"k").json()
+        before_disk, before_db = disk_snapshot(root), catalog_rows(root)
+        blocker = sqlite3.connect(root / "catalog.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            r = upload(c, "new.bin", b"fresh bytes")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "catalog_busy"
+            r = c.delete(f"/v1/files/{keep['id']}")
+            assert r.status_code == 503
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert disk_snapshot(root) == before_disk and catalog_rows(root) == before_db
+        assert upload(c, "new.bin", b"fresh bytes").status_code == 201
+
+
+def test_flood_gets_429_and_server_stays_up(tmp_path: Path) -> None:
+    import threading
+
+    settings = make_settings(tmp_path / "d", max_inflight_requests=2)
+    with LiveServer(settings) as srv, srv.client() as c:
+        release = threading.Event()
+
+        def slow_body():
+            yield b"x"
+            release.wait(10)
+            yield b"y"
+
+        holders = [
+            threading.Thread(target=lambda i=i: upload(srv.client(), f"slow{i}", slow_body()))
+            for i in range(2)
+        ]
+        for t in holders:
+            t.start()
+        try:
+            # Both uploads are admitted once their temp files exist; only then probe, so the
+            # probe cannot take a slot a holder needs.
+            temps = lambda: list((tmp_path / "d/nvme").glob("*.tierd-tmp"))  # noqa: E731
+            deadline = time.monotonic() + 10
+            while len(temps()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r = c.get("/v1/tiers")
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_requests"
+            assert r.headers["retry-after"] == "1"
+            assert c.get("/healthz").status_code == 200
+        finally:
+            release.set()
+            for t in holders:
+                t.join()
+        assert c.get("/v1/tiers").status_code == 200
+        assert sorted(f["path"] for f in c.get("/v1/files").json()["items"]) == ["slow0", "slow1"]

@@ -32,6 +32,7 @@ class EngineConfig:
     max_upload_bytes: int = 1 << 40
     default_tier: str | None = None
     scan_on_start: bool = True
+    busy_timeout_ms: int = 5000
 
     def tier_names(self) -> list[str]:
         return [t.name for t in self.tiers]

@@ -15,7 +15,19 @@ from types import TracebackType
 from sqlalchemy.engine import make_url
 
 from tiering.access import AccessTracker
-from tiering.catalog import Catalog, Database, FileRecord, FileState, NewFile, decay, upgrade
+from tiering.catalog import (
+    Catalog,
+    Database,
+    FileRecord,
+    FileState,
+    Migration,
+    MigrationPhase,
+    NewFile,
+    decay,
+    upgrade,
+)
+from tiering.catalog.journal import Journal
+from tiering.catalog.policies import PolicyStore, StoredPolicy
 from tiering.config import EngineConfig
 from tiering.errors import (
     AlreadyExists,
@@ -27,11 +39,14 @@ from tiering.errors import (
     Unavailable,
 )
 from tiering.fsops import AtomicWriter
-from tiering.paths import validate_relpath
+from tiering.mover import Claim, FileGuards, Mover, Progress, RateLimiter, RecoveryReport
+from tiering.paths import is_temp_name, validate_relpath
+from tiering.policy import PlannedMove, Policy, TierState, default_policy, plan
 from tiering.scan import ScanReport, scan
+from tiering.scheduler import PassReport, Scheduler
 from tiering.tiers import Space, Tier, Tiers
 
-__all__ = ["Content", "Engine", "TierInfo", "Upload"]
+__all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Upload"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +62,35 @@ class TierInfo:
     space: Space
     files: int
     used_bytes: int
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """The policy in force; version 0 is the built-in default, never set by anyone."""
+
+    version: int
+    policy: Policy
+    created_at: float | None
+    author: str | None
+
+
+@dataclass(frozen=True)
+class MigrationInfo:
+    """One migration, from the journal, with live progress while it is in flight."""
+
+    record: Migration
+    bytes_copied: int
+
+    @property
+    def in_flight(self) -> bool:
+        return self.record.phase in MigrationPhase.OPEN
+
+    @property
+    def duration_s(self) -> float | None:
+        end = self.record.finished_at
+        if end is None:
+            return time.time() - self.record.started_at if self.in_flight else None
+        return max(0.0, end - self.record.started_at)
 
 
 class Content:
@@ -109,14 +153,38 @@ class Upload:
         self._writer.write(data)
 
     def commit(self) -> FileRecord:
-        """Publish the bytes, then record them: the catalog commit comes last."""
+        """Publish the bytes, then record them: the catalog commit comes last.
+
+        Replacing a file holds its guard, so the publish cannot land while a migration of the
+        same file is between its switch and its source unlink.
+        """
+        if self._previous is None:
+            return self._commit()
+        with self._engine.guards.hold(self._previous.id):
+            current = self._engine.catalog.find(self._previous.relpath)
+            if current is not None and (
+                current.state == FileState.MIGRATING or current.tier != self._previous.tier
+            ):
+                raise FileBusy(
+                    f"{self._previous.relpath!r} was migrated during the upload; try again",
+                    file_id=self._previous.id,
+                )
+            return self._commit()
+
+    def _commit(self) -> FileRecord:
         published = self._writer.publish()
         tier = self._writer.tier
-        rec = self._engine.catalog.upsert(
-            NewFile(
-                published.relpath, tier.name, published.size, published.mtime_ns, published.checksum
-            )
+        new = NewFile(
+            published.relpath, tier.name, published.size, published.mtime_ns, published.checksum
         )
+        try:
+            rec = self._engine.catalog.upsert(new)
+        except BaseException:
+            if self._previous is None:
+                # Nobody knows these bytes yet: take them back so the failed upload leaves
+                # nothing. (An overwrite's bytes stay; scan sees the change and rehashes.)
+                tier.unlink(published.relpath)
+            raise
         prev = self._previous
         if prev is not None and prev.tier != tier.name:
             # The record now names the new tier; the old copy is stale. A crash before this
@@ -171,7 +239,7 @@ class Engine:
             tier.ensure_root()
         if upgrade_schema:
             upgrade(self.config.catalog_url)
-        self.db = Database(self.config.catalog_url)
+        self.db = Database(self.config.catalog_url, busy_timeout_ms=self.config.busy_timeout_ms)
         self._catalog = Catalog(self.db)
         self.access = AccessTracker(
             self._catalog,
@@ -366,12 +434,17 @@ class Engine:
         return room
 
     def delete(self, file_id: int) -> FileRecord:
-        """Remove a file's bytes and its record. The bytes go first: a crash in between leaves a
-        ``missing`` record for scan to report, never a resurrected file."""
+        """Remove a file's bytes and its record.
+
+        The bytes are unlinked while the catalog's write lock is held, then the deletion
+        commits: a busy catalog changes nothing, and a crash in between leaves a ``missing``
+        record for scan to report, never a resurrected file.
+        """
         rec = self.catalog.get(file_id)
         if rec.state == FileState.MIGRATING:
             raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
-        self.tiers.get(rec.tier).unlink(rec.relpath)
-        if not self.catalog.delete(file_id, generation=rec.generation):
+        tier = self.tiers.get(rec.tier)
+        unlink = lambda r: tier.unlink(r.relpath)  # noqa: E731
+        if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
             raise FileBusy(f"file {file_id} changed while it was being deleted", file_id=file_id)
         return rec

@@ -28,6 +28,7 @@ these classes to status codes in exactly one place.
     ├── Unavailable                   temporarily unable to serve
     │   └── CatalogBusy               SQLite stayed locked past busy_timeout
     ├── IntegrityError                bytes do not match their checksum, or the source changed
+    ├── StorageError                  a tier's filesystem failed (EIO, EACCES, EROFS...)
     ├── BackendUnavailable            an explicitly requested I/O backend is not installed here
     └── ClosedFile                    an operation on a closed handle
 """
@@ -55,6 +56,7 @@ __all__ = [
     "MalformedFile",
     "MisalignedBuffer",
     "NotFound",
+    "StorageError",
     "TierNotFound",
     "TierdError",
     "TooLarge",
@@ -163,6 +165,10 @@ class CatalogBusy(Unavailable):
 
 class IntegrityError(TierdError):
     code = "integrity_error"
+
+
+class StorageError(TierdError):
+    code = "storage_error"
 
 
 class BackendUnavailable(TierdError, ImportError):

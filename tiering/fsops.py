@@ -30,6 +30,8 @@ class Published:
     size: int
     mtime_ns: int
     checksum: str
+    dev: int = 0
+    ino: int = 0
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -77,6 +79,7 @@ class AtomicWriter:
         self._hasher = Hasher()
         self._dirfd = tier.open_dir(dirs, create=True)
         self._fd: int | None = None
+        self._synced: os.stat_result | None = None
         try:
             if not overwrite and self._exists():
                 raise AlreadyExists(
@@ -111,6 +114,11 @@ class AtomicWriter:
     ) -> None:
         self.abort()
 
+    @property
+    def checksum(self) -> str:
+        """Checksum of the bytes written so far."""
+        return self._hasher.value()
+
     def write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
             raise TierdError("write after publish or abort")
@@ -131,20 +139,38 @@ class AtomicWriter:
         self._hasher.update(data)
         self.size += len(data)
 
+    def sync(
+        self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None
+    ) -> os.stat_result:
+        """fsync the temp file (after setting its mode and times, when given); idempotent.
+
+        A failed fsync may have dropped the dirty pages already, so it is never retried: the
+        temp is discarded and the error raised.
+        """
+        if self._synced is not None:
+            return self._synced
+        if self._fd is None:
+            raise TierdError("sync after publish or abort")
+        try:
+            if mode is not None:
+                os.fchmod(self._fd, mode)
+            if times_ns is not None:
+                os.utime(self._fd, ns=times_ns)
+            os.fsync(self._fd)
+            self._synced = os.fstat(self._fd)
+        except BaseException:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            self._unlink_temp()
+            raise
+        return self._synced
+
     def publish(self) -> Published:
         """fsync, publish under the final name without clobbering, fsync the directory."""
         if self._fd is None:
             raise TierdError("publish after publish or abort")
+        st = self.sync()
         fd, self._fd = self._fd, None
-        try:
-            # A failed fsync may have dropped the dirty pages already: never retry it; the
-            # temp is discarded below and the caller sees the error.
-            os.fsync(fd)
-            mtime_ns = os.fstat(fd).st_mtime_ns
-        except BaseException:
-            os.close(fd)
-            self._unlink_temp()
-            raise
         os.close(fd)
         try:
             if self.overwrite:
@@ -170,7 +196,9 @@ class AtomicWriter:
             raise
         finally:
             self._close_dir()
-        return Published(self.relpath, self.size, mtime_ns, self._hasher.value())
+        return Published(
+            self.relpath, self.size, st.st_mtime_ns, self._hasher.value(), st.st_dev, st.st_ino
+        )
 
     def abort(self) -> None:
         """Discard the temp file (idempotent)."""

@@ -165,13 +165,13 @@ def test_close_is_idempotent_and_file_repr(storage, tiers, write_random):
     assert f.closed and "closed" in repr(f)
 
 
-def test_host_load_beats_nothing_but_is_correct_for_big_parallel_file(tmp_path, to_numpy):
+def test_default_settings_parallel_read_of_a_big_file(tmp_path, to_numpy):
     # The default settings (16 threads, 4 MiB tasks) on a file over the inline limit.
     data = np.arange((9 << 20) // 4, dtype=np.uint32).view(np.uint8)
     (tmp_path / "big.bin").write_bytes(data.tobytes())
-    with GpuDirectStorage("cpu", tiers=[TierConfig("nvme", tmp_path)]) as gds:
-        with gds.open_file(tmp_path / "big.bin") as f:
-            got = gds.read(f, 3, data.size - 3)
+    tiers = [TierConfig("nvme", tmp_path)]
+    with GpuDirectStorage("cpu", tiers=tiers) as gds, gds.open_file(tmp_path / "big.bin") as f:
+        got = gds.read(f, 3, data.size - 3)
     assert got.array.tobytes() == data[3:].tobytes()
 
 

@@ -37,7 +37,9 @@ def decay(heat: float | None, heat_at: float | None, now: float, half_life: floa
     return float(heat) * math.exp2(-dt / half_life) if half_life > 0 else float(heat)
 
 
-def make_engine(url: str, *, writer: bool = False) -> Engine:
+def make_engine(
+    url: str, *, writer: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+) -> Engine:
     """An engine whose connections carry tierd's SQLite settings.
 
     ``writer`` engines hold exactly one connection and begin every transaction with
@@ -50,7 +52,9 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
     if u.database in (None, "", ":memory:"):
         raise InvalidInput("the catalog needs a file: use sqlite:///path/to/catalog.db")
     Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 5}}
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
+    }
     if writer:
         kwargs.update(pool_size=1, max_overflow=0, pool_timeout=60)
     engine = create_engine(url, **kwargs)
@@ -62,7 +66,7 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cur.execute("PRAGMA foreign_keys=ON")
         # FULL: the migration journal lives in this database and must survive power loss.
         cur.execute("PRAGMA synchronous=FULL")
@@ -104,10 +108,10 @@ def _is_busy(exc: OperationalError) -> bool:
 class Database:
     """The writer connection and the readers of one catalog."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.url = url
-        self._writer = make_engine(url, writer=True)
-        self._reader = make_engine(url)
+        self._writer = make_engine(url, writer=True, busy_timeout_ms=busy_timeout_ms)
+        self._reader = make_engine(url, busy_timeout_ms=busy_timeout_ms)
         self._write_lock = threading.Lock()
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(self._reader, expire_on_commit=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
@@ -145,13 +145,27 @@ class Catalog:
             )
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
-    def delete(self, file_id: int, *, generation: int | None = None) -> bool:
-        """Remove a record; with ``generation``, only if it is still at that generation."""
+    def delete(
+        self,
+        file_id: int,
+        *,
+        generation: int | None = None,
+        before_commit: Callable[[FileRecord], object] | None = None,
+    ) -> bool:
+        """Remove a record; with ``generation``, only if it is still at that generation.
+
+        ``before_commit`` runs inside the write transaction, after the write lock is held: if it
+        raises, the record stays. Deleting a file's bytes there means a busy catalog can never
+        leave bytes deleted under a live record.
+        """
         with self.db.write() as s:
             rec = s.get(FileRecord, file_id)
             if rec is None or (generation is not None and rec.generation != generation):
                 return False
             s.delete(rec)
+            s.flush()
+            if before_commit is not None:
+                before_commit(rec)
             return True
 
     def record_accesses(self, counts: Mapping[int, int], *, now: float, half_life_s: float) -> None:

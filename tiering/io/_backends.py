@@ -17,6 +17,7 @@ its own pinned double buffer and copies it to the device asynchronously.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
@@ -165,6 +166,8 @@ class KvikioBackend:
 
     def __init__(self, kvikio: ModuleType, gds_available: bool) -> None:
         self._kvikio = kvikio
+        # ``import kvikio`` does not import its ``defaults`` submodule.
+        self._defaults = importlib.import_module("kvikio.defaults")
         self.gds_available = gds_available
         self._host = HostBackend()
         # compat_mode is read by CuFile's constructor from KvikIO's process-wide defaults;
@@ -173,7 +176,7 @@ class KvikioBackend:
 
     def open(self, path: str, direct: bool) -> Any:
         mode = self._kvikio.CompatMode.AUTO if direct else self._kvikio.CompatMode.ON
-        with self._open_lock, self._kvikio.defaults.set({"compat_mode": mode}):
+        with self._open_lock, self._defaults.set({"compat_mode": mode}):
             handle = self._kvikio.CuFile(path, "r")
         # AUTO falls back to compat where O_DIRECT or cuFile registration fails (tmpfs,
         # some network filesystems); a missing O_DIRECT descriptor is the visible sign.
@@ -194,7 +197,14 @@ class KvikioBackend:
             # Host memory: KvikIO would run the same pread on its own pool.
             self._host.read_chunk(None, fd, dst, dst_offset, nbytes, file_offset)
             return
-        got = handle.raw_read(dst, nbytes, file_offset, dst_offset)
+        try:
+            got = handle.raw_read(dst, nbytes, file_offset, dst_offset)
+        except RuntimeError as exc:  # KvikIO reports system and CUDA errors as RuntimeError
+            if os.fstat(fd).st_size < file_offset + nbytes:
+                raise IntegrityError(
+                    "file ended early: it was truncated while being read", offset=file_offset
+                ) from exc
+            raise OSError(errno.EIO, f"KvikIO read failed: {exc}") from exc
         if got != nbytes:
             raise IntegrityError(
                 "file ended early: it was truncated while being read", offset=file_offset
@@ -206,7 +216,7 @@ class KvikioBackend:
             return
         with (
             self._open_lock,
-            self._kvikio.defaults.set({"compat_mode": self._kvikio.CompatMode.ON}),
+            self._defaults.set({"compat_mode": self._kvikio.CompatMode.ON}),
         ):
             f = self._kvikio.CuFile(path, "r+")
         try:

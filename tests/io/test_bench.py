@@ -1,0 +1,34 @@
+"""``tierd bench`` end to end on a tiny file (host backend here), and its size parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiering.bench import parse_size, render, run_bench
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1G", 10**9), ("4096", 4096), ("1.5KiB", 1536)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1", "4XB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_bench_runs_and_cleans_up(tmp_path):
+    result = run_bench(
+        2 << 20, "cpu", tmp_path, rows=64, shards=2, repeats=1, cold=False, sweep=False
+    )
+    rows = result["rows"]
+    for key in ("base_fromfile", "tierd_hot", "lat_hot_p50", "tierd_gather", "tierd_safetensors"):
+        assert rows[key]["value"] and rows[key]["value"] > 0, key
+    assert rows["tierd_hot"]["vs"] == "base_fromfile" and rows["tierd_hot"]["ratio"] > 0
+    assert result["host"]["backend"] == "host"
+    assert list(tmp_path.iterdir()) == []  # test files removed
+    assert render(result).row_count == len(rows)

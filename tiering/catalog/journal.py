@@ -1,0 +1,314 @@
+"""The migration journal: intents, the switch that commits a move, and pins.
+
+Every change here is a compare-and-set inside one write transaction: on the record's state and
+generation, and on the intent's phase. A claim does not bump the generation; everything that
+changes a file's place or content does, so a move loses to any such change that slips in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from tiering.catalog.db import Database
+from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase
+from tiering.errors import Conflict, FileBusy, FileNotFound
+from tiering.paths import TEMP_SUFFIX
+
+__all__ = ["Journal", "SwitchOutcome", "temp_name_for"]
+
+
+def temp_name_for(file_id: int, intent_id: int) -> str:
+    """The temp file name of one migration: ``.<file_id>.<intent_id>.tierd-tmp``."""
+    return f".{file_id}.{intent_id}{TEMP_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class SwitchOutcome:
+    committed: bool
+    record: FileRecord | None
+
+
+class Journal:
+    """Migration intents and history over one :class:`Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- the protocol's transactions ---------------------------------------------------------
+    def claim(
+        self,
+        file_id: int,
+        dst_tier: str,
+        *,
+        reason: str,
+        expected_generation: int | None = None,
+        now: float | None = None,
+    ) -> tuple[Migration, FileRecord]:
+        """Step 1: check the file and write the intent, in one transaction.
+
+        Raises
+        ------
+        FileNotFound
+            No such file.
+        FileBusy
+            It is not ``stable`` (migrating, quarantined...), it changed since the caller read
+            it, or it is pinned to another tier.
+        Conflict
+            It is already on ``dst_tier``.
+        """
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            rec = s.get(FileRecord, file_id)
+            if rec is None:
+                raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
+            if rec.state == FileState.MIGRATING:
+                raise FileBusy(f"file {file_id} is already being migrated", file_id=file_id)
+            if rec.state != FileState.STABLE:
+                raise FileBusy(
+                    f"file {file_id} is {rec.state} ({rec.detail or 'no detail'}); "
+                    "only stable files move",
+                    file_id=file_id,
+                )
+            if expected_generation is not None and rec.generation != expected_generation:
+                raise FileBusy(f"file {file_id} changed since it was planned", file_id=file_id)
+            if rec.pinned_tier is not None and rec.pinned_tier != dst_tier:
+                raise FileBusy(
+                    f"file {file_id} is pinned to {rec.pinned_tier}; unpin it first",
+                    file_id=file_id,
+                    pinned_tier=rec.pinned_tier,
+                )
+            if rec.tier == dst_tier:
+                raise Conflict(f"file {file_id} is already on tier {dst_tier}", file_id=file_id)
+            intent = Migration(
+                file_id=rec.id,
+                relpath=rec.relpath,
+                src_tier=rec.tier,
+                dst_tier=dst_tier,
+                temp_name="",
+                phase=MigrationPhase.COPYING,
+                reason=reason,
+                size=rec.size,
+                bytes_copied=0,
+                generation=rec.generation,
+                started_at=now,
+            )
+            s.add(intent)
+            s.flush()
+            intent.temp_name = temp_name_for(rec.id, intent.id)
+            rec.state = FileState.MIGRATING
+            rec.detail = f"migrating {rec.tier} → {dst_tier} (migration {intent.id})"
+            s.flush()
+            return intent, rec
+
+    def switch(
+        self,
+        intent: Migration,
+        *,
+        checksum: str,
+        size: int,
+        mtime_ns: int,
+        now: float | None = None,
+    ) -> SwitchOutcome:
+        """Step 8, the commit point: the file is on the destination from here on.
+
+        A compare-and-set: only if the record is still ``migrating`` at the intent's generation
+        and the intent still ``copying``. ``committed`` is False when someone else won.
+        """
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
+            row = s.get(Migration, intent.id)
+            if (
+                rec is None
+                or row is None
+                or rec.state != FileState.MIGRATING
+                or rec.generation != intent.generation
+                or row.phase != MigrationPhase.COPYING
+            ):
+                return SwitchOutcome(False, rec)
+            rec.tier = intent.dst_tier
+            rec.state = FileState.STABLE
+            rec.generation += 1
+            rec.checksum = checksum
+            rec.size = size
+            rec.mtime_ns = mtime_ns
+            rec.detail = None
+            rec.updated_at = now
+            row.phase = MigrationPhase.SWITCHED
+            row.bytes_copied = size
+            s.flush()
+            return SwitchOutcome(True, rec)
+
+    def finish(self, intent_id: int, *, error: str | None = None, now: float | None = None) -> None:
+        """Step 10: a switched intent becomes ``done``."""
+        with self.db.write() as s:
+            row = s.get(Migration, intent_id)
+            if row is not None and row.phase == MigrationPhase.SWITCHED:
+                row.phase = MigrationPhase.DONE
+                row.error = error
+                row.finished_at = time.time() if now is None else now
+
+    def release(
+        self,
+        intent: Migration,
+        *,
+        phase: str,
+        error: str | None,
+        state: str = FileState.STABLE,
+        detail: str | None = None,
+        bytes_copied: int | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """Close a ``copying`` intent that did not switch (aborted or failed).
+
+        The record gets ``state`` back only if the intent still owns it (state ``migrating`` at
+        the intent's generation); returns whether it did.
+        """
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            row = s.get(Migration, intent.id)
+            if row is not None and row.phase in MigrationPhase.OPEN:
+                row.phase = phase
+                row.error = error
+                row.finished_at = now
+                if bytes_copied is not None:
+                    row.bytes_copied = bytes_copied
+            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
+            if (
+                rec is not None
+                and rec.state == FileState.MIGRATING
+                and rec.generation == intent.generation
+            ):
+                rec.state = state
+                rec.detail = detail
+                rec.updated_at = now
+                return True
+            return False
+
+    def relocate(
+        self,
+        intent: Migration,
+        *,
+        tier: str,
+        phase: str,
+        error: str | None,
+        checksum: str | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Recovery's decision for a file whose authoritative copy is on ``tier``."""
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            row = s.get(Migration, intent.id)
+            if row is not None:
+                row.phase = phase
+                row.error = error
+                row.finished_at = now
+            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
+            if rec is not None:
+                if rec.tier != tier:
+                    rec.tier = tier
+                    rec.generation += 1
+                if checksum is not None:
+                    rec.checksum = checksum
+                rec.state = FileState.STABLE
+                rec.detail = None
+                rec.updated_at = now
+
+    def quarantine(self, intent: Migration, *, error: str, now: float | None = None) -> None:
+        """Recovery could not decide: the file is quarantined, the intent failed."""
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            row = s.get(Migration, intent.id)
+            if row is not None:
+                row.phase = MigrationPhase.FAILED
+                row.error = error
+                row.finished_at = now
+            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
+            if rec is not None:
+                rec.state = FileState.QUARANTINED
+                rec.detail = error
+                rec.updated_at = now
+
+    def unstick(self, now: float | None = None) -> list[int]:
+        """Records left ``migrating`` with no open intent (never expected) go back to stable."""
+        now = time.time() if now is None else now
+        with self.db.write() as s:
+            owned = select(Migration.file_id).where(
+                Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
+            )
+            stuck = list(
+                s.scalars(
+                    select(FileRecord).where(
+                        FileRecord.state == FileState.MIGRATING, FileRecord.id.not_in(owned)
+                    )
+                )
+            )
+            for rec in stuck:
+                rec.state = FileState.STABLE
+                rec.detail = None
+                rec.updated_at = now
+            return [r.id for r in stuck]
+
+    # -- pins --------------------------------------------------------------------------------
+    def pin(self, file_id: int, tier: str | None) -> FileRecord:
+        """Pin a file to ``tier`` (None: unpin). A file in flight to another tier is busy."""
+        with self.db.write() as s:
+            rec = s.get(FileRecord, file_id)
+            if rec is None:
+                raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
+            if tier is not None and rec.state == FileState.MIGRATING:
+                row = s.scalar(
+                    select(Migration).where(
+                        Migration.file_id == file_id, Migration.phase.in_(MigrationPhase.OPEN)
+                    )
+                )
+                if row is None or row.dst_tier != tier:
+                    raise FileBusy(
+                        f"file {file_id} is being migrated to "
+                        f"{row.dst_tier if row else 'another tier'}; pin it when that is done",
+                        file_id=file_id,
+                    )
+            # A pin names where the file belongs; it changes neither place nor content, so the
+            # generation stays and a move to the pinned tier in flight carries on.
+            rec.pinned_tier = tier
+            s.flush()
+            return rec
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, intent_id: int) -> Migration | None:
+        with self.db.read() as s:
+            return s.get(Migration, intent_id)
+
+    def open_intents(self) -> list[Migration]:
+        with self.db.read() as s:
+            q = select(Migration).where(Migration.phase.in_(MigrationPhase.OPEN))
+            return list(s.scalars(q.order_by(Migration.id)))
+
+    def failed_temp_names(self) -> set[str]:
+        """Temp names of failed intents: kept as evidence, never cleaned as orphans."""
+        with self.db.read() as s:
+            q = select(Migration.temp_name).where(Migration.phase == MigrationPhase.FAILED)
+            return set(s.scalars(q))
+
+    def list(
+        self,
+        *,
+        phases: Sequence[str] | None = None,
+        file_id: int | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[Migration]:
+        """Newest first, starting before ``before_id`` (keyset pagination)."""
+        q = select(Migration)
+        if phases is not None:
+            q = q.where(Migration.phase.in_(list(phases)))
+        if file_id is not None:
+            q = q.where(Migration.file_id == file_id)
+        if before_id is not None:
+            q = q.where(Migration.id < before_id)
+        with self.db.read() as s:
+            return list(s.scalars(q.order_by(Migration.id.desc()).limit(limit)))
