@@ -228,6 +228,13 @@ def stat(
     out.print(table)
 
 
+from app.cli_bench import bench as _bench  # noqa: E402
+from app.cli_tiering import register as _register_tiering  # noqa: E402
+
+_register_tiering(cli, sys.modules[__name__])
+cli.command("bench")(_bench)
+
+
 def main() -> None:
     try:
         cli()

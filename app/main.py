@@ -10,11 +10,14 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import tiering
-from app.api import files, health, tiers
+from app.api import buffers, files, health, jobs, loads, migrations, pins, policy, stats, tiers
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
+from app.metrics import HttpMetrics, Metrics
+from app.metrics import router as metrics_router
 from app.settings import Settings, get_settings
 from tiering.engine import Engine
+from tiering.loader import Loader
 
 __all__ = ["UnsafeBind", "check_bind", "create_app"]
 
@@ -42,12 +45,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     check_bind(settings)
     engine = Engine(settings.engine_config())
+    metrics = Metrics()
+    loader = Loader(engine, settings.buffers.loader_config(), observer=metrics.observe_load)
+    metrics.watch(engine, loader)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(engine.start)
         try:
-            yield
+            # The loader's reaper and jobs stop, and every lease is freed, before the engine.
+            await run_in_threadpool(loader.start)
+            try:
+                yield
+            finally:
+                await run_in_threadpool(loader.stop)
         finally:
             await run_in_threadpool(engine.stop)
 
@@ -59,9 +70,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
+    app.state.loader = loader
+    app.state.metrics = metrics
     install_error_handlers(app)
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
+    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: counts 429s too
     app.include_router(health.router)
     app.include_router(tiers.router)
     app.include_router(files.router)
+    app.include_router(pins.router)
+    app.include_router(policy.router)
+    app.include_router(migrations.router)
+    app.include_router(loads.router)
+    app.include_router(buffers.router)
+    app.include_router(jobs.router)
+    app.include_router(stats.router)
+    app.include_router(metrics_router)
     return app

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tiering.catalog import FileRecord
-from tiering.engine import TierInfo
+from tiering.engine import MigrationInfo, PolicyInfo, TierInfo
+from tiering.policy import PlannedMove
 
-__all__ = ["FileList", "FileOut", "TierOut", "iso"]
+__all__ = [
+    "FileList",
+    "FileOut",
+    "MigrationList",
+    "MigrationOut",
+    "MigrationsStarted",
+    "MoveRequest",
+    "PinRequest",
+    "PlanOut",
+    "PlannedMoveOut",
+    "PolicyOut",
+    "TierOut",
+    "iso",
+]
 
 
 def iso(ts: float | None) -> datetime | None:
@@ -85,3 +100,113 @@ class TierOut(BaseModel):
             files=t.files,
             file_bytes=t.used_bytes,
         )
+
+
+# -- policy and migrations -----------------------------------------------------------------------
+class PolicyOut(BaseModel):
+    version: int = Field(description="Policy version in force; 0 is the built-in default")
+    created_at: datetime | None
+    author: str | None
+    policy: dict[str, Any] = Field(description="The policy document (what PUT accepts)")
+
+    @classmethod
+    def of(cls, info: PolicyInfo) -> PolicyOut:
+        return cls(
+            version=info.version,
+            created_at=iso(info.created_at),
+            author=info.author,
+            policy=info.policy.document(),
+        )
+
+
+class PlannedMoveOut(BaseModel):
+    file_id: int
+    path: str
+    from_tier: str
+    to_tier: str
+    size: int
+    heat: float
+    kind: str = Field(description="pin, promote, demote or watermark")
+    reason: str
+
+    @classmethod
+    def of(cls, m: PlannedMove) -> PlannedMoveOut:
+        return cls(
+            file_id=m.file_id,
+            path=m.relpath,
+            from_tier=m.src,
+            to_tier=m.dst,
+            size=m.size,
+            heat=m.heat,
+            kind=m.kind,
+            reason=m.reason,
+        )
+
+
+class PlanOut(BaseModel):
+    policy_version: int | None = Field(description="Version planned with; null for a draft")
+    at: datetime
+    moves: list[PlannedMoveOut]
+
+
+class MigrationOut(BaseModel):
+    id: int
+    file_id: int | None
+    path: str
+    from_tier: str
+    to_tier: str
+    state: str = Field(description="copying, switched (in flight), done, aborted or failed")
+    in_flight: bool
+    reason: str | None
+    size: int
+    bytes_copied: int
+    started_at: datetime
+    finished_at: datetime | None
+    duration_s: float | None
+    error: str | None
+
+    @classmethod
+    def of(cls, info: MigrationInfo) -> MigrationOut:
+        r = info.record
+        return cls(
+            id=r.id,
+            file_id=r.file_id,
+            path=r.relpath,
+            from_tier=r.src_tier,
+            to_tier=r.dst_tier,
+            state=r.phase,
+            in_flight=info.in_flight,
+            reason=r.reason,
+            size=r.size,
+            bytes_copied=info.bytes_copied,
+            started_at=datetime.fromtimestamp(r.started_at, UTC),
+            finished_at=iso(r.finished_at),
+            duration_s=None if info.duration_s is None else round(info.duration_s, 6),
+            error=r.error,
+        )
+
+
+class MigrationList(BaseModel):
+    items: list[MigrationOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null at end")
+
+
+class MoveRequest(BaseModel):
+    """A manual move; send no body (or ``{}``) to run the policy's plan now instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file_id: int | None = Field(default=None, ge=1)
+    to_tier: str | None = Field(default=None, max_length=64)
+
+
+class MigrationsStarted(BaseModel):
+    planned: int = Field(description="Moves the plan had (1 for a manual move)")
+    migrations: list[MigrationOut]
+    skipped: list[dict[str, Any]] = Field(description="Planned moves not started, and why")
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tier: str | None = Field(default=None, max_length=64, description="Default: where it is")

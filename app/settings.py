@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -21,8 +21,9 @@ from pydantic_settings import (
 )
 
 from tiering.config import EngineConfig, TierConfig
+from tiering.loader import LoaderConfig
 
-__all__ = ["Settings", "TierSettings", "get_settings"]
+__all__ = ["BufferSettings", "Settings", "TierSettings", "get_settings"]
 
 DEFAULT_TIER_NAMES = ("nvme", "ssd", "hdd")
 
@@ -31,6 +32,59 @@ class TierSettings(BaseModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Tier name, e.g. nvme")
     path: Path = Field(description="Directory root of the tier")
     quota_bytes: int | None = Field(default=None, ge=0, description="Most bytes tierd places here")
+
+
+class BufferSettings(BaseModel):
+    """Loads over REST: leased buffers, their budgets, limits and prefetch jobs."""
+
+    ttl_s: float = Field(default=300.0, gt=0, description="Default lifetime of a buffer lease")
+    max_ttl_s: float = Field(default=3600.0, gt=0, description="Longest lease a client may ask for")
+    reap_interval_s: float = Field(
+        default=1.0, gt=0, description="How often expired leases are freed"
+    )
+    cpu_budget_bytes: int = Field(
+        default=4 << 30, ge=0, description="Bytes that may be leased in shared memory (cpu)"
+    )
+    gpu_budget_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Share of a GPU's free memory that may be leased"
+    )
+    gpu_budget_bytes: int | None = Field(
+        default=None, ge=0, description="Fixed lease budget per GPU instead of the fraction"
+    )
+    max_gather_indices: int = Field(
+        default=1 << 22, ge=1, description="Longest index list of a gather; more gets 413"
+    )
+    max_batch_items: int = Field(
+        default=1024,
+        ge=1,
+        description="Most items (or files) in one batch, safetensors or prefetch",
+    )
+    load_concurrency: int = Field(default=8, ge=1, description="Items of a batch loaded at once")
+    prefetch_concurrency: int = Field(
+        default=2, ge=1, description="Prefetch jobs running at once; more wait in a queue"
+    )
+    prefetch_chunk_bytes: int = Field(
+        default=64 << 20, ge=4096, description="Step of prefetch progress and cancellation"
+    )
+    job_retention_s: float = Field(
+        default=3600.0, gt=0, description="How long finished jobs stay visible"
+    )
+
+    def loader_config(self) -> LoaderConfig:
+        return LoaderConfig(
+            lease_ttl_s=self.ttl_s,
+            lease_max_ttl_s=self.max_ttl_s,
+            reap_interval_s=self.reap_interval_s,
+            cpu_budget_bytes=self.cpu_budget_bytes,
+            gpu_budget_fraction=self.gpu_budget_fraction,
+            gpu_budget_bytes=self.gpu_budget_bytes,
+            max_gather_indices=self.max_gather_indices,
+            max_batch_items=self.max_batch_items,
+            load_concurrency=self.load_concurrency,
+            prefetch_concurrency=self.prefetch_concurrency,
+            prefetch_chunk_bytes=self.prefetch_chunk_bytes,
+            job_retention_s=self.job_retention_s,
+        )
 
 
 class Settings(BaseSettings):
@@ -64,10 +118,25 @@ class Settings(BaseSettings):
     busy_timeout_ms: int = Field(
         default=5000, ge=0, description="How long a catalog write waits for a lock before 503"
     )
+    watch: bool = Field(default=True, description="Follow changes made to tier roots from outside")
+    watch_backend: Literal["auto", "inotify", "polling"] = Field(
+        default="auto", description="auto: inotify, else polling with a logged reason"
+    )
+    watch_settle_s: float = Field(
+        default=1.0, ge=0, description="Quiet time before a changed file is (re)hashed"
+    )
+    watch_poll_interval_s: float = Field(default=1.0, gt=0, description="Polling backend period")
+    reconcile_files_per_s: float | None = Field(
+        default=20_000.0, gt=0, description="Pace of full reconciles (after overflow or restart)"
+    )
     max_inflight_requests: int = Field(
         default=512, ge=1, description="Requests served at once; more get 429"
     )
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    buffers: BufferSettings = Field(
+        default_factory=BufferSettings,
+        description="Buffer leases, budgets and prefetch jobs (TIERD_BUFFERS__*)",
+    )
 
     @field_validator("tiers")
     @classmethod
@@ -125,6 +194,11 @@ class Settings(BaseSettings):
             default_tier=self.default_tier,
             scan_on_start=self.scan_on_start,
             busy_timeout_ms=self.busy_timeout_ms,
+            watch=self.watch,
+            watch_backend=self.watch_backend,
+            watch_settle_s=self.watch_settle_s,
+            watch_poll_interval_s=self.watch_poll_interval_s,
+            reconcile_files_per_s=self.reconcile_files_per_s,
         )
 
 

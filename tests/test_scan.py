@@ -97,3 +97,56 @@ def test_missing_files_are_hidden_from_listings(client, data_dir: Path) -> None:
     missing = client.get("/v1/files", params={"state": "missing"}).json()["items"]
     assert [f["id"] for f in missing] == [fid]
     assert client.get(f"/v1/files/{fid}/content").status_code == 404
+
+
+def test_rename_is_recognised_by_content(engine: Engine, data_dir: Path) -> None:
+    write(data_dir / "ssd/a.bin", b"weights v1")
+    write(data_dir / "ssd/empty", b"")
+    engine.scan()
+    rec = engine.lookup("a.bin")
+    empty = engine.lookup("empty")
+    engine.access.record(rec.id, 3)
+    engine.access.flush()
+    (data_dir / "ssd/new/dir").mkdir(parents=True)
+    os.rename(data_dir / "ssd/a.bin", data_dir / "ssd/new/dir/a.bin")
+    os.rename(data_dir / "ssd/empty", data_dir / "ssd/empty2")
+    report = engine.scan()
+    assert report.renamed == [("a.bin", "new/dir/a.bin")]
+    moved = engine.lookup("new/dir/a.bin")
+    assert moved.id == rec.id and moved.access_count == 3
+    # Empty files all look alike, so they are never matched: a new record, the old one missing.
+    assert engine.lookup("empty2").id != empty.id
+    assert engine.lookup("empty").state == FileState.MISSING
+
+
+def test_rename_seen_in_two_passes_keeps_identity(engine: Engine, data_dir: Path) -> None:
+    write(data_dir / "hdd/old.bin", b"payload")
+    engine.scan()
+    rec = engine.lookup("old.bin")
+    # Pass 1 sees only the disappearance; pass 2 the new name.
+    os.rename(data_dir / "hdd/old.bin", data_dir / "old.bin.outside")
+    engine.scan()
+    assert engine.lookup("old.bin").state == FileState.MISSING
+    os.rename(data_dir / "old.bin.outside", data_dir / "hdd/renamed.bin")
+    engine.scan()
+    assert engine.lookup("renamed.bin").id == rec.id
+    assert engine.catalog.find("old.bin") is None
+    # The other order: the copy is adopted first, then the original vanishes.
+    write(data_dir / "hdd/x.bin", b"other payload")
+    engine.scan()
+    x = engine.lookup("x.bin")
+    write(data_dir / "hdd/y.bin", b"other payload")
+    engine.scan()
+    (data_dir / "hdd/x.bin").unlink()
+    report = engine.scan()
+    assert report.renamed == [("x.bin", "y.bin")] and report.missing == []
+    assert engine.lookup("y.bin").id == x.id and engine.catalog.find("x.bin") is None
+
+
+def test_identical_copies_are_not_renames(engine: Engine, data_dir: Path) -> None:
+    write(data_dir / "ssd/a.bin", b"same")
+    engine.scan()
+    a = engine.lookup("a.bin")
+    write(data_dir / "ssd/b.bin", b"same")
+    engine.scan()
+    assert engine.lookup("a.bin").id == a.id and engine.lookup("b.bin").id != a.id

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import mmap
@@ -77,6 +78,7 @@ class _Ctx:
     sweep: bool
     say: Callable[[str], None]
     results: dict[str, BenchRow] = field(default_factory=dict)
+    kvikio_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cuda(self) -> bool:
@@ -139,7 +141,7 @@ def _write_data(path: Path, size: int) -> None:
         done = 0
         while done < size:
             n = min(block.size, size - done)
-            done += os.pwrite(fd, memoryview(block)[:n], done)
+            done += os.pwrite(fd, block.data[:n], done)
         os.fsync(fd)  # clean pages, so that they can be dropped for the cold runs
     finally:
         os.close(fd)
@@ -257,7 +259,7 @@ def _ceilings(ctx: _Ctx, data: Path) -> None:
     if ctx.cold:
         best = None
         for threads in (1, 4):
-            t = _cold_timed(ctx, data, lambda th=threads: _odirect_read(data, th), ctx.repeats)
+            t = _cold_timed(ctx, data, functools.partial(_odirect_read, data, threads), ctx.repeats)
             ctx.add(
                 BenchRow(
                     f"odirect_{threads}t",
@@ -293,13 +295,14 @@ def _baselines(ctx: _Ctx, data: Path, shards: list[Path]) -> None:
             )
         else:
             buf = cp.empty(ctx.size, cp.uint8)
-            nthreads = kvikio_defaults.get("num_threads")
+            nthreads = ctx.kvikio_defaults.get("num_threads", 1)
 
             def kv() -> None:
                 with kvikio.CuFile(data, "r") as f:
                     f.read(buf)
 
-            t = _timed(kv, True, ctx.repeats)
+            with kvikio_defaults.set(ctx.kvikio_defaults):
+                t = _timed(kv, True, ctx.repeats)
             ctx.add(
                 BenchRow(
                     "base_kvikio",
@@ -495,14 +498,15 @@ def _gather(ctx: _Ctx, data: Path) -> None:
                     for fu in futs:
                         fu.get()
 
-            t = _timed(per_row, True, ctx.repeats)
+            with kvikio_defaults.set({"num_threads": 16}):
+                t = _timed(per_row, True, ctx.repeats)
             ctx.add(
                 BenchRow(
                     "ref_gather_kvikio",
                     "KvikIO one pread per row, hot",
                     _gbps(nbytes, t),
                     "GB/s",
-                    note=f"({kvikio_defaults.get('num_threads')} thread(s))",
+                    note="(16 threads)",
                 )
             )
             _ratio(ctx, "tierd_gather", "ref_gather_kvikio")
@@ -537,26 +541,52 @@ def _safetensors(ctx: _Ctx, shards: list[Path]) -> None:
 def _sweep(ctx: _Ctx, data: Path) -> None:
     ctx.say("sweep: hot load by threads x task size")
     _warm(data)
-    for threads, task in [(8, 4), (16, 2), (16, 4), (16, 8), (24, 4), (24, 8), (32, 4), (32, 8)]:
-        with (
-            _storage(ctx, TierIo(threads=threads, task_size=task * MiB)) as gds,
-            gds.open_file(data) as f,
-        ):
-            t = _timed(lambda g=gds, fh=f: g.read(fh), ctx.cuda, ctx.repeats)
+    pool: Any = contextlib.nullcontext
+    with contextlib.suppress(ImportError):
+        kd = importlib.import_module("kvikio.defaults")
+        pool = lambda n: kd.set({"num_threads": n})  # noqa: E731 - the pool as tested
+    for threads, task in [(8, 8), (16, 4), (16, 8), (16, 16), (24, 8), (32, 8)]:
+        io = TierIo(threads=threads, task_size=task * MiB)
+        with pool(threads), _storage(ctx, io) as gds, gds.open_file(data) as f:
+            t = _timed(functools.partial(gds.read, f), ctx.cuda, ctx.repeats)
         ctx.add(
             BenchRow(
                 f"sweep_hot_{threads}x{task}",
-                f"  hot, {threads} threads x {task} MiB",
+                f"  tierd hot, {threads} threads x {task} MiB",
                 _gbps(ctx.size, t),
                 "GB/s",
             )
         )
         _free_gpu()
+    if ctx.cuda:
+        with contextlib.suppress(ImportError):
+            kvikio = importlib.import_module("kvikio")
+            kvikio_defaults = importlib.import_module("kvikio.defaults")
+            cp = importlib.import_module("cupy")
+            buf = cp.empty(ctx.size, cp.uint8)
+            for threads, task in [(16, 8), (24, 4), (24, 8), (32, 4)]:
+
+                def kv(task: int = task) -> None:
+                    with kvikio.CuFile(data, "r") as f:
+                        f.read(buf, task_size=task * MiB)
+
+                with kvikio_defaults.set({"num_threads": threads}):
+                    t = _timed(kv, True, ctx.repeats)
+                ctx.add(
+                    BenchRow(
+                        f"sweep_kvikio_{threads}x{task}",
+                        f"  KvikIO pool, {threads} threads x {task} MiB",
+                        _gbps(ctx.size, t),
+                        "GB/s",
+                    )
+                )
+            del buf
+            _free_gpu()
     if ctx.cold:
         for threads, task in [(1, 16), (2, 16), (4, 8), (8, 4)]:
             cfg = GdsConfig(cold_io=TierIo(threads=threads, task_size=task * MiB))
             with GpuDirectStorage(ctx.device, cfg) as gds, gds.open_file(data) as f:
-                t = _cold_timed(ctx, data, lambda g=gds, fh=f: g.read(fh), 1)
+                t = _cold_timed(ctx, data, functools.partial(gds.read, f), 1)
             ctx.add(
                 BenchRow(
                     f"sweep_cold_{threads}x{task}",
@@ -608,8 +638,14 @@ def run_bench(
     if size < 1 * MiB:
         raise ValueError("size must be at least 1 MiB")
     device = _default_device() if device == "auto" else device
+    # KvikIO's own defaults, read before any GpuDirectStorage grows its thread pool.
+    kvikio_defaults: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):
+        kd = importlib.import_module("kvikio.defaults")
+        kvikio_defaults = {"num_threads": kd.get("num_threads"), "task_size": kd.get("task_size")}
     with _workdir(directory) as work:
         ctx = _Ctx(size, device, work, repeats, rows, row_bytes, shards, cold, sweep, say)
+        ctx.kvikio_defaults = kvikio_defaults
         say(f"writing {size / GiB:.2f} GiB of test files to {work}")
         data = work / "data.bin"
         _write_data(data, size)

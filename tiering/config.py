@@ -33,6 +33,11 @@ class EngineConfig:
     default_tier: str | None = None
     scan_on_start: bool = True
     busy_timeout_ms: int = 5000
+    watch: bool = True
+    watch_backend: str = "auto"
+    watch_settle_s: float = 1.0
+    watch_poll_interval_s: float = 1.0
+    reconcile_files_per_s: float | None = 20_000.0
 
     def tier_names(self) -> list[str]:
         return [t.name for t in self.tiers]

@@ -3,6 +3,7 @@ operations the service and the CLI are built on."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -31,10 +32,12 @@ from tiering.catalog.policies import PolicyStore, StoredPolicy
 from tiering.config import EngineConfig
 from tiering.errors import (
     AlreadyExists,
+    Conflict,
     FileBusy,
     FileNotFound,
     InsufficientSpace,
     InvalidInput,
+    NotFound,
     TooLarge,
     Unavailable,
 )
@@ -44,6 +47,7 @@ from tiering.paths import is_temp_name, validate_relpath
 from tiering.policy import PlannedMove, Policy, TierState, default_policy, plan
 from tiering.scan import ScanReport, scan
 from tiering.scheduler import PassReport, Scheduler
+from tiering.watcher import TierWatcher
 from tiering.tiers import Space, Tier, Tiers
 
 __all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Upload"]
@@ -185,6 +189,8 @@ class Upload:
                 # nothing. (An overwrite's bytes stay; scan sees the change and rehashes.)
                 tier.unlink(published.relpath)
             raise
+        if rec is None:
+            raise FileBusy(f"{published.relpath!r} is being migrated; try again")
         prev = self._previous
         if prev is not None and prev.tier != tier.name:
             # The record now names the new tier; the old copy is stale. A crash before this
@@ -225,6 +231,18 @@ class Engine:
         self._lock_fd = -1
         self.started_at: float | None = None
         self.last_scan: ScanReport | None = None
+        self.last_recovery: RecoveryReport | None = None
+        # Shared by the mover, uploads and deletes (see FileGuards), and by every migration.
+        self.guards = FileGuards()
+        self.limiter = RateLimiter()
+        self._journal: Journal | None = None
+        self._policies: PolicyStore | None = None
+        self._mover: Mover | None = None
+        self._scheduler: Scheduler | None = None
+        self.watcher: TierWatcher | None = None
+        self._policy = PolicyInfo(
+            0, default_policy(self.config.tier_names(), half_life_s=config.half_life_s), None, None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -246,18 +264,51 @@ class Engine:
             half_life_s=self.config.half_life_s,
             interval_s=self.config.access_flush_interval_s,
         )
+        self._journal = Journal(self.db)
+        self._policies = PolicyStore(self.db)
+        self._mover = Mover(
+            self._catalog,
+            self._journal,
+            self.tiers,
+            guards=self.guards,
+            limiter=self.limiter,
+            room=lambda tier: self._room(tier, replacing=None),
+        )
+        self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves)
+        self.reload_policy()
         return self
 
-    def start(self) -> Engine:
-        """Open exclusively (one serving process per catalog), recover, scan, start threads."""
+    def start(self, *, scheduler: bool = True) -> Engine:
+        """Open exclusively (one serving process per catalog), then, before serving: recover
+        interrupted migrations, remove orphan temp files, scan; then start the threads.
+
+        Recovery comes first: it decides what each open intent's files are, so the temp cleanup
+        and the scan that follow see settled state. ``scheduler=False`` leaves policy moves to
+        the caller (the CLI runs them in the foreground).
+        """
         self._take_lock()
         try:
             self.open()
+            self.last_recovery = self.mover.recover()
             self._remove_orphan_temps()
+            if self.config.watch:
+                # Watch before scanning, so nothing changed during the scan goes unseen.
+                self.watcher = TierWatcher(
+                    self.catalog,
+                    self.tiers,
+                    settle_s=self.config.watch_settle_s,
+                    backend=self.config.watch_backend,
+                    poll_interval_s=self.config.watch_poll_interval_s,
+                    reconcile_files_per_s=self.config.reconcile_files_per_s,
+                )
+                self.watcher.start()
             if self.config.scan_on_start:
                 self.last_scan = scan(self.catalog, self.tiers)
             assert self.access is not None
             self.access.start()
+            if scheduler:
+                assert self._scheduler is not None
+                self._scheduler.start()
         except BaseException:
             self.stop()
             raise
@@ -265,6 +316,18 @@ class Engine:
         return self
 
     def stop(self) -> None:
+        if self.watcher is not None:
+            try:
+                self.watcher.stop()
+            except Exception:
+                log.exception("stopping the file watcher failed")
+            self.watcher = None
+        if self._scheduler is not None:
+            try:
+                self._scheduler.stop()
+            except Exception:
+                log.exception("stopping the migration scheduler failed")
+            self._scheduler = None
         if self.access is not None:
             try:
                 self.access.stop()
@@ -302,9 +365,13 @@ class Engine:
         self._lock_fd = fd
 
     def _remove_orphan_temps(self) -> None:
-        """Before serving, nothing is writing: every temp file is an orphan of a crash."""
+        """Before serving, nothing is writing: every temp file in tierd's own naming pattern is
+        an orphan of a crash, except those of failed migrations (kept as evidence)."""
+        keep = self.journal.failed_temp_names()
         for tier in self.tiers:
             for rel in list(tier.temp_files()):
+                if not is_temp_name(os.path.basename(rel)) or os.path.basename(rel) in keep:
+                    continue
                 try:
                     os.unlink(tier.root / rel)
                     log.info("removed orphan temp file %s in tier %s", rel, tier.name)
@@ -313,9 +380,9 @@ class Engine:
 
     # -- queries -----------------------------------------------------------------------------
     def heat(self, record: FileRecord, now: float | None = None) -> float:
-        """The record's heat decayed to ``now``."""
+        """The record's heat decayed to ``now`` with the policy's half-life."""
         now = time.time() if now is None else now
-        return decay(record.heat, record.heat_at, now, self.config.half_life_s)
+        return decay(record.heat, record.heat_at, now, self._policy.policy.half_life_s)
 
     def tier_infos(self) -> list[TierInfo]:
         usage = self.catalog.usage()
@@ -353,16 +420,21 @@ class Engine:
 
         The fd is opened beneath the tier root; if a migration switches the file meanwhile, the
         fd keeps reading the bytes it opened. If the catalog moved the file between our read of
-        the record and the open, the record is read again once.
+        the record and the open (the source is unlinked only after the switch commits), the
+        record is read again; only a record that did not change is reported missing.
         """
-        for _ in range(3):
-            rec = self.catalog.get(file_id)
+        rec = self.catalog.get(file_id)
+        for _ in range(8):
             if rec.state == FileState.MISSING:
                 raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")
             try:
                 fd, st = self.tiers.get(rec.tier).open_read(rec.relpath)
             except FileNotFound:
-                continue  # switched to another tier between get and open: look again
+                again = self.catalog.get(file_id)
+                if (again.tier, again.generation) == (rec.tier, rec.generation):
+                    break
+                rec = again  # switched to another tier between get and open: look again
+                continue
             assert self.access is not None
             self.access.record(rec.id)
             return Content(rec, fd, st.st_size)
@@ -425,13 +497,21 @@ class Engine:
     def _room(self, tier: Tier, replacing: FileRecord | None) -> int:
         """Bytes that may still be written to ``tier``: free space, capped by its quota."""
         room = tier.space().free
-        if tier.quota_bytes is not None:
+        quota = self.quota(tier.name)
+        if quota is not None:
             used = self.catalog.usage().get(tier.name)
             used_bytes = used.bytes if used else 0
             if replacing is not None and replacing.tier == tier.name:
                 used_bytes -= replacing.size
-            room = min(room, max(0, tier.quota_bytes - used_bytes))
+            room = min(room, max(0, quota - used_bytes))
         return room
+
+    def quota(self, tier: str) -> int | None:
+        """A tier's quota: the policy's, else the configured one (None: no quota)."""
+        tp = self._policy.policy.tiers.get(tier)
+        if tp is not None and tp.quota_bytes is not None:
+            return tp.quota_bytes
+        return self.tiers.get(tier).quota_bytes
 
     def delete(self, file_id: int) -> FileRecord:
         """Remove a file's bytes and its record.
@@ -440,11 +520,199 @@ class Engine:
         commits: a busy catalog changes nothing, and a crash in between leaves a ``missing``
         record for scan to report, never a resurrected file.
         """
-        rec = self.catalog.get(file_id)
-        if rec.state == FileState.MIGRATING:
-            raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
-        tier = self.tiers.get(rec.tier)
-        unlink = lambda r: tier.unlink(r.relpath)  # noqa: E731
-        if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
-            raise FileBusy(f"file {file_id} changed while it was being deleted", file_id=file_id)
+        with self.guards.hold(file_id):
+            rec = self.catalog.get(file_id)
+            if rec.state == FileState.MIGRATING:
+                raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
+            tier = self.tiers.get(rec.tier)
+            unlink = lambda r: tier.unlink(r.relpath)  # noqa: E731
+            if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
+                raise FileBusy(
+                    f"file {file_id} changed while it was being deleted", file_id=file_id
+                )
         return rec
+
+    # -- policy and migrations ---------------------------------------------------------------
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            raise Unavailable("the engine is not open")
+        return self._journal
+
+    @property
+    def mover(self) -> Mover:
+        if self._mover is None:
+            raise Unavailable("the engine is not open")
+        return self._mover
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise Unavailable("the engine is not open")
+        return self._scheduler
+
+    def policy(self) -> Policy:
+        """The policy in force."""
+        return self._policy.policy
+
+    def policy_info(self) -> PolicyInfo:
+        """The policy in force with its version (0: the built-in default)."""
+        return self._policy
+
+    def reload_policy(self) -> PolicyInfo:
+        """Pick up the newest stored policy (cheap when it did not change)."""
+        assert self._policies is not None
+        if self._policies.latest_version() != self._policy.version:
+            stored = self._policies.latest()
+            if stored is not None:
+                self._apply_policy(stored)
+        self.limiter.set_rate(self._policy.policy.bandwidth_bytes_per_s)
+        if self.access is not None:
+            self.access.half_life_s = self._policy.policy.half_life_s
+        return self._policy
+
+    def _apply_policy(self, stored: StoredPolicy) -> None:
+        try:
+            policy = Policy.parse(stored.document, self.config.tier_names())
+        except InvalidInput as exc:
+            # Stored under another tier list: keep serving with the current one, loudly.
+            log.error("stored policy version %d does not fit these tiers: %s", stored.version, exc)
+            return
+        self._policy = PolicyInfo(stored.version, policy, stored.created_at, stored.author)
+
+    def set_policy(self, document: object, *, author: str | None = None) -> PolicyInfo:
+        """Validate and store a policy document as the next version, and apply it now.
+
+        Raises
+        ------
+        InvalidPolicy
+            The document does not validate (nothing is stored).
+        """
+        policy = Policy.parse(document, self.config.tier_names())
+        assert self._policies is not None
+        stored = self._policies.save(policy.document(), author=author)
+        self._policy = PolicyInfo(stored.version, policy, stored.created_at, stored.author)
+        self.reload_policy()
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.wake()
+        return self._policy
+
+    def tier_states(self) -> dict[str, TierState]:
+        usage = self.catalog.usage()
+        out = {}
+        for t in self.tiers:
+            u = usage.get(t.name)
+            out[t.name] = TierState(t.name, u.bytes if u else 0, t.space().free, t.quota_bytes)
+        return out
+
+    def plan(self, policy: Policy | None = None, now: float | None = None) -> list[PlannedMove]:
+        """The moves ``policy`` (default: the one in force) would make now: a dry run."""
+        policy = policy or self.policy()
+        now = time.time() if now is None else now
+        return plan(self.catalog.all(), policy, self.tier_states(), now)
+
+    def _plan_moves(self, policy: Policy) -> list[PlannedMove]:
+        self.reload_policy()
+        return self.plan(policy)
+
+    def migrate(
+        self,
+        file_id: int,
+        to_tier: str,
+        *,
+        reason: str = "manual",
+        progress: Progress | None = None,
+    ) -> MigrationInfo:
+        """Move one file now, in this thread; returns the finished migration.
+
+        Raises
+        ------
+        FileBusy
+            The file is migrating, pinned to another tier, or changed during the move.
+        Conflict
+            It is already on ``to_tier``.
+        InsufficientSpace, AlreadyExists, IntegrityError, StorageError
+            The move was aborted safely: the source is untouched.
+        """
+        self.tiers.get(to_tier)
+        rec = self.mover.migrate(file_id, to_tier, reason=reason, progress=progress)
+        return MigrationInfo(rec, rec.bytes_copied)
+
+    def submit_move(self, file_id: int, to_tier: str, *, reason: str = "manual") -> Claim:
+        """Claim a move now (so conflicts are reported at once) and queue it on the scheduler.
+
+        Without a running scheduler the move runs in this thread before returning.
+        """
+        self.tiers.get(to_tier)
+        claim = self.mover.claim(file_id, to_tier, reason=reason)
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.submit(claim)
+        else:
+            # A failure is recorded on the claim and in the journal.
+            with contextlib.suppress(Exception):
+                self.mover.run(claim)
+        return claim
+
+    def run_plan(self) -> PassReport:
+        """Plan now and claim every planned move; they run on the scheduler's workers (or in
+        this thread, one after another, without a running scheduler)."""
+        self.reload_policy()
+        sched = self.scheduler
+        if sched.running:
+            return sched.run_pass(self.policy())
+        report = PassReport(started_at=time.time())
+        moves = self.plan()
+        report.planned = len(moves)
+        for move in moves:
+            try:
+                claim = self.mover.claim(move.file_id, move.dst, reason=move.reason)
+            except (FileBusy, FileNotFound, Conflict) as exc:
+                report.skipped.append((move, exc.message))
+                continue
+            report.claimed.append(claim)
+            # A failure is recorded on the claim and in the journal.
+            with contextlib.suppress(Exception):
+                self.mover.run(claim)
+        return report
+
+    def migration(self, intent_id: int) -> MigrationInfo:
+        row = self.journal.get(intent_id)
+        if row is None:
+            raise NotFound(f"no migration with id {intent_id}", migration_id=intent_id)
+        return self._info(row)
+
+    def migrations(
+        self,
+        *,
+        phases: list[str] | None = None,
+        file_id: int | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[MigrationInfo]:
+        """History and in-flight migrations, newest first."""
+        rows = self.journal.list(phases=phases, file_id=file_id, before_id=before_id, limit=limit)
+        return [self._info(r) for r in rows]
+
+    def _info(self, row: Migration) -> MigrationInfo:
+        live = self.mover.progress().get(row.id) if row.phase in MigrationPhase.OPEN else None
+        return MigrationInfo(row, live if live is not None else row.bytes_copied)
+
+    def pin(self, file_id: int, tier: str | None = None) -> FileRecord:
+        """Pin a file to ``tier`` (default: where it is now). Policy never moves a pinned file
+        except to its pin; the next pass brings a file pinned elsewhere to its pin.
+
+        Raises
+        ------
+        FileBusy
+            The file is being migrated to another tier.
+        """
+        if tier is None:
+            tier = self.catalog.get(file_id).tier
+        self.tiers.get(tier)
+        rec = self.journal.pin(file_id, tier)
+        if self._scheduler is not None and self._scheduler.running and rec.tier != tier:
+            self._scheduler.wake()
+        return rec
+
+    def unpin(self, file_id: int) -> FileRecord:
+        return self.journal.pin(file_id, None)

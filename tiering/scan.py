@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
@@ -19,7 +20,7 @@ from tiering.checksum import hash_fd
 from tiering.errors import TierdError
 from tiering.tiers import Tier, Tiers, WalkEntry
 
-__all__ = ["ScanReport", "scan"]
+__all__ = ["ScanReport", "reconcile_paths", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ class ScanReport:
     missing: list[str] = field(default_factory=list)
     conflicts: dict[str, list[str]] = field(default_factory=dict)
     unchanged: int = 0
+    skipped: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
     check_only: bool = False
     finished_at: float = 0.0
 
@@ -47,6 +50,7 @@ class ScanReport:
             "moved": len(self.moved),
             "missing": len(self.missing),
             "conflicts": len(self.conflicts),
+            "renamed": len(self.renamed),
             "unchanged": self.unchanged,
             "finished_at": self.finished_at,
         }
@@ -59,57 +63,74 @@ class ScanReport:
             "missing": self.missing,
             "conflicts": self.conflicts,
             "unchanged": self.unchanged,
+            "skipped": self.skipped,
+            "renamed": self.renamed,
             "check_only": self.check_only,
             "finished_at": self.finished_at,
         }
 
 
-def _hash(tier: Tier, relpath: str) -> tuple[str, os.stat_result]:
+Place = tuple[Tier, WalkEntry]
+BATCH = 256  # files hashed, then recorded in one catalog transaction
+# A record adopted this recently, never read, is taken for the new name of a file that vanished
+# with the same content (the events of one rename can arrive in two passes).
+RENAME_WINDOW_S = 120.0
+
+
+def _hash(tier: Tier, relpath: str) -> NewFile:
     fd, st = tier.open_read(relpath)
     try:
-        return hash_fd(fd, st.st_size), st
+        checksum = hash_fd(fd, st.st_size)
     finally:
         os.close(fd)
+    return NewFile(relpath, tier.name, st.st_size, st.st_mtime_ns, checksum)
 
 
-def _place(catalog: Catalog, tier: Tier, entry: WalkEntry) -> None:
-    checksum, st = _hash(tier, entry.relpath)
-    catalog.upsert(NewFile(entry.relpath, tier.name, st.st_size, st.st_mtime_ns, checksum))
+class _Pacer:
+    """Sleeps so that at most ``per_s`` files a second are reconciled (None: no limit)."""
+
+    def __init__(self, per_s: float | None) -> None:
+        self.interval = 1.0 / per_s if per_s else 0.0
+        self.next_at = time.monotonic()
+
+    def __call__(self) -> None:
+        if not self.interval:
+            return
+        self.next_at += self.interval
+        delay = self.next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -1.0:
+            self.next_at = time.monotonic()  # do not burst to catch up after a stall
 
 
-def scan(catalog: Catalog, tiers: Tiers, *, check: bool = False) -> ScanReport:
-    """Walk every tier root and bring the catalog in line with it (or, with ``check``, report).
+class _Reconciler:
+    """Decides per relpath, and applies the decisions in batches (one transaction per batch,
+    so adopting 10,000 files costs tens of commits, not 10,000)."""
 
-    Records in state ``migrating`` belong to the mover and are left alone.
-    """
-    report = ScanReport(check_only=check)
-    on_disk: dict[str, list[tuple[Tier, WalkEntry]]] = defaultdict(list)
-    for tier in tiers:
-        for entry in tier.walk():
-            on_disk[entry.relpath].append((tier, entry))
-    records: dict[str, FileRecord] = {r.relpath: r for r in catalog.all()}
+    def __init__(self, catalog: Catalog, tiers: Tiers, report: ScanReport, *, check: bool) -> None:
+        self.catalog = catalog
+        self.tiers = tiers
+        self.report = report
+        self.check = check
+        self.busy = catalog.busy_file_ids()
+        self._place: list[Place] = []
+        self._adopt: list[Place] = []  # held to the end: they may be renames of gone files
+        self._gone: list[FileRecord] = []
 
-    for relpath, places in on_disk.items():
-        rec = records.get(relpath)
-        if rec is not None and rec.state == FileState.MIGRATING:
-            continue
+    def __call__(self, relpath: str, places: list[Place], rec: FileRecord | None) -> None:
+        report = self.report
+        if rec is not None and (rec.state == FileState.MIGRATING or rec.id in self.busy):
+            report.skipped.append(relpath)  # the mover owns it until its intent closes
+            return
+        if not places:
+            if rec is not None and rec.state != FileState.MISSING:
+                report.missing.append(relpath)
+                self._gone.append(rec)
+            return
         if len(places) > 1:
-            names = [t.name for t, _ in places]
-            report.conflicts[relpath] = names
-            log.warning("conflict: %r is present in tiers %s; nothing was deleted", relpath, names)
-            if check:
-                continue
-            try:
-                if rec is None:
-                    # Adopt the copy on the fastest tier so the file is known; flag the rest.
-                    _place(catalog, places[0][0], places[0][1])
-                    rec = catalog.lookup(relpath)
-                detail = "present in tiers " + ", ".join(names)
-                if rec.state != FileState.CONFLICT or rec.detail != detail:
-                    catalog.set_state([rec.id], FileState.CONFLICT, detail)
-            except (TierdError, OSError) as exc:
-                log.warning("could not record conflict for %r: %s", relpath, exc)
-            continue
+            self._conflict(relpath, places, rec)
+            return
         tier, entry = places[0]
         if rec is None:
             report.adopted.append(relpath)
@@ -121,22 +142,173 @@ def scan(catalog: Catalog, tiers: Tiers, *, check: bool = False) -> ScanReport:
             report.changed.append(relpath)  # back from missing or conflict
         else:
             report.unchanged += 1
-            continue
-        if check:
-            continue
-        try:
-            _place(catalog, tier, entry)
-        except (TierdError, OSError) as exc:
-            # Vanished or became a symlink between the walk and the open: next scan decides.
-            log.warning("could not adopt %r from tier %s: %s", relpath, tier.name, exc)
+            return
+        if self.check:
+            return
+        if rec is None:
+            self._adopt.append((tier, entry))
+            return
+        self._place.append((tier, entry))
+        if len(self._place) >= BATCH:
+            self._flush_places()
 
-    gone = [
-        r
-        for path, r in records.items()
-        if path not in on_disk and r.state not in (FileState.MISSING, FileState.MIGRATING)
-    ]
-    report.missing = [r.relpath for r in gone]
-    if gone and not check:
-        catalog.set_state([r.id for r in gone], FileState.MISSING, "not found on disk")
-    report.finished_at = time.time()
-    return report
+    def _conflict(self, relpath: str, places: list[Place], rec: FileRecord | None) -> None:
+        names = [t.name for t, _ in places]
+        self.report.conflicts[relpath] = names
+        log.warning("conflict: %r is present in tiers %s; nothing was deleted", relpath, names)
+        if self.check:
+            return
+        try:
+            if rec is None:
+                # Adopt the copy on the fastest tier so the file is known; flag the rest.
+                rec = self.catalog.upsert(_hash(places[0][0], relpath))
+            detail = "present in tiers " + ", ".join(names)
+            if rec is not None and (rec.state != FileState.CONFLICT or rec.detail != detail):
+                self.catalog.set_state([rec.id], FileState.CONFLICT, detail)
+        except (TierdError, OSError) as exc:
+            log.warning("could not record conflict for %r: %s", relpath, exc)
+
+    @staticmethod
+    def _hash_all(places: list[Place]) -> list[NewFile]:
+        news = []
+        for tier, entry in places:
+            try:
+                news.append(_hash(tier, entry.relpath))
+            except (TierdError, OSError) as exc:
+                # Vanished or became a symlink since we looked: the next pass decides.
+                log.warning("could not adopt %r from tier %s: %s", entry.relpath, tier.name, exc)
+        return news
+
+    def _flush_places(self) -> None:
+        news = self._hash_all(self._place)
+        self._place.clear()
+        if news:
+            self.catalog.upsert_many(news)
+
+    def _renamed(self, old: FileRecord, new: NewFile) -> None:
+        self.report.renamed.append((old.relpath, new.relpath))
+        log.info("%r in tier %s was renamed to %r", old.relpath, new.tier, new.relpath)
+
+    def _match_renames(self) -> None:
+        """Files renamed outside tierd keep their identity even when the events did not pair
+        up (e.g. a move into a directory created a moment earlier, before its watch existed):
+        a new file with the same tier, size and checksum as a vanished one *is* that file.
+
+        The vanished record may be gone in this pass or already ``missing``; or, in the other
+        order, the new bytes were adopted moments ago under a fresh record, which then gives way.
+        """
+        # Empty files all look alike: only files with bytes are matched.
+        gone = {r.id: r for r in self._gone if r.checksum and r.size > 0}
+        for batch in (self._adopt[i : i + BATCH] for i in range(0, len(self._adopt), BATCH)):
+            fresh = []
+            for new in self._hash_all(batch):
+                if new.size == 0:
+                    fresh.append(new)
+                    continue
+                twin = next(
+                    (
+                        r
+                        for r in self.catalog.same_content(new.tier, new.size, new.checksum)
+                        if r.id in gone or r.state == FileState.MISSING
+                    ),
+                    None,
+                )
+                if twin is not None and self.catalog.reassign(twin.id, new) is not None:
+                    gone.pop(twin.id, None)
+                    self._renamed(twin, new)
+                else:
+                    fresh.append(new)
+            if fresh:
+                self.catalog.upsert_many(fresh)
+        self._adopt.clear()
+        recent = time.time() - RENAME_WINDOW_S
+        for rec in list(gone.values()):
+            assert rec.checksum is not None
+            successor = next(
+                (
+                    r
+                    for r in self.catalog.same_content(rec.tier, rec.size, rec.checksum)
+                    if r.id not in gone
+                    and r.state == FileState.STABLE
+                    and r.created_at >= recent
+                    and r.access_count == 0
+                    and r.pinned_tier is None
+                    and r.id not in self.busy
+                ),
+                None,
+            )
+            if successor is None or self.tiers.get(successor.tier).stat(successor.relpath) is None:
+                continue
+            new = NewFile(
+                successor.relpath,
+                successor.tier,
+                successor.size,
+                successor.mtime_ns,
+                successor.checksum,
+            )
+            if self.catalog.reassign(rec.id, new) is not None:
+                gone.pop(rec.id)
+                self._renamed(rec, new)
+        renamed_away = {o for o, _ in self.report.renamed}
+        self._gone = [r for r in self._gone if r.relpath not in renamed_away]
+
+    def finish(self) -> ScanReport:
+        if not self.check:
+            self._flush_places()
+            self._match_renames()
+            if self._gone:
+                ids = [r.id for r in self._gone]
+                self.catalog.set_state(ids, FileState.MISSING, "not found on disk")
+        else:
+            self.report.adopted.sort()
+        self.report.missing = sorted(
+            r for r in self.report.missing if r not in {o for o, _ in self.report.renamed}
+        )
+        self.report.adopted = sorted(
+            r for r in self.report.adopted if r not in {n for _, n in self.report.renamed}
+        )
+        self.report.finished_at = time.time()
+        return self.report
+
+
+def scan(
+    catalog: Catalog,
+    tiers: Tiers,
+    *,
+    check: bool = False,
+    max_files_per_s: float | None = None,
+) -> ScanReport:
+    """Walk every tier root and bring the catalog in line with it (or, with ``check``, report).
+
+    Files with an open migration belong to the mover and are left alone. ``max_files_per_s``
+    paces the pass so a background reconcile does not stall loads.
+    """
+    on_disk: dict[str, list[Place]] = defaultdict(list)
+    for tier in tiers:
+        for entry in tier.walk():
+            on_disk[entry.relpath].append((tier, entry))
+    records: dict[str, FileRecord] = {r.relpath: r for r in catalog.all()}
+    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)
+    pace = _Pacer(max_files_per_s)
+    for relpath in sorted(on_disk.keys() | records.keys()):
+        reconcile(relpath, on_disk.get(relpath, []), records.get(relpath))
+        pace()
+    return reconcile.finish()
+
+
+def reconcile_paths(
+    catalog: Catalog, tiers: Tiers, relpaths: Iterable[str], *, check: bool = False
+) -> ScanReport:
+    """Reconcile just these relpaths (what the watcher calls for the paths events named)."""
+    wanted = sorted(set(relpaths))
+    records = catalog.find_many(wanted)
+    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)
+    for relpath in wanted:
+        places: list[Place] = []
+        for tier in tiers:
+            st = tier.stat(relpath)
+            if st is not None:
+                entry = WalkEntry(relpath, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+                places.append((tier, entry))
+        reconcile(relpath, places, records.get(relpath))
+    return reconcile.finish()

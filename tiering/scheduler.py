@@ -166,7 +166,9 @@ class Scheduler:
         while self._queue and len(self._running) < limit and not self._stopped.is_set():
             claim = self._queue.popleft()
             t = threading.Thread(
-                target=self._work, args=(claim,), name=f"tierd-move-{claim.intent.id}",
+                target=self._work,
+                args=(claim,),
+                name=f"tierd-move-{claim.intent.id}",
                 daemon=True,
             )
             self._running[claim.intent.id] = t

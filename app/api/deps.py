@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from tiering.engine import Engine
+from tiering.loader import Loader
 
-__all__ = ["EngineDep"]
+__all__ = ["EngineDep", "LoaderDep"]
 
 
 def _engine(request: Request) -> Engine:
@@ -17,3 +18,11 @@ def _engine(request: Request) -> Engine:
 
 
 EngineDep = Annotated[Engine, Depends(_engine)]
+
+
+def _loader(request: Request) -> Loader:
+    loader: Loader = request.app.state.loader
+    return loader
+
+
+LoaderDep = Annotated[Loader, Depends(_loader)]

@@ -77,6 +77,19 @@ def list_files(
     )
 
 
+@router.delete("", dependencies=[require_admin])
+def purge(
+    engine: EngineDep,
+    state: Annotated[str, Query(description="Only 'missing' may be purged")],
+) -> dict[str, int]:
+    """Forget files that are gone from disk (``state=missing``); their bytes are already gone."""
+    if state != FileState.MISSING:
+        raise HttpError(
+            422, "invalid_state", "only records in state 'missing' can be purged in bulk"
+        )
+    return {"purged": engine.catalog.purge_missing()}
+
+
 @router.get("/lookup", dependencies=[require_data])
 def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
     """One file by relpath."""

@@ -36,6 +36,14 @@ def readyz(engine: EngineDep) -> JSONResponse:
         ok = ok and usable
         tiers[tier.name] = {"ok": usable, "path": str(tier.root)}
     checks["tiers"] = tiers
+    # The watcher's health is reported, not required: without it the catalog can drift from
+    # the disk, but what it serves is still read from the disk, so tierd can still serve.
+    watcher = engine.watcher
+    checks["watcher"] = (
+        watcher.status().as_dict()
+        if watcher is not None
+        else {"healthy": False, "backend": None, "reason": "disabled"}
+    )
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
     body = {

@@ -29,6 +29,8 @@ def test_public_names():
             "PathStats",
             "ReadResult",
             "SafetensorsHeader",
+            "ShardLayout",
+            "Stats",
             "TMP_SUFFIX",
             "TensorInfo",
             "TierIo",

@@ -54,7 +54,7 @@ class FileRecord(Base):
     tier: Mapped[str] = mapped_column(String(64), index=True)
     size: Mapped[int] = mapped_column(BigInteger)
     mtime_ns: Mapped[int] = mapped_column(BigInteger)
-    checksum: Mapped[str | None] = mapped_column(String(64))
+    checksum: Mapped[str | None] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16), default=FileState.STABLE, index=True)
     # Bumped by every change of place or content; migrations compare-and-set on it.
     generation: Mapped[int] = mapped_column(Integer, default=0)

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from tiering.catalog.db import Database
-from tiering.catalog.models import FileRecord, FileState
+from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase
 from tiering.errors import FileNotFound
 
 __all__ = ["Catalog", "NewFile", "TierUsage"]
@@ -100,47 +100,176 @@ class Catalog:
         with self.db.read() as s:
             return {t: TierUsage(int(n), int(b)) for t, n, b in s.execute(q)}
 
+    def busy_file_ids(self) -> set[int]:
+        """Files with an open migration intent: the mover owns them until it closes."""
+        q = select(Migration.file_id).where(
+            Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
+        )
+        with self.db.read() as s:
+            return {fid for fid in s.scalars(q) if fid is not None}
+
     def count(self) -> int:
         with self.db.read() as s:
             return int(s.scalar(select(func.count()).select_from(FileRecord)) or 0)
 
     # -- writes ------------------------------------------------------------------------------
-    def upsert(self, new: NewFile, *, now: float | None = None) -> FileRecord:
-        """Record bytes just published at ``new.relpath``: insert, or replace the content of
-        the existing record (keeping its identity, heat and pin) and bump its generation."""
+    def upsert(self, new: NewFile, *, now: float | None = None) -> FileRecord | None:
+        """Record bytes just published at ``new.relpath``; see :meth:`upsert_many`."""
+        return self.upsert_many([new], now=now)[0]
+
+    def upsert_many(
+        self, news: Sequence[NewFile], *, now: float | None = None
+    ) -> list[FileRecord | None]:
+        """Record bytes just published, in one transaction: insert each, or replace the content
+        of the existing record (keeping its id, heat and pin) and bump its generation.
+
+        A record owned by a migration is left alone, and its slot in the result is None.
+        """
         now = time.time() if now is None else now
+        out: list[FileRecord | None] = []
         with self.db.write() as s:
-            rec = s.scalar(select(FileRecord).where(FileRecord.relpath == new.relpath))
-            if rec is None:
-                rec = FileRecord(
-                    relpath=new.relpath,
-                    generation=0,
-                    access_count=0,
-                    heat=0.0,
-                    heat_at=now,
-                    created_at=now,
+            existing = {
+                r.relpath: r
+                for r in s.scalars(
+                    select(FileRecord).where(FileRecord.relpath.in_([n.relpath for n in news]))
                 )
-                s.add(rec)
-            else:
-                rec.generation += 1
+            }
+            for new in news:
+                rec = existing.get(new.relpath)
+                if rec is not None and rec.state == FileState.MIGRATING:
+                    out.append(None)
+                    continue
+                if rec is None:
+                    rec = FileRecord(
+                        relpath=new.relpath,
+                        generation=0,
+                        access_count=0,
+                        heat=0.0,
+                        heat_at=now,
+                        created_at=now,
+                    )
+                    s.add(rec)
+                    existing[new.relpath] = rec
+                else:
+                    rec.generation += 1
+                rec.tier = new.tier
+                rec.size = new.size
+                rec.mtime_ns = new.mtime_ns
+                rec.checksum = new.checksum
+                rec.state = FileState.STABLE
+                rec.detail = None
+                rec.updated_at = now
+                out.append(rec)
+            s.flush()
+        return out
+
+    def find_many(self, relpaths: Sequence[str]) -> dict[str, FileRecord]:
+        out: dict[str, FileRecord] = {}
+        with self.db.read() as s:
+            for i in range(0, len(relpaths), 500):
+                chunk = list(relpaths[i : i + 500])
+                q = select(FileRecord).where(FileRecord.relpath.in_(chunk))
+                out.update((r.relpath, r) for r in s.scalars(q))
+        return out
+
+    def rename(self, old_relpath: str, new_relpath: str, tier: str) -> FileRecord | None:
+        """A file renamed within ``tier`` outside tierd: move the record to the new relpath,
+        keeping its id, heat and pin. A record already at the new relpath named bytes the rename
+        replaced, so it goes. Returns the renamed record, or None when there was none to rename
+        (or it is owned by a migration)."""
+        now = time.time()
+        with self.db.write() as s:
+            rec = s.scalar(select(FileRecord).where(FileRecord.relpath == old_relpath))
+            if rec is None or rec.tier != tier or rec.state == FileState.MIGRATING:
+                return None
+            open_intent = s.scalar(
+                select(func.count())
+                .select_from(Migration)
+                .where(Migration.file_id == rec.id, Migration.phase.in_(MigrationPhase.OPEN))
+            )
+            if open_intent:
+                return None
+            clobbered = s.scalar(select(FileRecord).where(FileRecord.relpath == new_relpath))
+            if clobbered is not None:
+                if clobbered.state == FileState.MIGRATING:
+                    return None
+                s.delete(clobbered)
+                s.flush()
+            rec.relpath = new_relpath
+            rec.generation += 1
+            rec.updated_at = now
+            s.flush()
+            return rec
+
+    def same_content(self, tier: str, size: int, checksum: str | None) -> list[FileRecord]:
+        """Records on ``tier`` with exactly this size and checksum (rename detection)."""
+        if checksum is None:
+            return []
+        q = select(FileRecord).where(
+            FileRecord.checksum == checksum, FileRecord.size == size, FileRecord.tier == tier
+        )
+        with self.db.read() as s:
+            return list(s.scalars(q.order_by(FileRecord.id)))
+
+    def reassign(self, keep_id: int, new: NewFile) -> FileRecord | None:
+        """Give record ``keep_id`` the bytes now at ``new.relpath`` (the file was renamed there),
+        keeping its id, heat and pin. A record already at that relpath is dropped: it named the
+        same bytes moments ago, or bytes the rename replaced. None when ``keep_id`` is gone or a
+        migration owns either record."""
+        now = time.time()
+        with self.db.write() as s:
+            rec = s.get(FileRecord, keep_id)
+            busy = set(
+                s.scalars(
+                    select(Migration.file_id).where(
+                        Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
+                    )
+                )
+            )
+            if rec is None or rec.state == FileState.MIGRATING or rec.id in busy:
+                return None
+            other = s.scalar(select(FileRecord).where(FileRecord.relpath == new.relpath))
+            if other is not None and other.id != rec.id:
+                if other.state == FileState.MIGRATING or other.id in busy:
+                    return None
+                s.delete(other)
+                s.flush()
+            rec.relpath = new.relpath
             rec.tier = new.tier
             rec.size = new.size
             rec.mtime_ns = new.mtime_ns
             rec.checksum = new.checksum
             rec.state = FileState.STABLE
             rec.detail = None
+            rec.generation += 1
             rec.updated_at = now
             s.flush()
             return rec
 
+    def purge_missing(self) -> int:
+        """Delete the records of files that are gone from disk; returns how many."""
+        with self.db.write() as s:
+            res = s.execute(delete(FileRecord).where(FileRecord.state == FileState.MISSING))
+            return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
     def set_state(self, file_ids: Iterable[int], state: str, detail: str | None = None) -> int:
+        """Flag files (missing, conflict) as scan found them. Files a migration owns are left
+        alone, checked in the same transaction: between a move's publish and its source unlink a
+        file is briefly on two tiers, which is the mover's business, not a conflict."""
         ids = list(file_ids)
         if not ids:
             return 0
+        open_intents = select(Migration.file_id).where(
+            Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
+        )
         with self.db.write() as s:
             res = s.execute(
                 update(FileRecord)
-                .where(FileRecord.id.in_(ids))
+                .where(
+                    FileRecord.id.in_(ids),
+                    FileRecord.state != FileState.MIGRATING,
+                    FileRecord.id.not_in(open_intents),
+                )
                 .values(state=state, detail=detail, updated_at=time.time())
             )
             return int(res.rowcount or 0)  # type: ignore[attr-defined]

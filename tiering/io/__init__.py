@@ -14,7 +14,8 @@ from __future__ import annotations
 from ._config import BackendName, GdsConfig, TierIo
 from ._device import Device, parse_device
 from ._file import GdsFile
-from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats
+from ._shards import ShardLayout
+from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats, Stats
 from ._storage import BatchResult, GpuDirectStorage, ReadResult
 from ._write import TMP_SUFFIX
 from .safetensors import LoadedTensors, SafetensorsHeader, TensorInfo, read_header
@@ -34,6 +35,8 @@ __all__ = [
     "PathStats",
     "ReadResult",
     "SafetensorsHeader",
+    "ShardLayout",
+    "Stats",
     "TensorInfo",
     "TierIo",
     "parse_device",

@@ -15,6 +15,7 @@ being gathered.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -94,7 +95,7 @@ def _fill_host(
     first, length, pos = plan_runs(idx)
     jobs: list[Callable[[], None]] = []
     if n // first.size >= _RUNS_MIN_MEAN:
-        flat = memoryview(out.reshape(-1))
+        flat = out.reshape(-1).data
 
         def read_runs(a: int, b: int) -> None:
             for r in range(a, b):
@@ -102,7 +103,7 @@ def _fill_host(
                 k = int(length[r]) * row_bytes
                 pread_full(fd, flat[o : o + k], int(first[r]) * row_bytes)
 
-        jobs = [lambda a=a, b=b: read_runs(a, b) for a, b in _split(first.size, threads, 1)]
+        jobs = [functools.partial(read_runs, a, b) for a, b in _split(first.size, threads, 1)]
     else:
         data = rows()
         matrix = data[: (data.size // row_bytes) * row_bytes].reshape(-1, row_bytes)
@@ -110,7 +111,7 @@ def _fill_host(
         def take(a: int, b: int) -> None:
             np.take(matrix, idx[a:b], axis=0, out=out[a:b])
 
-        jobs = [lambda a=a, b=b: take(a, b) for a, b in _split(n, threads, 256)]
+        jobs = [functools.partial(take, a, b) for a, b in _split(n, threads, 256)]
     if len(jobs) == 1:
         jobs[0]()
         return

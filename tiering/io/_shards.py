@@ -4,7 +4,8 @@ shards in parallel, every header checked before anything is allocated."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from .safetensors import DTYPES, LoadedTensors, SafetensorsHeader, TensorInfo, c
 if TYPE_CHECKING:
     from ._storage import GpuDirectStorage
 
-__all__ = ["load_shards"]
+__all__ = ["Allocate", "ShardLayout", "load_shards", "load_shards_raw"]
 
 # Slot alignment inside a packed shard allocation: enough for any dtype and for coalescing.
 _SLOT = 256
@@ -81,18 +82,46 @@ def _view(storage: GpuDirectStorage, buf: Any, at: int, t: TensorInfo) -> Any:
     return raw.view(dt).reshape(t.shape)
 
 
-def load_shards(
+@dataclass(frozen=True)
+class ShardLayout:
+    """One shard loaded into one allocation, by :meth:`GpuDirectStorage.load_safetensors_raw`.
+
+    ``tensors`` maps each selected tensor to its byte offset in ``buffer`` (a flat ``uint8``
+    array on the storage's device) and its header entry.
+    """
+
+    path: Path
+    buffer: Any
+    tensors: dict[str, tuple[int, TensorInfo]]
+    report: IoReport
+
+
+Allocate = Callable[[int], Any]
+"""``allocate(nbytes)``: a flat ``uint8`` array of ``nbytes`` on the storage's device."""
+
+
+def load_shards_raw(
     storage: GpuDirectStorage,
-    paths: list[str | os.PathLike[str]],
+    paths: Sequence[str | os.PathLike[str] | GdsFile],
     names: Iterable[str] | None,
-    framework: str,
-) -> LoadedTensors:
-    fw = _framework(storage, framework)
+    allocate: Allocate | None = None,
+) -> list[ShardLayout]:
+    """Read the selected tensors of each shard into one allocation per shard.
+
+    Every header is read and checked before ``allocate`` is called. Open :class:`GdsFile`
+    items are used as they are and left open; paths are opened and closed here.
+    """
     files: list[GdsFile] = []
+    owned: list[GdsFile] = []
     try:
         headers: list[SafetensorsHeader] = []
         for p in paths:
-            f = storage.open_file(p)
+            if isinstance(p, GdsFile):
+                storage._own(p)
+                f = p
+            else:
+                f = storage.open_file(p)
+                owned.append(f)
             files.append(f)
             with f._use() as fd:
                 headers.append(read_header(f.path, fd))
@@ -114,33 +143,44 @@ def load_shards(
             (f, h, [t for n, t in h.tensors.items() if n in wanted])
             for f, h in zip(files, headers, strict=True)
         ]
-        results = storage._fan_out(_loader(storage), [(j,) for j in jobs])
+        alloc: Allocate = allocate or storage.device.empty
+        return storage._fan_out(_loader(storage, alloc), [(j,) for j in jobs])
     finally:
-        for f in files:
+        for f in owned:
             f.close()
+
+
+def load_shards(
+    storage: GpuDirectStorage,
+    paths: list[str | os.PathLike[str]],
+    names: Iterable[str] | None,
+    framework: str,
+) -> LoadedTensors:
+    fw = _framework(storage, framework)
+    shards = load_shards_raw(storage, paths, names)
     tensors: dict[str, Any] = {}
     dtypes: dict[str, str] = {}
     reports: dict[Path, IoReport] = {}
-    for (_f, h, selected), (buf, where, report) in zip(jobs, results, strict=True):
-        reports[h.path] = report
-        for t in sorted(selected, key=lambda t: t.begin):
-            tensors[t.name] = convert(_view(storage, buf, where[t.name], t), t.dtype, fw)
-            dtypes[t.name] = t.dtype
+    for shard in shards:
+        reports[shard.path] = shard.report
+        for name, (at, t) in sorted(shard.tensors.items(), key=lambda kv: kv[1][1].begin):
+            tensors[name] = convert(_view(storage, shard.buffer, at, t), t.dtype, fw)
+            dtypes[name] = t.dtype
     return LoadedTensors(tensors, dtypes, reports)
 
 
-def _loader(storage: GpuDirectStorage) -> Any:
+def _loader(storage: GpuDirectStorage, allocate: Allocate) -> Any:
     """The per-shard job: one allocation, the planned reads into it."""
 
-    def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> Any:
-        f, _h, selected = job
+    def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> ShardLayout:
+        f, h, selected = job
         reads, where, total = _plan(selected)
-        buf = storage.device.empty(total)
+        buf = allocate(total)
         with f._use() as fd:
             parts = [storage._transfer(f, fd, buf, d, off, n) for off, n, d in reads]
         seconds = sum(r.seconds for r in parts)
         nbytes = sum(r.nbytes for r in parts)
         report = IoReport(nbytes, f.io_path, f.tier_key, seconds, any(r.cold for r in parts))
-        return buf, where, report
+        return ShardLayout(h.path, buf, {t.name: (where[t.name], t) for t in selected}, report)
 
     return load_one

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from ._file import GdsFile
 from ._gather import PinnedPool, gather_rows
 from ._stats import UNTIERED, GdsStatsSnapshot, IoPath, IoReport, Stats
 from .safetensors import Framework, LoadedTensors
+
+if TYPE_CHECKING:
+    from ._shards import ShardLayout
 
 __all__ = ["BatchResult", "GpuDirectStorage", "ReadResult"]
 
@@ -95,7 +98,7 @@ def _no_readahead(fd: int, handle: Any) -> None:
 
 def _parse_dtype(dtype: Any) -> np.dtype[Any]:
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError as exc:
         raise InvalidDtype(f"not a dtype: {dtype!r}", dtype=str(dtype)) from exc
     if dt.hasobject or dt.itemsize == 0 or dt.kind in "OSUMm":
@@ -116,6 +119,8 @@ class GpuDirectStorage:
         Tier roots, fastest first. A file under the first one reads on the fast path (GDS
         where the host has it) with ``config.fast_tier_io``; files under slower tiers take the
         bounce-buffer path with ``config.slow_tier_io``.
+    stats:
+        Counters to add to (default: the storage's own); see :meth:`stats`.
 
     Every blocking method has an ``a``-prefixed ``async`` twin that runs it on the storage's
     thread pool. All methods are thread-safe. Close the storage (or use it as a context
@@ -134,15 +139,28 @@ class GpuDirectStorage:
         device: str | int | Device,
         config: GdsConfig | None = None,
         tiers: Sequence[TierConfig] | None = None,
+        *,
+        stats: Stats | None = None,
     ) -> None:
         self.device = parse_device(device)
         self.config = config or GdsConfig()
         self._chosen: Chosen = choose_backend(self.config.backend, self.device, self.config.enabled)
         self._backend: Backend = self._chosen.backend
+        # Hot GPU loads go through KvikIO's C++ thread pool (see KvikioBackend.read_pooled);
+        # cold ones through tierd's threads with cold_io's few large requests.
+        self._pooled = self.device.is_cuda and hasattr(self._backend, "read_pooled")
+        if self._pooled:
+            hot = [
+                self.config.fast_tier_io,
+                self.config.slow_tier_io,
+                *self.config.tier_io.values(),
+            ]
+            self._backend.ensure_pool(max(io.threads for io in hot))  # type: ignore[attr-defined]
         self._tiers = [
             (t.name, rank, Path(os.path.realpath(t.path))) for rank, t in enumerate(tiers or ())
         ]
-        self._stats = Stats()
+        # Storages of several devices may share one Stats, for one snapshot of them all.
+        self._stats = stats if stats is not None else Stats()
         self._lock = threading.Lock()
         self._pools: dict[TierIo, ThreadPoolExecutor] = {}
         self._aux: dict[str, ThreadPoolExecutor] = {}
@@ -252,8 +270,18 @@ class GpuDirectStorage:
 
     # -- files ---------------------------------------------------------------------------
 
-    def open_file(self, path: str | os.PathLike[str]) -> GdsFile:
+    def open_file(self, path: str | os.PathLike[str], *, fd: int | None = None) -> GdsFile:
         """Open a regular file for reading, on the I/O path its tier gets.
+
+        Parameters
+        ----------
+        path:
+            The file. With ``fd`` it only names the file: its tier, and messages.
+        fd:
+            A descriptor the caller already opened read-only (tierd's service opens files
+            beneath their tier root, never by a path a client sent). The file keeps a
+            duplicate of it; the caller still closes its own. The backend's handle opens the
+            same inode through ``/proc/self/fd``, not through ``path``.
 
         Raises
         ------
@@ -262,8 +290,9 @@ class GpuDirectStorage:
         """
         self._check_open()
         p = Path(path)
+        by_fd = fd is not None
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.dup(fd) if fd is not None else os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise FileNotFound(f"no such file: {p}", path=str(p)) from exc
         try:
@@ -278,7 +307,8 @@ class GpuDirectStorage:
                 and self._chosen.gds_available
                 and (io.direct if io.direct is not None else rank in (None, 0))
             )
-            handle = self._backend.open(str(p), direct) if self.device.is_cuda else None
+            name = f"/proc/self/fd/{fd}" if by_fd else str(p)
+            handle = self._backend.open(name, direct) if self.device.is_cuda else None
             _no_readahead(fd, handle)
             io_path = self._backend.io_path(handle, self.device)
         except BaseException:
@@ -317,7 +347,11 @@ class GpuDirectStorage:
         started = self._stats.begin(file.io_path, file.tier_key)
         ok = False
         try:
-            if nbytes <= max(_INLINE_MAX, io.task_size) or io.threads == 1:
+            if self._pooled and not cold and nbytes > _INLINE_MAX:
+                self._backend.read_pooled(  # type: ignore[attr-defined]
+                    file._handle, fd, dst, dst_offset, nbytes, file_offset, io.threads, io.task_size
+                )
+            elif nbytes <= max(_INLINE_MAX, io.task_size) or io.threads == 1:
                 self.device.make_current()
                 self._chunks(file, fd, dst, dst_offset, file_offset, nbytes, nbytes)
             else:
@@ -411,6 +445,9 @@ class GpuDirectStorage:
     def _target(self, buffer: Any) -> Any:
         """A flat uint8 view of a caller's buffer on this storage's device."""
         on_gpu = hasattr(buffer, "__cuda_array_interface__")
+        flat = self._flat_fast(buffer, on_gpu)
+        if flat is not None:
+            return flat
         if self.device.is_cuda:
             if not on_gpu:
                 raise InvalidDevice(
@@ -436,6 +473,20 @@ class GpuDirectStorage:
         if not arr.flags.c_contiguous:
             raise MisalignedBuffer("buffer must be C-contiguous")
         return arr.reshape(-1).view(np.uint8) if arr.ndim else arr.reshape(1).view(np.uint8)
+
+    def _flat_fast(self, buffer: Any, on_gpu: bool) -> Any:
+        """The common case, a flat uint8 array on the right device, without new views."""
+        if getattr(buffer, "ndim", 0) != 1 or getattr(buffer, "dtype", None) != np.uint8:
+            return None
+        if self.device.is_cuda:
+            if on_gpu and type(buffer).__module__.startswith("cupy"):
+                data = buffer.data
+                if data.device_id == self.device.index and buffer.flags.c_contiguous:
+                    return buffer
+            return None
+        if isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous and buffer.flags.writeable:
+            return buffer
+        return None
 
     def _check_alignment(self, offset: int, nbytes: int, flat: Any) -> None:
         if not self.config.require_alignment:
@@ -695,6 +746,27 @@ class GpuDirectStorage:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         return load_shards(self, list(paths), names, framework)
+
+    def load_safetensors_raw(
+        self,
+        files: Sequence[str | os.PathLike[str] | GdsFile],
+        names: Iterable[str] | None = None,
+        allocate: Callable[[int], Any] | None = None,
+    ) -> list[ShardLayout]:
+        """Like :meth:`load_safetensors`, but return each shard's allocation and layout.
+
+        For callers that own the memory (tierd's service hands it to another process):
+        ``allocate(nbytes)`` must return a flat ``uint8`` array on this storage's device, and
+        is called once per shard, only after every header has been read and checked. Open
+        :class:`GdsFile` items are read as they are and left open.
+
+        Raises
+        ------
+        MalformedFile, InvalidDtype, InvalidInput, FileNotFound
+        """
+        from ._shards import load_shards_raw
+
+        return load_shards_raw(self, list(files), names, allocate)
 
     def write_from_gpu(
         self, buffer: Any, path: str | os.PathLike[str], *, overwrite: bool = False

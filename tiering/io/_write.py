@@ -5,24 +5,33 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
 
 from tiering.errors import AlreadyExists, FileNotFound, InvalidPath
+from tiering.paths import TEMP_SUFFIX, is_temp_name
 
 from ._backends import Backend
 
 __all__ = ["TMP_SUFFIX", "temp_name", "write_atomic"]
 
-TMP_SUFFIX = ".tierd-tmp"
+TMP_SUFFIX = TEMP_SUFFIX
 """Every temporary file tierd creates ends with this; recovery may delete such files."""
 
 
 def temp_name(final: Path) -> Path:
-    """A fresh hidden temp name beside ``final``: ``.<name>.<random>.tierd-tmp``."""
+    """A fresh hidden temp name beside ``final``: ``.<name>.<random>.tierd-tmp``.
+
+    The name part is reduced to the characters of tierd's temp namespace, so scans skip the file
+    and recovery recognises it (see :func:`tiering.paths.is_temp_name`).
+    """
     # Keep the result under NAME_MAX (255) however long the final name is.
-    return final.with_name(f".{final.name[:200]}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", final.name[:200])
+    name = f".{stem}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+    assert is_temp_name(name)
+    return final.with_name(name)
 
 
 def _fsync_dir(directory: Path) -> None:

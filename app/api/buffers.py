@@ -1,0 +1,39 @@
+"""Buffer leases: list, show, renew, release."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import LoaderDep
+from app.auth import require_data
+from app.schemas_loads import BufferList, LeaseOut, RenewRequest
+
+router = APIRouter(prefix="/v1/buffers", tags=["buffers"], dependencies=[require_data])
+
+
+@router.get("")
+def list_buffers(loader: LoaderDep) -> BufferList:
+    """Every live lease, oldest first, with the bytes leased and the budget per device."""
+    return BufferList(
+        items=[LeaseOut.of(lease) for lease in loader.leases.all()],
+        leased_bytes=loader.leases.leased_bytes(),
+        budget_bytes=loader.leases.budgets(),
+    )
+
+
+@router.get("/{buffer_id}")
+def get_buffer(buffer_id: str, loader: LoaderDep) -> LeaseOut:
+    """One lease, with its handle."""
+    return LeaseOut.of(loader.leases.get(buffer_id))
+
+
+@router.post("/{buffer_id}/renew")
+def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> LeaseOut:
+    """Restart the lease's TTL (``ttl_s``, default the lease's own)."""
+    return LeaseOut.of(loader.leases.renew(buffer_id, req.ttl_s if req else None))
+
+
+@router.delete("/{buffer_id}")
+def release(buffer_id: str, loader: LoaderDep) -> LeaseOut:
+    """Free the buffer now. Clients that still map it keep their mapping until they close it."""
+    return LeaseOut.of(loader.leases.release(buffer_id))

@@ -1,0 +1,84 @@
+"""Loads: files, byte ranges, safetensors shards and matrix rows into leased buffers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import LoaderDep
+from app.auth import require_data
+from app.schemas_loads import (
+    BatchOut,
+    BatchRequest,
+    GatherRequest,
+    LeaseOut,
+    LoadRequest,
+    SafetensorsOut,
+    SafetensorsRequest,
+)
+from tiering.loader import LoadItem
+
+router = APIRouter(prefix="/v1", tags=["loads"], dependencies=[require_data])
+
+
+@router.post("/load")
+def load(req: LoadRequest, loader: LoaderDep) -> LeaseOut:
+    """A file or byte range into a new buffer on ``cuda:N`` or ``cpu``; counts one access.
+
+    416 for a range outside the file; 422 for an unknown device, a dtype that does not divide
+    the length or a shape that does not match; 507 over the device's lease budget.
+    """
+    lease = loader.load(
+        req.ref,
+        offset=req.offset,
+        length=req.length,
+        device=req.device,
+        dtype=req.dtype,
+        shape=req.shape,
+        ttl_s=req.ttl_s,
+    )
+    return LeaseOut.of(lease)
+
+
+@router.post("/load/batch")
+def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
+    """Many ranges at once: all are checked and budgeted first, then read concurrently."""
+    items = [
+        LoadItem(
+            file=it.ref,
+            offset=it.offset,
+            length=it.length,
+            dtype=it.dtype,
+            shape=it.shape,
+            device=it.device,
+        )
+        for it in req.items
+    ]
+    leases = loader.load_batch(items, device=req.device, ttl_s=req.ttl_s)
+    return BatchOut(buffers=[LeaseOut.of(lease) for lease in leases])
+
+
+@router.post("/load/safetensors")
+def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> SafetensorsOut:
+    """safetensors shards into one buffer each; ``tensors`` says where each tensor lies."""
+    loaded = loader.load_safetensors(req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s)
+    return SafetensorsOut.of(loaded)
+
+
+@router.post("/vectors/gather")
+def gather(req: GatherRequest, loader: LoaderDep) -> LeaseOut:
+    """Rows of a row-major matrix file, by index list or by ``start`` and ``count``.
+
+    413 for an index list over ``buffers.max_gather_indices``; 422 for an index outside the
+    matrix or a ``dim``/``dtype`` that does not divide the file.
+    """
+    lease = loader.gather(
+        req.ref,
+        dim=req.dim,
+        dtype=req.dtype,
+        indices=req.indices,
+        start=req.start,
+        count=req.count,
+        device=req.device,
+        ttl_s=req.ttl_s,
+    )
+    return LeaseOut.of(lease)

@@ -1,0 +1,28 @@
+"""I/O statistics of the data path (tiering.io's counters), and their reset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.api.deps import LoaderDep
+from app.auth import require_admin, require_data
+
+router = APIRouter(prefix="/v1/stats", tags=["stats"])
+
+
+@router.get("", dependencies=[require_data])
+def stats(loader: LoaderDep) -> dict[str, Any]:
+    """Bytes, operations, failures, peak and effective GB/s and mean latency of every load,
+    in total, ``by_path`` (gds, compat, host) and ``by_tier``."""
+    snap: dict[str, Any] = loader.stats().to_dict()
+    return snap
+
+
+@router.post("/reset", dependencies=[require_admin])
+def reset(loader: LoaderDep) -> dict[str, Any]:
+    """Zero the counters (Prometheus counters at /metrics are never reset)."""
+    loader.reset_stats()
+    snap: dict[str, Any] = loader.stats().to_dict()
+    return snap

@@ -1,0 +1,311 @@
+"""``tierd policy show|set``, ``tierd plan``, ``tierd migrate``, ``tierd migrations``,
+``tierd pin|unpin``: registered on the CLI by ``app.cli``.
+
+They work on the catalog directly. Commands that change something take the engine's exclusive
+lock and run recovery first, exactly like ``tierd serve``; while a server holds the catalog they
+stop with a pointer to the equivalent REST call instead of writing beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from app.schemas import FileOut, MigrationOut, PlannedMoveOut, PolicyOut
+from app.settings import Settings
+from tiering.engine import Engine, MigrationInfo
+from tiering.errors import TierdError, Unavailable
+
+__all__ = ["register"]
+
+# The same options as app.cli's; the helpers come from the module that registers us (app.cli),
+# which keeps this module free of an import cycle with it.
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Directory of the embedded default")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
+_base: Any = None
+
+policy_cli = typer.Typer(help="The tiering policy.", no_args_is_help=True)
+
+
+@contextmanager
+def _exclusive(settings: Settings, rest_hint: str) -> Iterator[Engine]:
+    """The engine with its lock held and recovery done, no scan, no background threads."""
+    cfg = settings.engine_config()
+    changes: dict[str, Any] = {"scan_on_start": False}
+    if "watch" in {f.name for f in dataclasses.fields(cfg)}:
+        changes["watch"] = False
+    engine = Engine(dataclasses.replace(cfg, **changes))
+    try:
+        engine.start(scheduler=False)
+    except Unavailable as exc:
+        _base.err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
+        raise typer.Exit(1) from None
+    try:
+        yield engine
+    except TierdError as exc:
+        _base.err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
+
+
+def _policy_table(p: PolicyOut) -> None:
+    doc = p.policy
+    who = f" by {p.author}" if p.author else ""
+    when = f" at {p.created_at:%Y-%m-%d %H:%M:%S}" if p.created_at else " (built-in default)"
+    _base.out.print(f"policy version {p.version}{who}{when}")
+    table = Table("tier", "min heat", "quota", "high mark", "low mark")
+    for name, t in doc["tiers"].items():
+        table.add_row(
+            name,
+            f"{t['min_heat']:g}",
+            _base._size(t["quota_bytes"]),
+            f"{t['high_watermark']:.0%}",
+            f"{t['low_watermark']:.0%}",
+        )
+    _base.out.print(table)
+    for key in (
+        "half_life_s",
+        "hysteresis",
+        "min_age_s",
+        "interval_s",
+        "concurrency",
+        "bandwidth_bytes_per_s",
+        "enabled",
+    ):
+        value = doc[key]
+        shown = (
+            f"{_base._size(value)}/s"
+            if key == "bandwidth_bytes_per_s" and value
+            else "no cap"
+            if key == "bandwidth_bytes_per_s"
+            else str(value)
+        )
+        _base.out.print(f"  {key}: {shown}")
+
+
+@policy_cli.command("show")
+def policy_show(
+    config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show the policy in force."""
+    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+        p = PolicyOut.of(engine.policy_info())
+    if as_json:
+        _base._print_json(p.model_dump(mode="json"))
+    else:
+        _policy_table(p)
+
+
+@policy_cli.command("set")
+def policy_set(
+    file: Annotated[str, typer.Argument(help="JSON policy document, or - for stdin")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replace the policy with a JSON document (see `tierd policy show --json`)."""
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        document = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        _base.err.print(f"[red]error:[/red] cannot read a JSON policy from {file}: {exc}")
+        raise typer.Exit(2) from None
+    if isinstance(document, dict) and isinstance(document.get("policy"), dict):
+        document = document["policy"]  # accept `policy show --json` output as it is
+    with _exclusive(_base._settings(config, data_dir=data_dir), "PUT /v1/policy") as engine:
+        p = PolicyOut.of(engine.set_policy(document, author="cli"))
+    if as_json:
+        _base._print_json(p.model_dump(mode="json"))
+    else:
+        _policy_table(p)
+
+
+def _plan_rows(moves: list[PlannedMoveOut]) -> None:
+    if not moves:
+        _base.out.print("nothing to move")
+        return
+    table = Table("id", "path", "move", "size", "reason")
+    for m in moves:
+        table.add_row(
+            str(m.file_id), m.path, f"{m.from_tier} → {m.to_tier}", _base._size(m.size), m.reason
+        )
+    _base.out.print(table)
+
+
+def plan(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Dry run: what the policy would move now, and why."""
+    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+        moves = [PlannedMoveOut.of(m) for m in engine.plan()]
+    if as_json:
+        _base._print_json([m.model_dump(mode="json") for m in moves])
+    else:
+        _plan_rows(moves)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=_base.err,
+        transient=True,
+    )
+
+
+def migrate(
+    path: Annotated[str | None, typer.Argument(help="File relpath; omit to run the plan")] = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="Destination tier of a manual move")
+    ] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move one file (PATH --to TIER), or run the policy's plan now, with a progress bar."""
+    if (path is None) != (to is None):
+        _base.err.print("[red]error:[/red] a manual move needs both PATH and --to TIER")
+        raise typer.Exit(2)
+    settings = _base._settings(config, data_dir=data_dir)
+    results: list[MigrationInfo] = []
+    failed = 0
+    with _exclusive(settings, "POST /v1/migrations") as engine:
+        if path is not None and to is not None:
+            rec = engine.lookup(path)
+            todo = [(rec.id, rec.relpath, to, rec.size, "manual")]
+        else:
+            todo = [(m.file_id, m.relpath, m.dst, m.size, m.reason) for m in engine.plan()]
+        with _progress() if not as_json else _nullprogress() as bar:
+            for file_id, relpath, dst, size, reason in todo:
+                task = bar.add_task(f"{relpath} → {dst}", total=size) if bar else None
+
+                def tick(done: int, total: int, task: Any = task) -> None:
+                    if bar is not None:
+                        bar.update(task, completed=done, total=total)
+
+                try:
+                    results.append(engine.migrate(file_id, dst, reason=reason, progress=tick))
+                except TierdError as exc:
+                    failed += 1
+                    _base.err.print(f"[red]{relpath}:[/red] {exc.message}")
+                    if path is not None:
+                        raise typer.Exit(1) from None
+                finally:
+                    if bar is not None and task is not None:
+                        bar.remove_task(task)
+        rows = [MigrationOut.of(engine.migration(r.record.id)) for r in results]
+    if as_json:
+        _base._print_json([r.model_dump(mode="json") for r in rows])
+    else:
+        for r in rows:
+            secs = r.duration_s or 0.0
+            rate = f", {_base._size(int(r.bytes_copied / secs))}/s" if secs > 0 else ""
+            _base.out.print(
+                f"{r.path}: {r.from_tier} → {r.to_tier} {r.state} "
+                f"({_base._size(r.bytes_copied)} in {secs:.2f}s{rate})"
+            )
+        if not todo:
+            _base.out.print("nothing to move")
+    if failed:
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _nullprogress() -> Iterator[None]:
+    yield None
+
+
+def migrations(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    limit: Annotated[int, typer.Option(help="Most migrations to show")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Migration history and moves in flight, newest first."""
+    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+        rows = [MigrationOut.of(m) for m in engine.migrations(limit=limit)]
+    if as_json:
+        _base._print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table("id", "path", "move", "state", "bytes", "seconds", "error")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.path,
+            f"{r.from_tier} → {r.to_tier}",
+            r.state,
+            _base._size(r.bytes_copied),
+            f"{r.duration_s or 0:.2f}",
+            r.error or "",
+        )
+    _base.out.print(table)
+
+
+def _pin(path: str, tier: str | None, settings: Settings, as_json: bool) -> None:
+    with _exclusive(settings, "POST/DELETE /v1/files/{id}/pin") as engine:
+        rec = engine.lookup(path)
+        rec = engine.pin(rec.id, tier) if tier != "" else engine.unpin(rec.id)
+        f = FileOut.of(rec, engine.heat(rec))
+    if as_json:
+        _base._print_json(f.model_dump(mode="json"))
+    elif f.pinned_tier:
+        note = "" if f.tier == f.pinned_tier else " (it moves there on the next pass)"
+        _base.out.print(f"{f.path} pinned to {f.pinned_tier}{note}")
+    else:
+        _base.out.print(f"{f.path} unpinned")
+
+
+def pin(
+    path: Annotated[str, typer.Argument(help="File relpath")],
+    tier: Annotated[str | None, typer.Option("--tier", help="Default: where it is")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pin a file to a tier: policy never moves it elsewhere."""
+    _pin(path, tier, _base._settings(config, data_dir=data_dir), as_json)
+
+
+def unpin(
+    path: Annotated[str, typer.Argument(help="File relpath")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a file's pin."""
+    _pin(path, "", _base._settings(config, data_dir=data_dir), as_json)
+
+
+def register(cli: typer.Typer, base: Any) -> None:
+    """Add the commands to ``cli``; ``base`` is the module with the shared helpers."""
+    global _base
+    _base = base
+    cli.add_typer(policy_cli, name="policy")
+    cli.command()(plan)
+    cli.command()(migrate)
+    cli.command()(migrations)
+    cli.command()(pin)
+    cli.command()(unpin)

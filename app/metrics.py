@@ -1,0 +1,202 @@
+"""Prometheus metrics: ``GET /metrics``, the load observer and the HTTP middleware.
+
+Base units (bytes, seconds), ``_total`` counters, and no per-file labels: label values come
+from small fixed sets (op, I/O path, tier, device, route template, status). Each app has its
+own registry, so several apps in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tiering.catalog import MigrationPhase
+from tiering.engine import Engine
+from tiering.io import Device, IoReport
+from tiering.loader import Loader
+from tiering.telemetry import migration_counts
+
+__all__ = ["HttpMetrics", "Metrics", "router"]
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """The registry of one app and the metrics tierd updates as it works."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.loaded_bytes = Counter(
+            "tierd_loaded_bytes",
+            "Bytes loaded into buffers (leases), by operation, device, I/O path and tier",
+            ["op", "device", "io_path", "tier"],
+            registry=r,
+        )
+        self.loads = Counter(
+            "tierd_loads",
+            "Completed loads (one per lease or shard), by operation, I/O path and tier",
+            ["op", "io_path", "tier"],
+            registry=r,
+        )
+        self.load_seconds = Histogram(
+            "tierd_load_duration_seconds",
+            "Time reading one load's bytes into its buffer",
+            ["op"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "tierd_http_requests",
+            "HTTP requests answered, by method, route template and status",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "tierd_http_request_duration_seconds",
+            "Time to answer an HTTP request, by method and route template",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_load(self, op: str, device: Device, report: IoReport) -> None:
+        """The :class:`~tiering.loader.Loader`'s observer."""
+        self.loaded_bytes.labels(op, str(device), report.io_path, report.tier).inc(report.nbytes)
+        self.loads.labels(op, report.io_path, report.tier).inc()
+        self.load_seconds.labels(op).observe(report.seconds)
+
+    def watch(self, engine: Engine, loader: Loader) -> None:
+        """Add the gauges read at scrape time from the engine and the loader."""
+        self.registry.register(_StateCollector(engine, loader))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, engine: Engine, loader: Loader) -> None:
+        self.engine = engine
+        self.loader = loader
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        leases = self.loader.leases
+        leased = GaugeMetricFamily(
+            "tierd_leased_bytes", "Allocated bytes leased to clients, per device", labels=["device"]
+        )
+        for dev, n in sorted(leases.leased_bytes().items()):
+            leased.add_metric([dev], n)
+        yield leased
+        budget = GaugeMetricFamily(
+            "tierd_lease_budget_bytes", "Lease budget per device", labels=["device"]
+        )
+        for dev, n in sorted(leases.budgets().items()):
+            budget.add_metric([dev], n)
+        yield budget
+        count = GaugeMetricFamily("tierd_leases", "Live buffer leases", labels=["device"])
+        per_dev: dict[str, int] = {}
+        for lease in leases.all():
+            per_dev[str(lease.device)] = per_dev.get(str(lease.device), 0) + 1
+        for dev, n in sorted(per_dev.items()):
+            count.add_metric([dev], n)
+        yield count
+        yield CounterMetricFamily(
+            "tierd_leases_expired", "Leases freed by the reaper", value=leases.expired_total
+        )
+        jobs = GaugeMetricFamily(
+            "tierd_jobs", "Prefetch jobs kept, by target and state", labels=["target", "state"]
+        )
+        by_state: dict[tuple[str, str], int] = {}
+        for job in self.loader.jobs.all():
+            key = (job.target, job.state)
+            by_state[key] = by_state.get(key, 0) + 1
+        for (target, state), n in sorted(by_state.items()):
+            jobs.add_metric([target, state], n)
+        yield jobs
+        try:
+            usage = self.engine.catalog.usage()
+            phases = migration_counts(self.engine)
+        except Exception as exc:  # a busy or stopped catalog must not fail the scrape
+            log.warning("catalog metrics skipped: %s", exc)
+            return
+        files = GaugeMetricFamily("tierd_catalog_files", "Files in the catalog", labels=["tier"])
+        nbytes = GaugeMetricFamily(
+            "tierd_catalog_bytes", "Bytes of the catalog's files", labels=["tier"]
+        )
+        for tier in self.engine.tiers:
+            u = usage.get(tier.name)
+            files.add_metric([tier.name], u.files if u else 0)
+            nbytes.add_metric([tier.name], u.bytes if u else 0)
+        yield files
+        yield nbytes
+        finished = CounterMetricFamily(
+            "tierd_migrations", "Finished migrations, by outcome", labels=["state"]
+        )
+        in_flight = 0
+        for phase, n in sorted(phases.items()):
+            if phase in MigrationPhase.OPEN:
+                in_flight += n
+            else:
+                finished.add_metric([phase], n)
+        yield finished
+        yield GaugeMetricFamily(
+            "tierd_migrations_in_flight", "Migrations copying or switching now", value=in_flight
+        )
+
+
+class HttpMetrics:
+    """ASGI middleware counting requests by route *template*, never by raw path."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            self.metrics.http_requests.labels(method, template, str(status)).inc()
+            self.metrics.http_seconds.labels(method, template).observe(
+                time.perf_counter() - started
+            )
+
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", include_in_schema=True)
+def metrics(request: Request) -> Response:
+    """Prometheus text format (no auth, like the health probes)."""
+    m: Metrics = request.app.state.metrics
+    return Response(m.render(), media_type=CONTENT_TYPE_LATEST)

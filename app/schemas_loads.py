@@ -1,0 +1,260 @@
+"""Request and response models of loads, buffers, prefetch jobs and stats."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.schemas import iso
+from tiering.jobs import Job
+from tiering.leases import Lease
+from tiering.loader import FileRef, TensorsLoaded
+from tiering.paths import MAX_RELPATH_CHARS
+
+__all__ = [
+    "BatchOut",
+    "BatchRequest",
+    "BufferList",
+    "GatherRequest",
+    "JobOut",
+    "LeaseOut",
+    "LoadRequest",
+    "PrefetchRequest",
+    "RenewRequest",
+    "SafetensorsOut",
+    "SafetensorsRequest",
+    "TensorOut",
+]
+
+_PATH = Field(default=None, max_length=MAX_RELPATH_CHARS * 4, description="File relpath")
+_DEVICE = Field(default="cpu", max_length=32, description="cpu or cuda:N")
+_TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
+
+
+class _OneFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file_id: int | None = Field(default=None, ge=1, description="Catalog id of the file")
+    path: str | None = _PATH
+
+    @model_validator(mode="after")
+    def _one(self) -> Any:
+        if (self.file_id is None) == (self.path is None):
+            raise ValueError("give exactly one of file_id and path")
+        return self
+
+    @property
+    def ref(self) -> FileRef:
+        return self.file_id if self.file_id is not None else str(self.path)
+
+
+class LoadRequest(_OneFile):
+    offset: int = Field(default=0, ge=0, description="Byte offset in the file")
+    length: int | None = Field(default=None, ge=0, description="Bytes; default to the end")
+    device: str = _DEVICE
+    dtype: str = Field(default="uint8", max_length=32, description="NumPy dtype of the items")
+    shape: list[int] | None = Field(
+        default=None, max_length=32, description="Shape of the items (one -1 allowed)"
+    )
+    ttl_s: float | None = _TTL
+
+
+class BatchItem(_OneFile):
+    offset: int = Field(default=0, ge=0)
+    length: int | None = Field(default=None, ge=0)
+    device: str | None = Field(default=None, max_length=32, description="Default: the batch's")
+    dtype: str = Field(default="uint8", max_length=32)
+    shape: list[int] | None = Field(default=None, max_length=32)
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[BatchItem] = Field(description="Ranges to load, concurrently, all or nothing")
+    device: str = _DEVICE
+    ttl_s: float | None = _TTL
+
+
+class SafetensorsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file_ids: list[int] | None = Field(default=None, description="Shards by catalog id")
+    paths: list[str] | None = Field(default=None, description="Shards by relpath")
+    names: list[str] | None = Field(default=None, description="Tensors to load; default all")
+    device: str = _DEVICE
+    ttl_s: float | None = _TTL
+
+    @model_validator(mode="after")
+    def _one(self) -> Any:
+        if (self.file_ids is None) == (self.paths is None):
+            raise ValueError("give exactly one of file_ids and paths")
+        return self
+
+    @property
+    def refs(self) -> list[FileRef]:
+        return list(self.file_ids) if self.file_ids is not None else list(self.paths or [])
+
+
+class GatherRequest(_OneFile):
+    dim: int = Field(ge=1, description="Items per row")
+    dtype: str = Field(default="float32", max_length=32, description="NumPy dtype of the items")
+    indices: list[int] | None = Field(default=None, description="Rows, in the order wanted")
+    start: int | None = Field(default=None, ge=0, description="First row (with count)")
+    count: int | None = Field(default=None, ge=0, description="Rows from start")
+    device: str = _DEVICE
+    ttl_s: float | None = _TTL
+
+
+class PrefetchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file_ids: list[int] | None = None
+    paths: list[str] | None = None
+    target: Literal["gpu", "nvme", "page_cache"] = Field(
+        description="gpu: keep a warm lease; nvme: promote to the fastest tier; "
+        "page_cache: read through"
+    )
+    device: str | None = Field(default=None, max_length=32, description="For gpu: cuda:N or cpu")
+    ttl_s: float | None = _TTL
+
+    @model_validator(mode="after")
+    def _one(self) -> Any:
+        if (self.file_ids is None) == (self.paths is None):
+            raise ValueError("give exactly one of file_ids and paths")
+        return self
+
+    @property
+    def refs(self) -> list[FileRef]:
+        return list(self.file_ids) if self.file_ids is not None else list(self.paths or [])
+
+
+class RenewRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: float | None = _TTL
+
+
+class LeaseOut(BaseModel):
+    buffer_id: str
+    kind: str = Field(description="load, gather, safetensors or prefetch")
+    file_ids: list[int]
+    device: str
+    nbytes: int = Field(description="Bytes of data, from handle.offset")
+    alloc_bytes: int = Field(description="Bytes of the allocation (what the budget counts)")
+    dtype: str
+    shape: list[int]
+    handle: dict[str, Any] = Field(
+        description="cuda_ipc: ipc_handle (base64), offset, alloc_bytes, device_index, "
+        "gpu_uuid; shm: name, offset, alloc_bytes"
+    )
+    io_path: str | None = Field(description="gds, compat or host")
+    tier: str | None
+    seconds: float | None
+    gbps: float | None = Field(description="GB/s of the read (10**9 bytes per second)")
+    created_at: datetime
+    expires_at: datetime
+    ttl_s: float
+
+    @classmethod
+    def of(cls, lease: Lease) -> LeaseOut:
+        r = lease.report
+        return cls(
+            buffer_id=lease.id,
+            kind=lease.kind,
+            file_ids=list(lease.file_ids),
+            device=str(lease.device),
+            nbytes=lease.nbytes,
+            alloc_bytes=lease.alloc_bytes,
+            dtype=lease.dtype,
+            shape=list(lease.shape),
+            handle=lease.handle(),
+            io_path=r.io_path if r else None,
+            tier=r.tier if r else None,
+            seconds=round(r.seconds, 9) if r else None,
+            gbps=round(r.gbps, 3) if r else None,
+            created_at=iso(lease.created_at),  # type: ignore[arg-type]
+            expires_at=iso(lease.expires_at),  # type: ignore[arg-type]
+            ttl_s=lease.ttl_s,
+        )
+
+
+class BatchOut(BaseModel):
+    buffers: list[LeaseOut] = Field(description="One per item, in request order")
+
+
+class BufferList(BaseModel):
+    items: list[LeaseOut]
+    leased_bytes: dict[str, int] = Field(description="Allocated bytes leased, per device")
+    budget_bytes: dict[str, int] = Field(description="Lease budget, per device used so far")
+
+
+class TensorOut(BaseModel):
+    buffer_id: str
+    offset: int = Field(description="Byte offset of the tensor inside the buffer")
+    dtype: str = Field(description="safetensors dtype: F32, BF16, ...")
+    shape: list[int]
+    nbytes: int
+
+
+class SafetensorsOut(BaseModel):
+    buffers: list[LeaseOut] = Field(description="One per shard that had selected tensors")
+    tensors: dict[str, TensorOut]
+
+    @classmethod
+    def of(cls, loaded: TensorsLoaded) -> SafetensorsOut:
+        return cls(
+            buffers=[LeaseOut.of(lease) for lease in loaded.leases],
+            tensors={
+                name: TensorOut(
+                    buffer_id=t.buffer_id,
+                    offset=t.offset,
+                    dtype=t.dtype,
+                    shape=list(t.shape),
+                    nbytes=t.nbytes,
+                )
+                for name, t in loaded.tensors.items()
+            },
+        )
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    target: str
+    device: str | None
+    state: str = Field(description="queued, running, done, failed or cancelled")
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    progress: float = Field(description="bytes_done / bytes_total (1 when there are no bytes)")
+    error: str | None
+    errors: list[dict[str, Any]] = Field(description="Files that failed, and why")
+    buffer_ids: list[str] = Field(description="Warm leases of a gpu prefetch")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        with job.lock:
+            return cls(
+                id=job.id,
+                kind=job.kind,
+                target=job.target,
+                device=job.device,
+                state=job.state,
+                files_done=job.files_done,
+                files_total=job.files_total,
+                bytes_done=job.bytes_done,
+                bytes_total=job.bytes_total,
+                progress=round(job.bytes_done / job.bytes_total, 6) if job.bytes_total else 1.0,
+                error=job.error,
+                errors=list(job.errors),
+                buffer_ids=list(job.lease_ids),
+                created_at=iso(job.created_at),  # type: ignore[arg-type]
+                started_at=iso(job.started_at),
+                finished_at=iso(job.finished_at),
+            )

@@ -1,0 +1,349 @@
+"""Leases: buffers the service filled for a client, with a TTL and a per-device byte budget.
+
+The budget is reserved *before* anything is allocated (:meth:`LeaseTable.reserve`), so
+concurrent requests together never hold more than it, not even for a moment. A reservation
+becomes a lease when the load succeeded (:meth:`LeaseTable.grant`) and is given back when it
+failed. Expired leases are freed by a reaper thread; :meth:`LeaseTable.stop` frees them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from tiering.errors import BufferNotFound, InsufficientSpace, InvalidInput
+from tiering.io import Device, IoReport
+from tiering.io.buffers import DeviceBuffer
+
+__all__ = ["Lease", "LeaseTable", "Reservation"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Lease:
+    """One leased buffer.
+
+    ``nbytes`` of data start at ``offset`` inside the allocation; ``dtype`` and ``shape``
+    describe them. ``tensors`` is set for safetensors loads: name → ``(offset, dtype, shape,
+    nbytes)`` inside this buffer.
+    """
+
+    id: str
+    device: Device
+    buffer: DeviceBuffer
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    created_at: float
+    expires_at: float
+    ttl_s: float
+    kind: str
+    file_ids: tuple[int, ...]
+    report: IoReport | None
+    offset: int = 0
+    tensors: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alloc_bytes(self) -> int:
+        return self.buffer.alloc_bytes
+
+    def handle(self) -> dict[str, Any]:
+        """The buffer's handle, with the data's offset."""
+        h = self.buffer.handle()
+        h["offset"] = self.offset
+        return h
+
+
+class Reservation:
+    """Budget held for an allocation that is about to be made; see :meth:`LeaseTable.reserve`.
+
+    Use it as a context manager: leaving it without :meth:`LeaseTable.grant` gives the bytes
+    back (and frees a buffer attached with :meth:`attach`).
+    """
+
+    def __init__(self, table: LeaseTable, device: Device, nbytes: int) -> None:
+        self.table = table
+        self.device = device
+        self.nbytes = nbytes
+        self.buffer: DeviceBuffer | None = None
+        self._open = True
+
+    def attach(self, buffer: DeviceBuffer) -> DeviceBuffer:
+        """Tie the allocation made under this reservation to it (freed if not granted)."""
+        self.buffer = buffer
+        return buffer
+
+    def cancel(self) -> None:
+        """Free the attached buffer and give the bytes back. Idempotent."""
+        if not self._open:
+            return
+        self._open = False
+        buf, self.buffer = self.buffer, None
+        try:
+            if buf is not None:
+                buf.free()
+        finally:
+            self.table._unreserve(self.device, self.nbytes)
+
+    def _granted(self) -> None:
+        if not self._open:
+            raise InvalidInput("this reservation was already used or cancelled")
+        self._open = False
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class LeaseTable:
+    """Leases by id, the bytes each device has leased, and the reaper of expired ones.
+
+    Parameters
+    ----------
+    budget:
+        ``budget(device)``: the most bytes that may be leased on a device. Asked once per
+        device, at its first reservation.
+    ttl_s:
+        Default lifetime of a lease; renewing restarts it.
+    max_ttl_s:
+        Longest lifetime a caller may ask for.
+    reap_interval_s:
+        How often the reaper looks for expired leases.
+    clock:
+        Wall-clock time (``expires_at`` is shown to clients).
+    """
+
+    def __init__(
+        self,
+        budget: Callable[[Device], int],
+        *,
+        ttl_s: float = 300.0,
+        max_ttl_s: float = 3600.0,
+        reap_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._budget_of = budget
+        self.ttl_s = ttl_s
+        self.max_ttl_s = max_ttl_s
+        self.reap_interval_s = reap_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self._used: dict[Device, int] = {}
+        self._budgets: dict[Device, int] = {}
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.expired_total = 0
+
+    # -- budget ------------------------------------------------------------------------------
+    def budget(self, device: Device) -> int:
+        """The byte budget of ``device``."""
+        with self._lock:
+            found = self._budgets.get(device)
+        if found is None:
+            found = max(0, int(self._budget_of(device)))  # may ask CUDA: outside the lock
+            with self._lock:
+                found = self._budgets.setdefault(device, found)
+        return found
+
+    def reserve(self, device: Device, nbytes: int) -> Reservation:
+        """Hold ``nbytes`` of ``device``'s budget.
+
+        Raises
+        ------
+        InsufficientSpace
+            Over the budget; the message and details say how much is free.
+        """
+        limit = self.budget(device)
+        with self._lock:
+            used = self._used.get(device, 0)
+            if used + nbytes > limit:
+                free = max(0, limit - used)
+                raise InsufficientSpace(
+                    f"{device}: {nbytes} bytes needed, {free} of the {limit} byte lease budget "
+                    "free; release or let expire some buffers",
+                    device=str(device),
+                    requested=nbytes,
+                    free=free,
+                    budget=limit,
+                )
+            self._used[device] = used + nbytes
+        return Reservation(self, device, nbytes)
+
+    def _unreserve(self, device: Device, nbytes: int) -> None:
+        with self._lock:
+            self._used[device] = self._used.get(device, 0) - nbytes
+
+    def leased_bytes(self) -> dict[str, int]:
+        """Bytes held (leases and reservations in progress) per device seen so far."""
+        with self._lock:
+            return {str(d): n for d, n in self._used.items()}
+
+    def budgets(self) -> dict[str, int]:
+        with self._lock:
+            return {str(d): n for d, n in self._budgets.items()}
+
+    # -- leases ------------------------------------------------------------------------------
+    def ttl(self, ttl_s: float | None) -> float:
+        """A requested TTL, checked; ``None`` gives the default."""
+        if ttl_s is None:
+            return self.ttl_s
+        if not 0 < ttl_s <= self.max_ttl_s:
+            raise InvalidInput(
+                f"ttl_s must be in (0, {self.max_ttl_s}], got {ttl_s}", max_ttl_s=self.max_ttl_s
+            )
+        return float(ttl_s)
+
+    def grant(
+        self,
+        reservation: Reservation,
+        *,
+        nbytes: int,
+        dtype: str,
+        shape: tuple[int, ...],
+        kind: str,
+        file_ids: tuple[int, ...],
+        report: IoReport | None,
+        ttl_s: float | None = None,
+        offset: int = 0,
+        tensors: dict[str, Any] | None = None,
+    ) -> Lease:
+        """Turn a reservation with its attached buffer into a lease."""
+        buf = reservation.buffer
+        if buf is None:
+            raise InvalidInput("no buffer attached to the reservation")
+        if buf.alloc_bytes != reservation.nbytes:
+            raise InvalidInput("buffer size differs from the bytes reserved for it")
+        ttl = self.ttl(ttl_s)
+        now = self._clock()
+        lease = Lease(
+            id=secrets.token_hex(12),
+            device=reservation.device,
+            buffer=buf,
+            nbytes=nbytes,
+            dtype=dtype,
+            shape=shape,
+            created_at=now,
+            expires_at=now + ttl,
+            ttl_s=ttl,
+            kind=kind,
+            file_ids=file_ids,
+            report=report,
+            offset=offset,
+            tensors=tensors or {},
+        )
+        reservation._granted()
+        with self._lock:
+            self._leases[lease.id] = lease
+        return lease
+
+    def get(self, lease_id: str) -> Lease:
+        with self._lock:
+            lease = self._leases.get(lease_id)
+        if lease is None:
+            raise BufferNotFound(f"no buffer with id {lease_id!r}", buffer_id=lease_id)
+        return lease
+
+    def all(self) -> list[Lease]:
+        with self._lock:
+            return sorted(self._leases.values(), key=lambda lease: lease.created_at)
+
+    def renew(self, lease_id: str, ttl_s: float | None = None) -> Lease:
+        """Restart a lease's TTL (``ttl_s``, default the lease's own)."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                raise BufferNotFound(f"no buffer with id {lease_id!r}", buffer_id=lease_id)
+            ttl = lease.ttl_s if ttl_s is None else self.ttl(ttl_s)
+            lease.ttl_s = ttl
+            lease.expires_at = self._clock() + ttl
+            return lease
+
+    def release(self, lease_id: str) -> Lease:
+        """Free a lease now."""
+        with self._lock:
+            lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            raise BufferNotFound(f"no buffer with id {lease_id!r}", buffer_id=lease_id)
+        self._free(lease)
+        return lease
+
+    def release_many(self, lease_ids: Iterable[str]) -> None:
+        """Free those of ``lease_ids`` that still exist."""
+        with self._lock:
+            gone = [self._leases.pop(i) for i in set(lease_ids) if i in self._leases]
+        for lease in gone:
+            self._free(lease)
+
+    def _free(self, lease: Lease) -> None:
+        try:
+            lease.buffer.free()
+        finally:
+            self._unreserve(lease.device, lease.alloc_bytes)
+
+    def reap(self, now: float | None = None) -> int:
+        """Free every expired lease; returns how many."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            expired = [lease for lease in self._leases.values() if lease.expires_at <= now]
+            for lease in expired:
+                del self._leases[lease.id]
+            self.expired_total += len(expired)
+        for lease in expired:
+            try:
+                self._free(lease)
+            except Exception:
+                log.exception("freeing expired buffer %s failed", lease.id)
+        return len(expired)
+
+    def free_all(self) -> int:
+        with self._lock:
+            leases = list(self._leases.values())
+            self._leases.clear()
+        for lease in leases:
+            try:
+                self._free(lease)
+            except Exception:
+                log.exception("freeing buffer %s failed", lease.id)
+        return len(leases)
+
+    # -- reaper ------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._run, name="tierd-lease-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the reaper and free every lease."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        freed = self.free_all()
+        if freed:
+            log.info("freed %d buffer lease(s) at shutdown", freed)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.reap_interval_s):
+            try:
+                n = self.reap()
+                if n:
+                    log.info("freed %d expired buffer lease(s)", n)
+            except Exception:
+                log.exception("reaping expired leases failed; will retry")
