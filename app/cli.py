@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -20,7 +21,7 @@ from app.schemas import FileOut, TierOut
 from app.settings import Settings, get_settings
 from tiering.catalog import upgrade
 from tiering.engine import Engine
-from tiering.errors import TierdError
+from tiering.errors import TierdError, Unavailable
 
 __all__ = ["cli", "main"]
 
@@ -58,6 +59,27 @@ def _engine(settings: Settings) -> Iterator[Engine]:
     engine = Engine(settings.engine_config())
     try:
         yield engine.open()
+    except TierdError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
+
+
+@contextmanager
+def exclusive_engine(settings: Settings, rest_hint: str) -> Iterator[Engine]:
+    """The engine with its lock held and recovery done (like ``tierd serve``), without scan,
+    watcher or scheduler. While a server holds the catalog, stop and point at ``rest_hint``:
+    two processes writing one SQLite catalog is what RELIABILITY.md rules out."""
+    cfg = dataclasses.replace(settings.engine_config(), scan_on_start=False, watch=False)
+    engine = Engine(cfg)
+    try:
+        engine.start(scheduler=False)
+    except Unavailable as exc:
+        err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
+        raise typer.Exit(1) from None
+    try:
+        yield engine
     except TierdError as exc:
         err.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None
@@ -122,7 +144,9 @@ def scan(
 ) -> None:
     """Reconcile the catalog with the files in the tier roots (--check: exit 1 on drift)."""
     settings = _settings(config, data_dir=data_dir)
-    with _engine(settings) as engine:
+    # --check only reads; a real scan writes, so it must hold the catalog like a server does.
+    opened = _engine(settings) if check else exclusive_engine(settings, "POST /v1/scan")
+    with opened as engine:
         t0 = time.perf_counter()
         with out.status("scanning tiers…", spinner="dots") if not as_json else _null():
             report = engine.scan(check=check)

@@ -8,7 +8,6 @@ stop with a pointer to the equivalent REST call instead of writing beside it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -29,8 +28,8 @@ from rich.table import Table
 
 from app.schemas import FileOut, MigrationOut, PlannedMoveOut, PolicyOut
 from app.settings import Settings
-from tiering.engine import Engine, MigrationInfo
-from tiering.errors import TierdError, Unavailable
+from tiering.engine import MigrationInfo
+from tiering.errors import TierdError
 
 __all__ = ["register"]
 
@@ -48,26 +47,8 @@ _base: Any = None
 policy_cli = typer.Typer(help="The tiering policy.", no_args_is_help=True)
 
 
-@contextmanager
-def _exclusive(settings: Settings, rest_hint: str) -> Iterator[Engine]:
-    """The engine with its lock held and recovery done, no scan, no background threads."""
-    cfg = settings.engine_config()
-    changes: dict[str, Any] = {"scan_on_start": False}
-    if "watch" in {f.name for f in dataclasses.fields(cfg)}:
-        changes["watch"] = False
-    engine = Engine(dataclasses.replace(cfg, **changes))
-    try:
-        engine.start(scheduler=False)
-    except Unavailable as exc:
-        _base.err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
-        raise typer.Exit(1) from None
-    try:
-        yield engine
-    except TierdError as exc:
-        _base.err.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    finally:
-        engine.stop()
+def _exclusive(settings: Settings, rest_hint: str) -> Any:
+    return _base.exclusive_engine(settings, rest_hint)
 
 
 def _policy_table(p: PolicyOut) -> None:

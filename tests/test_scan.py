@@ -150,3 +150,25 @@ def test_identical_copies_are_not_renames(engine: Engine, data_dir: Path) -> Non
     write(data_dir / "ssd/b.bin", b"same")
     engine.scan()
     assert engine.lookup("a.bin").id == a.id and engine.lookup("b.bin").id != a.id
+
+
+def test_scan_over_rest_and_cli_refuses_beside_a_server(data_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from tests.conftest import LiveServer, make_settings
+
+    # No watcher: this test is about the explicit scan, not about live sync.
+    with LiveServer(make_settings(data_dir, watch=False)) as srv, srv.client() as c:
+        write(data_dir / "hdd/late.bin", b"late")
+        r = c.post("/v1/scan", params={"check": "true"})
+        assert r.status_code == 200 and r.json()["adopted"] == ["late.bin"]
+        assert c.get("/v1/files/lookup", params={"path": "late.bin"}).status_code == 404
+        # The CLI would be a second writer beside the server: it refuses and says what to use.
+        result = CliRunner().invoke(cli, ["scan", "--data-dir", str(data_dir)])
+        assert result.exit_code == 1 and "POST /v1/scan" in result.output
+        check = CliRunner().invoke(cli, ["scan", "--check", "--data-dir", str(data_dir)])
+        assert check.exit_code == 1  # reading beside a server is fine; it reports the drift
+        r = c.post("/v1/scan")
+        assert r.status_code == 200 and r.json()["adopted"] == ["late.bin"]
+        assert c.get("/v1/files/lookup", params={"path": "late.bin"}).json()["tier"] == "hdd"

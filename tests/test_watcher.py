@@ -116,14 +116,16 @@ def test_rename_within_a_tier_keeps_identity(c, data_dir: Path) -> None:
     rec = c.put("/v1/files/content", params={"path": "a/old.bin", "tier": "ssd"},
                 content=b"same bytes").json()
     c.get(f"/v1/files/{rec['id']}/content")
+    assert c.post(f"/v1/files/{rec['id']}/pin", json={"tier": "ssd"}).status_code == 200
     wait_for(lambda: c.get(f"/v1/files/{rec['id']}").json()["access_count"] == 1)
-    (data_dir / "ssd/b").mkdir()
+    (data_dir / "ssd/b").mkdir()  # a directory just made: its watch may lag the rename
     os.rename(data_dir / "ssd/a/old.bin", data_dir / "ssd/b/new.bin")
     moved = wait_for(
         lambda: (r := c.get(f"/v1/files/{rec['id']}").json())["path"] == "b/new.bin" and r,
         what="rename",
     )
     assert moved["access_count"] == 1 and moved["checksum"] == rec["checksum"]
+    assert moved["pinned_tier"] == "ssd"
     assert moved["state"] == "stable" and lookup(c, "a/old.bin") is None
     assert watcher_status(c)["applied"]["renamed"] == 1
 
@@ -172,6 +174,12 @@ def test_own_writes_are_not_outside_changes(c, data_dir: Path) -> None:
     c.delete(f"/v1/files/{fid}")
     for _ in range(5):
         c.get(f"/v1/files/{lookup(c, 'own/2.bin')['id']}/content")
+    # tierd's own migrations, back and forth between tiers on the same filesystem.
+    mover = lookup(c, "own/3.bin")["id"]
+    for tier in ("hdd", "ssd", "nvme"):
+        r = c.post("/v1/migrations?wait=true", json={"file_id": mover, "to_tier": tier})
+        assert r.status_code == 200, r.text
+        assert c.get(f"/v1/files/{mover}").json()["tier"] == tier
     events_before = watcher_status(c)["events"]
     assert events_before > 0
     # Wait until everything the watcher heard has been looked at, then: nothing was "applied".
@@ -179,6 +187,8 @@ def test_own_writes_are_not_outside_changes(c, data_dir: Path) -> None:
     status = watcher_status(c)
     assert status["applied"] == dict.fromkeys(status["applied"], 0)
     assert lookup(c, "own/1.bin") is None
+    assert c.get("/v1/files", params={"state": "conflict"}).json()["items"] == []
+    assert lookup(c, "own/3.bin")["state"] == "stable"
 
 
 def test_overflow_triggers_full_reconcile(c, data_dir: Path) -> None:

@@ -47,8 +47,8 @@ from tiering.paths import is_temp_name, validate_relpath
 from tiering.policy import PlannedMove, Policy, TierState, default_policy, plan
 from tiering.scan import ScanReport, scan
 from tiering.scheduler import PassReport, Scheduler
-from tiering.watcher import TierWatcher
 from tiering.tiers import Space, Tier, Tiers
+from tiering.watcher import TierWatcher
 
 __all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Upload"]
 
