@@ -113,8 +113,9 @@ def test_whole_directory_moved_out_goes_missing(c, data_dir: Path, tmp_path: Pat
 
 
 def test_rename_within_a_tier_keeps_identity(c, data_dir: Path) -> None:
-    rec = c.put("/v1/files/content", params={"path": "a/old.bin", "tier": "ssd"},
-                content=b"same bytes").json()
+    rec = c.put(
+        "/v1/files/content", params={"path": "a/old.bin", "tier": "ssd"}, content=b"same bytes"
+    ).json()
     c.get(f"/v1/files/{rec['id']}/content")
     assert c.post(f"/v1/files/{rec['id']}/pin", json={"tier": "ssd"}).status_code == 200
     wait_for(lambda: c.get(f"/v1/files/{rec['id']}").json()["access_count"] == 1)
@@ -143,8 +144,9 @@ def test_directory_renamed_within_a_tier(c, data_dir: Path) -> None:
 
 
 def test_moved_between_tiers_by_hand(c, data_dir: Path) -> None:
-    rec = c.put("/v1/files/content", params={"path": "mv.bin", "tier": "nvme"},
-                content=b"moving").json()
+    rec = c.put(
+        "/v1/files/content", params={"path": "mv.bin", "tier": "nvme"}, content=b"moving"
+    ).json()
     shutil.move(str(data_dir / "nvme/mv.bin"), str(data_dir / "hdd/mv.bin"))
     moved = wait_for(
         lambda: (r := c.get(f"/v1/files/{rec['id']}").json())["tier"] == "hdd" and r,
@@ -241,8 +243,10 @@ def test_burst_of_small_files_adopted_exactly_once(request, c, data_dir: Path) -
     took = time.monotonic() - t0
     ids, cursor = [], None
     while True:
-        page = c.get("/v1/files", params={"prefix": "burst/", "limit": 1000}
-                     | ({"cursor": cursor} if cursor else {})).json()
+        page = c.get(
+            "/v1/files",
+            params={"prefix": "burst/", "limit": 1000} | ({"cursor": cursor} if cursor else {}),
+        ).json()
         ids += [f["id"] for f in page["items"]]
         cursor = page["next_cursor"]
         if not cursor:

@@ -547,6 +547,7 @@ class Mover:
             return  # commit state uncertain: delete nothing, leave the intent to recovery
         if published is not None:
             self._unlink_published(dst, intent.relpath, published)
+        err: BaseException
         if isinstance(exc, _Abort):
             state, phase, err = exc.state, exc.phase, exc.error
         else:

@@ -329,21 +329,21 @@ def plan(
     h = policy.hysteresis
 
     fs: list[_F] = []
-    for f in files:
-        if f.tier not in rank:
+    for rec in files:
+        if rec.tier not in rank:
             continue
-        heat = decay(f.heat, f.heat_at, now, policy.half_life_s)
-        stable = f.state == "stable"
+        heat = decay(rec.heat, rec.heat_at, now, policy.half_life_s)
+        stable = rec.state == "stable"
         fs.append(
             _F(
-                f.id,
-                f.relpath,
-                int(f.size),
+                rec.id,
+                rec.relpath,
+                int(rec.size),
                 heat,
-                f.pinned_tier if f.pinned_tier in rank else None,
-                rank[f.tier],
-                rank[f.tier],
-                stable and now - f.updated_at >= policy.min_age_s,
+                rec.pinned_tier if rec.pinned_tier in rank else None,
+                rank[rec.tier],
+                rank[rec.tier],
+                stable and now - rec.updated_at >= policy.min_age_s,
                 stable,
             )
         )

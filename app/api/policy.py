@@ -63,4 +63,6 @@ def plan(engine: EngineDep, document: Annotated[Any, Body()] = None) -> PlanOut:
     else:
         moves = engine.plan(Policy.parse(document, engine.config.tier_names()), now=now)
         version = None
-    return PlanOut(policy_version=version, at=iso(now), moves=[PlannedMoveOut.of(m) for m in moves])
+    at = iso(now)
+    assert at is not None
+    return PlanOut(policy_version=version, at=at, moves=[PlannedMoveOut.of(m) for m in moves])

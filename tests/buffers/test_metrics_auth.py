@@ -21,7 +21,8 @@ def test_metrics_parse_and_count(api, upload):
     api.load(fid).close()
     api.gather(fid, dim=10, dtype="uint8", indices=[1, 2, 3]).close()
     keep = api.load(fid, length=1000)
-    api.prefetch(fid, target="page_cache", wait=True, progress=False)
+    job = api.prefetch(fid, target="page_cache", wait=True, progress=False)
+    api.job(job["id"])
     text = api._http.get("/metrics").text
     fams = _families(text)
     loaded = {
