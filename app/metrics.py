@@ -109,6 +109,14 @@ class _StateCollector(Collector):
         for dev, n in sorted(leases.budgets().items()):
             budget.add_metric([dev], n)
         yield budget
+        idle = GaugeMetricFamily(
+            "tierd_buffer_cache_bytes",
+            "Released GPU buffers kept for reuse (within the budget), per device",
+            labels=["device"],
+        )
+        for dev, n in sorted(leases.pool.idle_bytes().items()):
+            idle.add_metric([dev], n)
+        yield idle
         count = GaugeMetricFamily("tierd_leases", "Live buffer leases", labels=["device"])
         per_dev: dict[str, int] = {}
         for lease in leases.all():

@@ -69,6 +69,12 @@ class BufferSettings(BaseModel):
     job_retention_s: float = Field(
         default=3600.0, gt=0, description="How long finished jobs stay visible"
     )
+    gpu_cache_bytes: int = Field(
+        default=2 << 30, ge=0, description="Released GPU buffers kept for reuse, per device"
+    )
+    gpu_cache_idle_s: float = Field(
+        default=30.0, ge=0, description="How long a released GPU buffer is kept for reuse"
+    )
 
     def loader_config(self) -> LoaderConfig:
         return LoaderConfig(
@@ -84,6 +90,8 @@ class BufferSettings(BaseModel):
             prefetch_concurrency=self.prefetch_concurrency,
             prefetch_chunk_bytes=self.prefetch_chunk_bytes,
             job_retention_s=self.job_retention_s,
+            gpu_cache_bytes=self.gpu_cache_bytes,
+            gpu_cache_idle_s=self.gpu_cache_idle_s,
         )
 
 

@@ -26,6 +26,9 @@ class AccessTracker:
         self.interval_s = interval_s
         self._pending: Counter[int] = Counter()
         self._lock = threading.Lock()
+        # Held across a whole flush, so flush() returns only once every access recorded before
+        # it is in the catalog, even while the background thread is half-way through its own.
+        self._flush_lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -44,20 +47,21 @@ class AccessTracker:
 
     def flush(self, now: float | None = None) -> int:
         """Write the counted accesses; returns how many files were updated."""
-        with self._lock:
-            batch, self._pending = self._pending, Counter()
-        if not batch:
-            return 0
-        try:
-            self.catalog.record_accesses(
-                batch, now=time.time() if now is None else now, half_life_s=self.half_life_s
-            )
-        except Exception:
-            # Put them back so a busy catalog delays the counts instead of losing them.
+        with self._flush_lock:
             with self._lock:
-                self._pending.update(batch)
-            raise
-        return len(batch)
+                batch, self._pending = self._pending, Counter()
+            if not batch:
+                return 0
+            try:
+                self.catalog.record_accesses(
+                    batch, now=time.time() if now is None else now, half_life_s=self.half_life_s
+                )
+            except Exception:
+                # Put them back so a busy catalog delays the counts instead of losing them.
+                with self._lock:
+                    self._pending.update(batch)
+                raise
+            return len(batch)
 
     def start(self) -> None:
         if self._thread is not None:

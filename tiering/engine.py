@@ -316,24 +316,20 @@ class Engine:
         return self
 
     def stop(self) -> None:
-        if self.watcher is not None:
+        # Watcher first (it writes the catalog), then moves, then the last access counts.
+        for attr, what in (
+            ("watcher", "stopping the file watcher"),
+            ("_scheduler", "stopping the migration scheduler"),
+            ("access", "the final flush of access counts"),
+        ):
+            part = getattr(self, attr)
+            if part is None:
+                continue
             try:
-                self.watcher.stop()
+                part.stop()
             except Exception:
-                log.exception("stopping the file watcher failed")
-            self.watcher = None
-        if self._scheduler is not None:
-            try:
-                self._scheduler.stop()
-            except Exception:
-                log.exception("stopping the migration scheduler failed")
-            self._scheduler = None
-        if self.access is not None:
-            try:
-                self.access.stop()
-            except Exception:
-                log.exception("final flush of access counts failed")
-            self.access = None
+                log.exception("%s failed", what)
+            setattr(self, attr, None)
         if self.db is not None:
             self.db.dispose()
             self.db = None

@@ -19,7 +19,7 @@ from typing import Any
 
 from tiering.errors import BufferNotFound, InsufficientSpace, InvalidInput
 from tiering.io import Device, IoReport
-from tiering.io.buffers import DeviceBuffer
+from tiering.io.buffers import BufferPool, DeviceBuffer
 
 __all__ = ["Lease", "LeaseTable", "Reservation"]
 
@@ -88,7 +88,7 @@ class Reservation:
         buf, self.buffer = self.buffer, None
         try:
             if buf is not None:
-                buf.free()
+                self.table.pool.put(buf)
         finally:
             self.table._unreserve(self.device, self.nbytes)
 
@@ -125,6 +125,9 @@ class LeaseTable:
         How often the reaper looks for expired leases.
     clock:
         Wall-clock time (``expires_at`` is shown to clients).
+    pool:
+        Where freed buffers go, and new ones come from (idle GPU allocations kept for
+        reuse). Idle buffers count against the budget too: a reservation trims them first.
     """
 
     def __init__(
@@ -135,8 +138,10 @@ class LeaseTable:
         max_ttl_s: float = 3600.0,
         reap_interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        pool: BufferPool | None = None,
     ) -> None:
         self._budget_of = budget
+        self.pool = pool or BufferPool(max_idle_bytes=0)
         self.ttl_s = ttl_s
         self.max_ttl_s = max_ttl_s
         self.reap_interval_s = reap_interval_s
@@ -182,6 +187,9 @@ class LeaseTable:
                     budget=limit,
                 )
             self._used[device] = used + nbytes
+            room = limit - used - nbytes
+        # Leased plus idle stays within the budget: drop idle buffers the new one needs.
+        self.pool.trim(device, keep=room)
         return Reservation(self, device, nbytes)
 
     def _unreserve(self, device: Device, nbytes: int) -> None:
@@ -291,7 +299,7 @@ class LeaseTable:
 
     def _free(self, lease: Lease) -> None:
         try:
-            lease.buffer.free()
+            self.pool.put(lease.buffer)
         finally:
             self._unreserve(lease.device, lease.alloc_bytes)
 
@@ -308,6 +316,7 @@ class LeaseTable:
                 self._free(lease)
             except Exception:
                 log.exception("freeing expired buffer %s failed", lease.id)
+        self.pool.expire()
         return len(expired)
 
     def free_all(self) -> int:
@@ -336,6 +345,7 @@ class LeaseTable:
             self._thread.join()
             self._thread = None
         freed = self.free_all()
+        self.pool.clear()
         if freed:
             log.info("freed %d buffer lease(s) at shutdown", freed)
 

@@ -38,7 +38,7 @@ from tiering.errors import (
 )
 from tiering.io import Device, GdsConfig, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
 from tiering.io._device import import_cupy
-from tiering.io.buffers import alloc_size, allocate
+from tiering.io.buffers import BufferPool, alloc_size
 from tiering.jobs import Job, JobCancelled, JobTable
 from tiering.leases import Lease, LeaseTable, Reservation
 from tiering.mover import Cancelled
@@ -94,6 +94,9 @@ class LoaderConfig:
         Granularity of prefetch progress and cancellation.
     job_retention_s:
         How long finished jobs stay visible.
+    gpu_cache_bytes, gpu_cache_idle_s:
+        Released GPU buffers kept for reuse, per device, and for how long (see
+        :class:`~tiering.io.buffers.BufferPool`); always within the budget.
     io:
         Data-path settings for every device's :class:`~tiering.io.GpuDirectStorage`.
     """
@@ -110,6 +113,8 @@ class LoaderConfig:
     prefetch_concurrency: int = 2
     prefetch_chunk_bytes: int = 64 * MiB
     job_retention_s: float = 3600.0
+    gpu_cache_bytes: int = 2 << 30
+    gpu_cache_idle_s: float = 30.0
     io: GdsConfig = field(default_factory=GdsConfig)
 
 
@@ -216,6 +221,7 @@ class Loader:
             ttl_s=config.lease_ttl_s,
             max_ttl_s=config.lease_max_ttl_s,
             reap_interval_s=config.reap_interval_s,
+            pool=BufferPool(config.gpu_cache_bytes, config.gpu_cache_idle_s),
         )
         self.jobs = JobTable(
             concurrency=config.prefetch_concurrency, retention_s=config.job_retention_s
@@ -361,7 +367,7 @@ class Loader:
             n = _range(offset, length, f.size())
             shp = _shape(n, dt, shape)
             with self.leases.reserve(dev, alloc_size(dev, n)) as res:
-                res.attach(allocate(dev, n))
+                res.attach(self.leases.pool.get(dev, n))
                 report = self._fill(storage, f, offset, res, n)
                 lease = self.leases.grant(
                     res,
@@ -424,7 +430,7 @@ class Loader:
                 res = stack.enter_context(self.leases.reserve(dev, alloc_size(dev, n)))
                 prepared.append((dev, storage, f, file_id, it.offset, n, dt, shp, res))
             for dev, _s, _f, _id, _o, n, *_rest, res in prepared:
-                res.attach(allocate(dev, n))
+                res.attach(self.leases.pool.get(dev, n))
             reports = self._fan_out(
                 [
                     functools.partial(self._fill, s, f, o, r, n)
@@ -541,7 +547,7 @@ class Loader:
                 rows = count
             n = rows * row
             with self.leases.reserve(dev, alloc_size(dev, n)) as res:
-                buf = res.attach(allocate(dev, n))
+                buf = res.attach(self.leases.pool.get(dev, n))
                 if n == 0:
                     report = IoReport(0, "host", f.tier_key, 0.0)
                 elif idx is not None:
@@ -599,7 +605,7 @@ class Loader:
             res = self.leases.reserve(dev, alloc_size(dev, nbytes))
             with lock:
                 reserved.append(res)
-            buf = res.attach(allocate(dev, nbytes))
+            buf = res.attach(self.leases.pool.get(dev, nbytes))
             arr = buf.array()[:nbytes]
             with lock:
                 by_array[id(arr)] = res
@@ -740,7 +746,7 @@ class Loader:
                 with self._open(rec.id, storage) as (f, file_id):
                     n = f.size()
                     with self.leases.reserve(dev, alloc_size(dev, n)) as res:
-                        buf = res.attach(allocate(dev, n))
+                        buf = res.attach(self.leases.pool.get(dev, n))
                         arr = buf.array()
                         storage.device.make_current()
                         started = time.perf_counter()

@@ -660,20 +660,7 @@ class Mover:
 
     @staticmethod
     def _remove_temp(tier: Tier, relpath: str, temp_name: str) -> bool:
-        dirs, _ = split_relpath(relpath)
-        try:
-            dfd = tier.open_dir(dirs)
-        except OSError:
-            return False
-        try:
-            try:
-                os.unlink(temp_name, dir_fd=dfd)
-            except FileNotFoundError:
-                return False
-            os.fsync(dfd)
-            return True
-        finally:
-            os.close(dfd)
+        return tier.unlink(relpath, name=temp_name)
 
     @staticmethod
     def _probe(tier: Tier, relpath: str) -> tuple[str, os.stat_result] | None:

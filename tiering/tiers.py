@@ -135,9 +135,13 @@ class Tier:
         os.close(fd)
         return st
 
-    def unlink(self, relpath: str) -> bool:
-        """Remove a file and fsync its directory; False when it was already gone."""
-        dirs, name = split_relpath(relpath)
+    def unlink(self, relpath: str, *, name: str | None = None) -> bool:
+        """Remove a file and fsync its directory; False when it was already gone.
+
+        With ``name``, remove that entry of ``relpath``'s directory instead (a temp file).
+        """
+        dirs, own = split_relpath(relpath)
+        name = name or own
         try:
             dfd = self.open_dir(dirs)
         except OSError:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api.deps import LoaderDep
 from app.auth import require_data
-from app.schemas_loads import BufferList, LeaseOut, RenewRequest
+from app.schemas_loads import BufferList, LeaseOut, RenewRequest, lease_json
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"], dependencies=[require_data])
 
@@ -27,13 +27,15 @@ def get_buffer(buffer_id: str, loader: LoaderDep) -> LeaseOut:
     return LeaseOut.of(loader.leases.get(buffer_id))
 
 
-@router.post("/{buffer_id}/renew")
-def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> LeaseOut:
+@router.post("/{buffer_id}/renew", response_model=LeaseOut)
+def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> Response:
     """Restart the lease's TTL (``ttl_s``, default the lease's own)."""
-    return LeaseOut.of(loader.leases.renew(buffer_id, req.ttl_s if req else None))
+    lease = loader.leases.renew(buffer_id, req.ttl_s if req else None)
+    return Response(lease_json(lease), media_type="application/json")
 
 
-@router.delete("/{buffer_id}")
-def release(buffer_id: str, loader: LoaderDep) -> LeaseOut:
+@router.delete("/{buffer_id}", response_model=LeaseOut)
+def release(buffer_id: str, loader: LoaderDep) -> Response:
     """Free the buffer now. Clients that still map it keep their mapping until they close it."""
-    return LeaseOut.of(loader.leases.release(buffer_id))
+    lease = loader.leases.release(buffer_id)
+    return Response(lease_json(lease), media_type="application/json")

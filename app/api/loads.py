@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api.deps import LoaderDep
 from app.auth import require_data
@@ -14,14 +14,20 @@ from app.schemas_loads import (
     LoadRequest,
     SafetensorsOut,
     SafetensorsRequest,
+    lease_json,
 )
+from tiering.leases import Lease
 from tiering.loader import LoadItem
 
 router = APIRouter(prefix="/v1", tags=["loads"], dependencies=[require_data])
 
 
-@router.post("/load")
-def load(req: LoadRequest, loader: LoaderDep) -> LeaseOut:
+def _lease(lease: Lease) -> Response:
+    return Response(lease_json(lease), media_type="application/json")
+
+
+@router.post("/load", response_model=LeaseOut)
+def load(req: LoadRequest, loader: LoaderDep) -> Response:
     """A file or byte range into a new buffer on ``cuda:N`` or ``cpu``; counts one access.
 
     416 for a range outside the file; 422 for an unknown device, a dtype that does not divide
@@ -36,7 +42,7 @@ def load(req: LoadRequest, loader: LoaderDep) -> LeaseOut:
         shape=req.shape,
         ttl_s=req.ttl_s,
     )
-    return LeaseOut.of(lease)
+    return _lease(lease)
 
 
 @router.post("/load/batch")
@@ -64,8 +70,8 @@ def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> SafetensorsO
     return SafetensorsOut.of(loaded)
 
 
-@router.post("/vectors/gather")
-def gather(req: GatherRequest, loader: LoaderDep) -> LeaseOut:
+@router.post("/vectors/gather", response_model=LeaseOut)
+def gather(req: GatherRequest, loader: LoaderDep) -> Response:
     """Rows of a row-major matrix file, by index list or by ``start`` and ``count``.
 
     413 for an index list over ``buffers.max_gather_indices``; 422 for an index outside the
@@ -81,4 +87,4 @@ def gather(req: GatherRequest, loader: LoaderDep) -> LeaseOut:
         device=req.device,
         ttl_s=req.ttl_s,
     )
-    return LeaseOut.of(lease)
+    return _lease(lease)

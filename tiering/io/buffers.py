@@ -25,8 +25,11 @@ import contextlib
 import mmap
 import os
 import secrets
+import threading
+import time
 import weakref
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from ._device import Device, import_cupy
 __all__ = [
     "CUDA_GRANULE",
     "Attached",
+    "BufferPool",
     "DeviceBuffer",
     "alloc_size",
     "allocate",
@@ -61,12 +65,18 @@ def alloc_size(device: Device, nbytes: int) -> int:
     return max(granule, -(-nbytes // granule) * granule)
 
 
+_uuids: dict[int, str] = {}
+
+
 def gpu_uuid(index: int) -> str:
     """The UUID of CUDA device ``index``, as ``nvidia-smi -L`` prints it (``GPU-…``)."""
-    cp = import_cupy()
-    raw = cp.cuda.runtime.getDeviceProperties(index)["uuid"]
-    h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    found = _uuids.get(index)
+    if found is None:
+        # cudaGetDeviceProperties costs milliseconds: once per device and process.
+        raw = import_cupy().cuda.runtime.getDeviceProperties(index)["uuid"]
+        h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
+        found = _uuids[index] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    return found
 
 
 class DeviceBuffer(ABC):
@@ -178,6 +188,89 @@ class _ShmBuffer(DeviceBuffer):
             mapping.close()  # a view still alive: it unmaps when that view is collected
 
 
+class BufferPool:
+    """Idle GPU allocations kept for reuse by the next lease of the same size.
+
+    ``cudaMalloc``, ``cudaFree`` (which synchronises the device) and the IPC handle cost far
+    more than a 4 KiB read. A released GPU buffer therefore waits here, with its handle, for
+    the next allocation of its size: at most ``max_idle_bytes`` per device, for at most
+    ``idle_s`` seconds. Shared-memory segments are never kept: a released lease's name must
+    stop opening.
+    """
+
+    def __init__(self, max_idle_bytes: int = 2 << 30, idle_s: float = 30.0) -> None:
+        self.max_idle_bytes = max_idle_bytes
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[Device, int], list[tuple[float, DeviceBuffer]]] = {}
+        self._bytes: dict[Device, int] = {}
+
+    def get(self, device: Device, nbytes: int) -> DeviceBuffer:
+        """An idle allocation of the right size, else a new one (see :func:`allocate`)."""
+        if device.is_cuda:
+            size = alloc_size(device, nbytes)
+            with self._lock:
+                stack = self._idle.get((device, size))
+                if stack:
+                    _t, buf = stack.pop()
+                    self._bytes[device] -= size
+                    return buf
+        return allocate(device, nbytes)
+
+    def put(self, buf: DeviceBuffer) -> None:
+        """Take a buffer back: kept idle if there is room, else freed."""
+        keep = isinstance(buf, _CudaBuffer) and buf._mem is not None
+        if keep:
+            with self._lock:
+                held = self._bytes.get(buf.device, 0)
+                keep = held + buf.alloc_bytes <= self.max_idle_bytes
+                if keep:
+                    self._bytes[buf.device] = held + buf.alloc_bytes
+                    key = (buf.device, buf.alloc_bytes)
+                    self._idle.setdefault(key, []).append((time.monotonic(), buf))
+        if not keep:
+            buf.free()
+
+    def trim(self, device: Device, keep: int) -> None:
+        """Free the oldest idle buffers of ``device`` until at most ``keep`` bytes are idle."""
+        self._drop(lambda d, t: d == device, device_keep=(device, max(0, keep)))
+
+    def expire(self) -> None:
+        """Free buffers idle for longer than ``idle_s``."""
+        cutoff = time.monotonic() - self.idle_s
+        self._drop(lambda d, t: t < cutoff)
+
+    def clear(self) -> None:
+        self._drop(lambda d, t: True)
+
+    def idle_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return {str(d): n for d, n in self._bytes.items()}
+
+    def _drop(
+        self,
+        match: Callable[[Device, float], bool],
+        device_keep: tuple[Device, int] | None = None,
+    ) -> None:
+        gone: list[DeviceBuffer] = []
+        with self._lock:
+            entries = sorted(
+                ((t, key, buf) for key, stack in self._idle.items() for t, buf in stack),
+                key=lambda e: e[0],
+            )
+            for t, key, buf in entries:
+                dev = key[0]
+                if not match(dev, t):
+                    continue
+                if device_keep is not None and self._bytes.get(dev, 0) <= device_keep[1]:
+                    break
+                self._idle[key] = [(tt, b) for tt, b in self._idle[key] if b is not buf]
+                self._bytes[dev] -= buf.alloc_bytes
+                gone.append(buf)
+        for buf in gone:
+            buf.free()
+
+
 def allocate(device: Device, nbytes: int) -> DeviceBuffer:
     """A dedicated, shareable allocation of at least ``nbytes`` on ``device``.
 
@@ -199,6 +292,60 @@ def _close_cuda(ptr: int, device_index: int) -> None:
         cp = import_cupy()
         with cp.cuda.Device(device_index):
             cp.cuda.runtime.ipcCloseMemHandle(ptr)
+
+
+# Mappings of small allocations stay open after their last user for the next buffer with the
+# same handle: the service reuses its allocations (BufferPool), and cudaIpcOpenMemHandle plus
+# cudaIpcCloseMemHandle cost more than a small load. A handle names one live allocation, so
+# a cached mapping is only ever used for the allocation it maps.
+_MAP_CACHE_MAX_BYTES = 64 << 20
+_MAP_CACHE_ENTRIES = 32
+_map_lock = threading.Lock()
+_map_users: dict[str, tuple[int, int, int]] = {}  # handle -> (ptr, device, users)
+_map_idle: OrderedDict[str, tuple[int, int]] = OrderedDict()  # handle -> (ptr, device)
+
+
+def _open_cuda(key: str, raw: bytes, index: int, alloc: int) -> int:
+    with _map_lock:
+        found = _map_users.get(key)
+        if found is not None:
+            _map_users[key] = (found[0], found[1], found[2] + 1)
+            return found[0]
+        idle = _map_idle.pop(key, None)
+        if idle is not None:
+            _map_users[key] = (idle[0], idle[1], 1)
+            return idle[0]
+    cp = import_cupy()
+    with cp.cuda.Device(index):
+        ptr = int(cp.cuda.runtime.ipcOpenMemHandle(raw, 1))  # cudaIpcMemLazyEnablePeerAccess
+    with _map_lock:
+        _map_users[key] = (ptr, index, 1)
+    return ptr
+
+
+def _unuse_cuda(key: str, alloc: int) -> None:
+    close: list[tuple[int, int]] = []
+    with _map_lock:
+        ptr, index, users = _map_users.pop(key)
+        if users > 1:
+            _map_users[key] = (ptr, index, users - 1)
+        elif alloc <= _MAP_CACHE_MAX_BYTES:
+            _map_idle[key] = (ptr, index)
+            while len(_map_idle) > _MAP_CACHE_ENTRIES:
+                close.append(_map_idle.popitem(last=False)[1])
+        else:
+            close.append((ptr, index))
+    for p, i in close:
+        _close_cuda(p, i)
+
+
+def close_cached_mappings() -> None:
+    """Close the idle CUDA IPC mappings this process keeps for reuse."""
+    with _map_lock:
+        idle = list(_map_idle.values())
+        _map_idle.clear()
+    for p, i in idle:
+        _close_cuda(p, i)
 
 
 def _local_device(index: int, uuid: str | None) -> int:
@@ -296,12 +443,10 @@ def _attach_cuda(handle: Mapping[str, Any], offset: int, size: int, alloc: int) 
     except (KeyError, binascii.Error) as exc:
         raise InvalidInput(f"bad CUDA IPC handle: {exc}") from exc
     index = _local_device(int(handle.get("device_index", 0)), handle.get("gpu_uuid"))
-    with cp.cuda.Device(index):
-        ptr = int(
-            cp.cuda.runtime.ipcOpenMemHandle(raw, cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
-        )
+    key = str(handle["ipc_handle"])
+    ptr = _open_cuda(key, raw, index, alloc)
     owner = _MappingOwner()
-    finalizer = weakref.finalize(owner, _close_cuda, ptr, index)
+    finalizer = weakref.finalize(owner, _unuse_cuda, key, alloc)
     # The memory object keeps ``owner`` alive, and every array made from it keeps the memory:
     # the IPC mapping closes when the last of them is collected.
     mem = cp.cuda.UnownedMemory(ptr, alloc, owner, device_id=index)
