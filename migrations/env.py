@@ -28,6 +28,12 @@ def run_migrations_online() -> None:
     engine = make_engine(_url(), writer=True)
     try:
         with engine.connect() as connection:
+            # Batch migrations rebuild tables by copy, drop and rename; with foreign keys on, the
+            # drop would null every reference to the old table. Off for the migration only (the
+            # pragma is a no-op inside a transaction, so it goes to the raw connection first).
+            raw = connection.connection.dbapi_connection
+            assert raw is not None
+            raw.execute("PRAGMA foreign_keys=OFF")
             context.configure(
                 connection=connection, target_metadata=target_metadata, render_as_batch=True
             )

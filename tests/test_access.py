@@ -10,6 +10,7 @@ import pytest
 
 from tiering.catalog import decay
 from tiering.engine import Engine
+from tiering.errors import FileNotFound
 
 
 def wait_for(cond, timeout: float = 10.0) -> None:
@@ -86,3 +87,31 @@ def test_concurrent_recording_loses_nothing(engine: Engine) -> None:
     engine.access.flush()
     assert engine.get(fid).access_count == 80_000
     assert math.isfinite(engine.get(fid).heat)
+
+
+def test_cached_records_follow_every_change(engine: Engine, data_dir) -> None:
+    """The read path's record cache never serves a stale place or content."""
+    up = engine.begin_upload("cache.bin", tier="ssd")
+    up.write(b"one")
+    rec = up.commit()
+    assert engine.open_content(rec.id).record.tier == "ssd"  # now cached
+    engine.migrate(rec.id, "hdd")
+    content = engine.open_content(rec.id)
+    assert content.record.tier == "hdd" and b"".join(content.iter_range(0, 3)) == b"one"
+    up = engine.begin_upload("cache.bin", overwrite=True)
+    up.write(b"two!")
+    up.commit()
+    content = engine.open_content(rec.id)
+    assert content.record.size == 4 and b"".join(content.iter_range(0, 4)) == b"two!"
+    assert engine.lookup("cache.bin", cached=True).size == 4
+    engine.delete(rec.id)
+    with pytest.raises(FileNotFound):
+        engine.open_content(rec.id)
+    # Access counts do not invalidate it, but they are counted all the same.
+    up = engine.begin_upload("hot.bin")
+    up.write(b"h")
+    hot = up.commit()
+    for _ in range(3):
+        engine.open_content(hot.id).close()
+    engine.access.flush()
+    assert engine.get(hot.id).access_count == 3

@@ -401,8 +401,8 @@ class Engine:
     def get(self, file_id: int) -> FileRecord:
         return self.catalog.get(file_id)
 
-    def lookup(self, relpath: str) -> FileRecord:
-        return self.catalog.lookup(validate_relpath(relpath))
+    def lookup(self, relpath: str, *, cached: bool = False) -> FileRecord:
+        return self.catalog.lookup(validate_relpath(relpath), cached=cached)
 
     def scan(self, *, check: bool = False) -> ScanReport:
         report = scan(self.catalog, self.tiers, check=check)
@@ -419,7 +419,7 @@ class Engine:
         the record and the open (the source is unlinked only after the switch commits), the
         record is read again; only a record that did not change is reported missing.
         """
-        rec = self.catalog.get(file_id)
+        rec = self.catalog.get(file_id, cached=True)
         for _ in range(8):
             if rec.state == FileState.MISSING:
                 raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")

@@ -303,7 +303,12 @@ class Loader:
     @contextlib.contextmanager
     def _open(self, ref: FileRef, storage: GpuDirectStorage) -> Iterator[tuple[GdsFile, int]]:
         """Open a catalog file beneath its tier root for ``storage``; counts one access."""
-        file_id = ref if isinstance(ref, int) and not isinstance(ref, bool) else self.record(ref).id
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            file_id = ref
+        elif isinstance(ref, str):
+            file_id = self.engine.lookup(ref, cached=True).id
+        else:
+            file_id = self.record(ref).id  # raises the clear error for a bad reference
         content = self.engine.open_content(file_id)
         try:
             rec = content.record

@@ -113,12 +113,18 @@ class Database:
         self._writer = make_engine(url, writer=True, busy_timeout_ms=busy_timeout_ms)
         self._reader = make_engine(url, busy_timeout_ms=busy_timeout_ms)
         self._write_lock = threading.Lock()
+        # Bumped by every committed write that may change where or what a file is; caches of
+        # records are valid while it stands still (see Catalog's cached reads).
+        self.generation = 0
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(self._reader, expire_on_commit=False)
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
+    def write(self, *, changes_files: bool = True) -> Iterator[Session]:
         """A write transaction: committed on exit, rolled back on error.
+
+        ``changes_files=False`` is for writes that change no file's place, state or content (the
+        access counters), so cached records stay valid across them.
 
         Raises
         ------
@@ -127,8 +133,15 @@ class Database:
         """
         with self._write_lock:
             try:
-                with self._write_sessions() as session, session.begin():
-                    yield session
+                if changes_files:
+                    # Odd while writing: a record read now is not cached (see Catalog).
+                    self.generation += 1
+                try:
+                    with self._write_sessions() as session, session.begin():
+                        yield session
+                finally:
+                    if changes_files:
+                        self.generation += 1
             except OperationalError as exc:
                 if _is_busy(exc):
                     raise CatalogBusy(

@@ -48,6 +48,9 @@ class FileState:
 
 class FileRecord(Base):
     __tablename__ = "files"
+    # Ids are never reused: leases, caches and counted accesses name files by id, and a deleted
+    # file's id must not come to name another file.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     relpath: Mapped[str] = mapped_column(String(4096), unique=True)
@@ -94,7 +97,7 @@ class MigrationPhase:
 
 class Migration(Base):
     __tablename__ = "migrations"
-    __table_args__ = (Index("ix_migrations_phase", "phase"),)
+    __table_args__ = (Index("ix_migrations_phase", "phase"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     file_id: Mapped[int | None] = mapped_column(

@@ -45,21 +45,53 @@ class Catalog:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._cache: dict[int | str, tuple[FileRecord, int]] = {}
 
     # -- reads -------------------------------------------------------------------------------
-    def get(self, file_id: int) -> FileRecord:
-        with self.db.read() as s:
-            rec = s.get(FileRecord, file_id)
+    def get(self, file_id: int, *, cached: bool = False) -> FileRecord:
+        """One record. ``cached`` may answer from memory, for the read path: the record's place,
+        state and content are current, its access counters may lag the last flush."""
+        key: int | str = file_id
+        rec = self._cache_get(key) if cached else None
+        if rec is None:
+            generation = self.db.generation
+            with self.db.read() as s:
+                rec = s.get(FileRecord, file_id)
+            if rec is not None:
+                self._cache_put(key, rec, generation)
         if rec is None:
             raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
         return rec
 
-    def lookup(self, relpath: str) -> FileRecord:
-        with self.db.read() as s:
-            rec = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
+    def lookup(self, relpath: str, *, cached: bool = False) -> FileRecord:
+        """One record by relpath; ``cached`` as for :meth:`get`."""
+        rec = self._cache_get(relpath) if cached else None
+        if rec is None:
+            generation = self.db.generation
+            with self.db.read() as s:
+                rec = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
+            if rec is not None:
+                self._cache_put(relpath, rec, generation)
         if rec is None:
             raise FileNotFound(f"no file at path {relpath!r}", path=relpath)
         return rec
+
+    # A 4 KiB load spends more time reading its record from SQLite than reading its bytes; the
+    # read path keeps records here, valid while no write that changes files has committed since.
+    _CACHE_MAX = 65_536
+
+    def _cache_get(self, key: int | str) -> FileRecord | None:
+        hit = self._cache.get(key)
+        if hit is None or hit[1] != self.db.generation:
+            return None
+        return hit[0]
+
+    def _cache_put(self, key: int | str, rec: FileRecord, generation: int) -> None:
+        if generation % 2:  # read while a write was in progress: don't keep it
+            return
+        if len(self._cache) >= self._CACHE_MAX:
+            self._cache.clear()
+        self._cache[key] = (rec, generation)
 
     def find(self, relpath: str) -> FileRecord | None:
         with self.db.read() as s:
@@ -302,7 +334,7 @@ class Catalog:
         if not counts:
             return
         params = [{"fid": fid, "n": n, "now": now, "hl": half_life_s} for fid, n in counts.items()]
-        with self.db.write() as s:
+        with self.db.write(changes_files=False) as s:
             s.connection().exec_driver_sql(
                 "UPDATE files SET heat = tierd_decay(heat, heat_at, :now, :hl) + :n, "
                 "heat_at = :now, access_count = access_count + :n, last_access = :now "

@@ -1,0 +1,31 @@
+"""Never reuse file or migration ids (SQLite AUTOINCREMENT).
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-22
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    for table in ("files", "migrations"):
+        with op.batch_alter_table(
+            table, recreate="always", table_kwargs={"sqlite_autoincrement": True}
+        ):
+            pass
+
+
+def downgrade() -> None:
+    for table in ("files", "migrations"):
+        with op.batch_alter_table(
+            table, recreate="always", table_kwargs={"sqlite_autoincrement": False}
+        ):
+            pass
