@@ -12,7 +12,9 @@ from tiering.loader import Loader
 __all__ = ["EngineDep", "LoaderDep"]
 
 
-def _engine(request: Request) -> Engine:
+# These are async on purpose: FastAPI runs a sync dependency in the thread pool, and a thread
+# hop per dependency costs more than a 4 KiB load's read. They do no blocking work.
+async def _engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
 
@@ -20,7 +22,7 @@ def _engine(request: Request) -> Engine:
 EngineDep = Annotated[Engine, Depends(_engine)]
 
 
-def _loader(request: Request) -> Loader:
+async def _loader(request: Request) -> Loader:
     loader: Loader = request.app.state.loader
     return loader
 
