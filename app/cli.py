@@ -185,11 +185,14 @@ def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOp
     """Show tiers with capacity, use and file counts."""
     settings = _settings(config, data_dir=data_dir)
     with _engine(settings) as engine:
-        rows = [TierOut.of(t) for t in engine.tier_infos()]
+        from app.api.tiers import gds_host
+
+        gds = gds_host()
+        rows = [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
     if as_json:
         _print_json([r.model_dump(mode="json") for r in rows])
         return
-    table = Table("rank", "tier", "path", "files", "file bytes", "quota", "free", "capacity")
+    table = Table("rank", "tier", "path", "files", "file bytes", "quota", "free", "capacity", "GDS")
     for r in rows:
         table.add_row(
             str(r.rank),
@@ -200,6 +203,7 @@ def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOp
             _size(r.quota_bytes),
             _size(r.free_bytes),
             _size(r.capacity_bytes),
+            "yes" if r.gds else "no",
         )
     out.print(table)
 

@@ -86,9 +86,12 @@ class TierOut(BaseModel):
     quota_bytes: int | None
     files: int = Field(description="Files the catalog places on this tier")
     file_bytes: int = Field(description="Bytes of those files")
+    gds: bool = Field(
+        description="Loads from this tier take GPUDirect Storage (cuFile + nvidia-fs) on this host"
+    )
 
     @classmethod
-    def of(cls, t: TierInfo) -> TierOut:
+    def of(cls, t: TierInfo, *, gds_host: bool = False) -> TierOut:
         return cls(
             name=t.name,
             rank=t.rank,
@@ -99,6 +102,8 @@ class TierOut(BaseModel):
             quota_bytes=t.quota_bytes,
             files=t.files,
             file_bytes=t.used_bytes,
+            # The direct path is for the fastest tier; slower tiers go through bounce buffers.
+            gds=gds_host and t.rank == 0,
         )
 
 

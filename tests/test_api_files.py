@@ -166,6 +166,8 @@ def test_tiers_endpoint(client) -> None:
     assert [t["rank"] for t in tiers] == [0, 1, 2]
     ssd = tiers[1]
     assert ssd["files"] == 1 and ssd["file_bytes"] == 5
+    # No nvidia-fs here (nor on the GPU machine): no tier takes the direct path.
+    assert [t["gds"] for t in tiers] == [False, False, False]
     assert ssd["capacity_bytes"] >= ssd["free_bytes"] > 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -13,10 +14,20 @@ from app.schemas import TierOut
 router = APIRouter(prefix="/v1", tags=["tiers"])
 
 
+@functools.cache
+def gds_host() -> bool:
+    """Whether this host has GPUDirect Storage proper (asked once: it loads KvikIO)."""
+    from tiering.io import GpuDirectStorage
+
+    return GpuDirectStorage.is_available()
+
+
 @router.get("/tiers", dependencies=[require_data])
 def list_tiers(engine: EngineDep) -> list[TierOut]:
-    """Tiers, fastest first, with capacity, use, quota and the catalog's files on each."""
-    return [TierOut.of(t) for t in engine.tier_infos()]
+    """Tiers, fastest first, with capacity, use, quota, the catalog's files on each, and whether
+    loads from it take the GPUDirect Storage path."""
+    gds = gds_host()
+    return [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
 
 
 @router.post("/scan", dependencies=[require_admin])
