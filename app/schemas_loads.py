@@ -79,14 +79,11 @@ class BatchRequest(BaseModel):
     ttl_s: float | None = _TTL
 
 
-class SafetensorsRequest(BaseModel):
+class _ManyFiles(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    file_ids: list[int] | None = Field(default=None, description="Shards by catalog id")
-    paths: list[str] | None = Field(default=None, description="Shards by relpath")
-    names: list[str] | None = Field(default=None, description="Tensors to load; default all")
-    device: str = _DEVICE
-    ttl_s: float | None = _TTL
+    file_ids: list[int] | None = Field(default=None, description="Files by catalog id")
+    paths: list[str] | None = Field(default=None, description="Files by relpath")
 
     @model_validator(mode="after")
     def _one(self) -> Any:
@@ -97,6 +94,12 @@ class SafetensorsRequest(BaseModel):
     @property
     def refs(self) -> list[FileRef]:
         return list(self.file_ids) if self.file_ids is not None else list(self.paths or [])
+
+
+class SafetensorsRequest(_ManyFiles):
+    names: list[str] | None = Field(default=None, description="Tensors to load; default all")
+    device: str = _DEVICE
+    ttl_s: float | None = _TTL
 
 
 class GatherRequest(_OneFile):
@@ -109,27 +112,13 @@ class GatherRequest(_OneFile):
     ttl_s: float | None = _TTL
 
 
-class PrefetchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    file_ids: list[int] | None = None
-    paths: list[str] | None = None
+class PrefetchRequest(_ManyFiles):
     target: Literal["gpu", "nvme", "page_cache"] = Field(
         description="gpu: keep a warm lease; nvme: promote to the fastest tier; "
         "page_cache: read through"
     )
     device: str | None = Field(default=None, max_length=32, description="For gpu: cuda:N or cpu")
     ttl_s: float | None = _TTL
-
-    @model_validator(mode="after")
-    def _one(self) -> Any:
-        if (self.file_ids is None) == (self.paths is None):
-            raise ValueError("give exactly one of file_ids and paths")
-        return self
-
-    @property
-    def refs(self) -> list[FileRef]:
-        return list(self.file_ids) if self.file_ids is not None else list(self.paths or [])
 
 
 class RenewRequest(BaseModel):

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from tiering.catalog import Catalog
+from tiering.periodic import Periodic
 
 __all__ = ["AccessTracker"]
 
@@ -23,14 +24,12 @@ class AccessTracker:
     def __init__(self, catalog: Catalog, *, half_life_s: float, interval_s: float = 1.0) -> None:
         self.catalog = catalog
         self.half_life_s = half_life_s
-        self.interval_s = interval_s
         self._pending: Counter[int] = Counter()
         self._lock = threading.Lock()
         # Held across a whole flush, so flush() returns only once every access recorded before
         # it is in the catalog, even while the background thread is half-way through its own.
         self._flush_lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Periodic(self.flush, interval_s, "tierd-access-flush")
 
     def record(self, file_id: int, n: int = 1) -> None:
         """Count ``n`` accesses of a file (cheap; never touches the catalog)."""
@@ -64,23 +63,9 @@ class AccessTracker:
             return len(batch)
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, name="tierd-access-flush", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
         """Stop the thread and flush what is left."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
         self.flush()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.interval_s):
-            try:
-                self.flush()
-            except Exception:
-                log.exception("flushing access counts failed; will retry")

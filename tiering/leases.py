@@ -20,6 +20,7 @@ from typing import Any
 from tiering.errors import BufferNotFound, InsufficientSpace, InvalidInput
 from tiering.io import Device, IoReport
 from tiering.io.buffers import BufferPool, DeviceBuffer
+from tiering.periodic import Periodic
 
 __all__ = ["Lease", "LeaseTable", "Reservation"]
 
@@ -144,14 +145,12 @@ class LeaseTable:
         self.pool = pool or BufferPool(max_idle_bytes=0)
         self.ttl_s = ttl_s
         self.max_ttl_s = max_ttl_s
-        self.reap_interval_s = reap_interval_s
         self._clock = clock
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         self._used: dict[Device, int] = {}
         self._budgets: dict[Device, int] = {}
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._reaper = Periodic(self._reap_and_log, reap_interval_s, "tierd-lease-reaper")
         self.expired_total = 0
 
     # -- budget ------------------------------------------------------------------------------
@@ -332,28 +331,17 @@ class LeaseTable:
 
     # -- reaper ------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, name="tierd-lease-reaper", daemon=True)
-        self._thread.start()
+        self._reaper.start()
 
     def stop(self) -> None:
         """Stop the reaper and free every lease."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._reaper.stop()
         freed = self.free_all()
         self.pool.clear()
         if freed:
             log.info("freed %d buffer lease(s) at shutdown", freed)
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self.reap_interval_s):
-            try:
-                n = self.reap()
-                if n:
-                    log.info("freed %d expired buffer lease(s)", n)
-            except Exception:
-                log.exception("reaping expired leases failed; will retry")
+    def _reap_and_log(self) -> None:
+        n = self.reap()
+        if n:
+            log.info("freed %d expired buffer lease(s)", n)
