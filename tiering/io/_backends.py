@@ -62,6 +62,14 @@ class Backend(Protocol):
     def write(self, fd: int, path: str, src: Any) -> None:
         """Write all of flat ``uint8`` ``src`` at offset 0 of the file open as ``fd``."""
 
+    def read_small(self, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int) -> None:
+        """A latency-bound read of at most ``SMALL_READ`` bytes into device memory ``dst``."""
+
+
+# Up to this size a read into GPU memory is latency-bound: one pread into pinned memory and one
+# synchronous copy beat KvikIO's compat read (its bounce buffer, task and stream bookkeeping).
+SMALL_READ = 64 << 10
+
 
 def pread_full(fd: int, view: memoryview, file_offset: int) -> None:
     """``preadv`` until ``view`` is full; a short file is an :class:`IntegrityError`."""
@@ -121,6 +129,19 @@ class HostBackend:
             staging = _Staging(cp, max(nbytes, 1 << 20))
             self._tls.staging = staging
         return staging
+
+    def read_small(self, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int) -> None:
+        cp = import_cupy()
+        st = self._staging(cp, nbytes)
+        view = st.views[0]
+        pread_full(fd, view.data[:nbytes], file_offset)
+        # Pinned source, so cudaMemcpy is a plain DMA and returns once the bytes have landed.
+        cp.cuda.runtime.memcpy(
+            int(dst.data.ptr) + dst_offset,
+            view.ctypes.data,
+            nbytes,
+            cp.cuda.runtime.memcpyHostToDevice,
+        )
 
     def _read_to_device(
         self, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int
@@ -214,6 +235,9 @@ class KvikioBackend:
             raise IntegrityError(
                 "file ended early: it was truncated while being read", offset=file_offset
             )
+
+    def read_small(self, fd: int, dst: Any, dst_offset: int, nbytes: int, file_offset: int) -> None:
+        self._host.read_small(fd, dst, dst_offset, nbytes, file_offset)
 
     def read_pooled(
         self,

@@ -31,7 +31,7 @@ from tiering.errors import (
 )
 
 from . import _pagecache, _write
-from ._backends import Backend, Chosen, choose_backend
+from ._backends import SMALL_READ, Backend, Chosen, choose_backend
 from ._config import GdsConfig, TierIo
 from ._device import Device, import_cupy, parse_device
 from ._file import GdsFile
@@ -351,6 +351,9 @@ class GpuDirectStorage:
                 self._backend.read_pooled(  # type: ignore[attr-defined]
                     file._handle, fd, dst, dst_offset, nbytes, file_offset, io.threads, io.task_size
                 )
+            elif nbytes <= SMALL_READ and self.device.is_cuda and file.io_path != "gds":
+                self.device.make_current()
+                self._backend.read_small(fd, dst, dst_offset, nbytes, file_offset)
             elif nbytes <= max(_INLINE_MAX, io.task_size) or io.threads == 1:
                 self.device.make_current()
                 self._chunks(file, fd, dst, dst_offset, file_offset, nbytes, nbytes)
