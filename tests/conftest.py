@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,22 @@ def _no_leaked_threads() -> Iterator[None]:
             break
         time.sleep(0.02)
     assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout``.
+
+    Tests wait for conditions, never for a fixed time: on a loaded 2-core CI machine the
+    condition may take long, and on an idle one it is usually met at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def make_settings(root: Path, **overrides: Any) -> Settings:

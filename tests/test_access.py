@@ -8,17 +8,10 @@ import time
 
 import pytest
 
+from tests.conftest import wait_for
 from tiering.catalog import decay
 from tiering.engine import Engine
 from tiering.errors import FileNotFound
-
-
-def wait_for(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def test_decay_halves_per_half_life() -> None:

@@ -14,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import LiveServer, make_settings, wait_for
 
 SETTLE = 0.3
-
-
-def wait_for(cond, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def lookup(c, path: str):

@@ -3,8 +3,7 @@ files read through the API move up on the next scheduler pass and drift down onc
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.conftest import disk_snapshot
+from tests.conftest import disk_snapshot, wait_for
 from tests.engine.conftest import engine_settings, payload
 
 ADMIN, DATA = "admin-secret", "data-secret"
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture

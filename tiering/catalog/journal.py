@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from tiering.catalog.db import Database
-from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase
+from tiering.catalog.models import (
+    FileRecord,
+    FileState,
+    Migration,
+    MigrationPhase,
+    owned_file_ids,
+)
 from tiering.errors import Conflict, FileBusy, FileNotFound
 from tiering.paths import TEMP_SUFFIX
 
@@ -237,9 +243,7 @@ class Journal:
         """Records left ``migrating`` with no open intent (never expected) go back to stable."""
         now = time.time() if now is None else now
         with self.db.write() as s:
-            owned = select(Migration.file_id).where(
-                Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
-            )
+            owned = owned_file_ids()
             stuck = list(
                 s.scalars(
                     select(FileRecord).where(

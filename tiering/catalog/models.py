@@ -14,12 +14,22 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Select,
     String,
     Text,
+    select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "FileRecord", "FileState", "Migration", "MigrationPhase", "PolicyVersion"]
+__all__ = [
+    "Base",
+    "FileRecord",
+    "FileState",
+    "Migration",
+    "MigrationPhase",
+    "PolicyVersion",
+    "owned_file_ids",
+]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -115,3 +125,11 @@ class Migration(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+def owned_file_ids() -> Select[int | None]:
+    """Ids of the files an open migration intent owns (usable as a subquery). Until the intent
+    closes, the mover alone may change such a file, or decide what its copies are."""
+    return select(Migration.file_id).where(
+        Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
+    )

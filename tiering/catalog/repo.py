@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select, update
 
 from tiering.catalog.db import Database
-from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase
+from tiering.catalog.models import FileRecord, FileState, owned_file_ids
 from tiering.errors import FileNotFound
 
 __all__ = ["Catalog", "NewFile", "TierUsage"]
@@ -134,11 +134,8 @@ class Catalog:
 
     def busy_file_ids(self) -> set[int]:
         """Files with an open migration intent: the mover owns them until it closes."""
-        q = select(Migration.file_id).where(
-            Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
-        )
         with self.db.read() as s:
-            return {fid for fid in s.scalars(q) if fid is not None}
+            return {fid for fid in s.scalars(owned_file_ids()) if fid is not None}
 
     def count(self) -> int:
         with self.db.read() as s:
@@ -206,32 +203,14 @@ class Catalog:
 
     def rename(self, old_relpath: str, new_relpath: str, tier: str) -> FileRecord | None:
         """A file renamed within ``tier`` outside tierd: move the record to the new relpath,
-        keeping its id, heat and pin. A record already at the new relpath named bytes the rename
-        replaced, so it goes. Returns the renamed record, or None when there was none to rename
-        (or it is owned by a migration)."""
-        now = time.time()
-        with self.db.write() as s:
-            rec = s.scalar(select(FileRecord).where(FileRecord.relpath == old_relpath))
-            if rec is None or rec.tier != tier or rec.state == FileState.MIGRATING:
-                return None
-            open_intent = s.scalar(
-                select(func.count())
-                .select_from(Migration)
-                .where(Migration.file_id == rec.id, Migration.phase.in_(MigrationPhase.OPEN))
-            )
-            if open_intent:
-                return None
-            clobbered = s.scalar(select(FileRecord).where(FileRecord.relpath == new_relpath))
-            if clobbered is not None:
-                if clobbered.state == FileState.MIGRATING:
-                    return None
-                s.delete(clobbered)
-                s.flush()
-            rec.relpath = new_relpath
-            rec.generation += 1
-            rec.updated_at = now
-            s.flush()
-            return rec
+        keeping its id, heat and pin (see :meth:`reassign`). Returns the renamed record, or None
+        when there was none to rename (or it is owned by a migration)."""
+        rec = self.find(old_relpath)
+        if rec is None or rec.tier != tier:
+            return None
+        return self.reassign(
+            rec.id, NewFile(new_relpath, rec.tier, rec.size, rec.mtime_ns, rec.checksum)
+        )
 
     def same_content(self, tier: str, size: int, checksum: str | None) -> list[FileRecord]:
         """Records on ``tier`` with exactly this size and checksum (rename detection)."""
@@ -251,13 +230,7 @@ class Catalog:
         now = time.time()
         with self.db.write() as s:
             rec = s.get(FileRecord, keep_id)
-            busy = set(
-                s.scalars(
-                    select(Migration.file_id).where(
-                        Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
-                    )
-                )
-            )
+            busy = set(s.scalars(owned_file_ids()))
             if rec is None or rec.state == FileState.MIGRATING or rec.id in busy:
                 return None
             other = s.scalar(select(FileRecord).where(FileRecord.relpath == new.relpath))
@@ -291,16 +264,13 @@ class Catalog:
         ids = list(file_ids)
         if not ids:
             return 0
-        open_intents = select(Migration.file_id).where(
-            Migration.phase.in_(MigrationPhase.OPEN), Migration.file_id.is_not(None)
-        )
         with self.db.write() as s:
             res = s.execute(
                 update(FileRecord)
                 .where(
                     FileRecord.id.in_(ids),
                     FileRecord.state != FileState.MIGRATING,
-                    FileRecord.id.not_in(open_intents),
+                    FileRecord.id.not_in(owned_file_ids()),
                 )
                 .values(state=state, detail=detail, updated_at=time.time())
             )
