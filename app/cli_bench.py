@@ -79,7 +79,7 @@ def _access_bench(json_path: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tiering.access_bench import measure_access_ingest
+    from tiering.bench.access import measure_access_ingest
 
     err = Console(stderr=True)
     with err.status("counting accesses into a 10,000-file catalog…"):

@@ -17,7 +17,7 @@ from app.metrics import HttpMetrics, Metrics
 from app.metrics import router as metrics_router
 from app.settings import Settings, get_settings
 from tiering.engine import Engine
-from tiering.loader import Loader
+from tiering.serving import Loader
 
 __all__ = ["UnsafeBind", "check_bind", "create_app"]
 

@@ -21,8 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tiering.catalog import MigrationPhase
 from tiering.engine import Engine
 from tiering.io import Device, IoReport
-from tiering.loader import Loader
-from tiering.telemetry import migration_counts
+from tiering.serving import Loader
 
 __all__ = ["HttpMetrics", "Metrics", "router"]
 
@@ -74,7 +73,7 @@ class Metrics:
         )
 
     def observe_load(self, op: str, device: Device, report: IoReport) -> None:
-        """The :class:`~tiering.loader.Loader`'s observer."""
+        """The :class:`~tiering.serving.loader.Loader`'s observer."""
         self.loaded_bytes.labels(op, str(device), report.io_path, report.tier).inc(report.nbytes)
         self.loads.labels(op, report.io_path, report.tier).inc()
         self.load_seconds.labels(op).observe(report.seconds)
@@ -139,7 +138,7 @@ class _StateCollector(Collector):
         yield jobs
         try:
             usage = self.engine.catalog.usage()
-            phases = migration_counts(self.engine)
+            phases = self.engine.journal.phase_counts()
         except Exception as exc:  # a busy or stopped catalog must not fail the scrape
             log.warning("catalog metrics skipped: %s", exc)
             return

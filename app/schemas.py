@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tiering.catalog import FileRecord
 from tiering.engine import MigrationInfo, PolicyInfo, TierInfo
-from tiering.policy import PlannedMove
+from tiering.placement import PlannedMove
 
 __all__ = [
     "FileList",

@@ -9,10 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.schemas import iso
-from tiering.jobs import Job
-from tiering.leases import Lease
-from tiering.loader import FileRef, TensorsLoaded
-from tiering.paths import MAX_RELPATH_CHARS
+from tiering.serving import FileRef, Job, Lease, TensorsLoaded
+from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = [
     "BatchOut",

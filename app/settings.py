@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 from tiering.config import EngineConfig, TierConfig
-from tiering.loader import LoaderConfig
+from tiering.serving import LoaderConfig
 
 __all__ = ["BufferSettings", "Settings", "TierSettings", "get_settings"]
 

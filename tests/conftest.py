@@ -4,9 +4,11 @@ and a real uvicorn server on a free loopback port."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings, get_settings
+from tests.helpers import SHM, engine_settings
 from tiering.engine import Engine
 
 
@@ -171,3 +174,25 @@ def disk_snapshot(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.name.startswith("catalog.db")
     }
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
+        pytest.skip("/dev/shm is not writable here")
+    d = SHM / f"tierd-test-{uuid.uuid4().hex[:12]}"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def esettings(tmp_path: Path) -> Settings:
+    return engine_settings(tmp_path / "data")
+
+
+@pytest.fixture
+def eng(esettings: Settings) -> Iterator[Engine]:
+    """A started engine whose scheduler never fires on its own (tests drive it)."""
+    with Engine(esettings.engine_config()) as e:
+        yield e

@@ -15,7 +15,6 @@ from types import TracebackType
 
 from sqlalchemy.engine import make_url
 
-from tiering.access import AccessTracker
 from tiering.catalog import (
     Catalog,
     Database,
@@ -41,14 +40,28 @@ from tiering.errors import (
     TooLarge,
     Unavailable,
 )
-from tiering.fsops import AtomicWriter
-from tiering.mover import Claim, FileGuards, Mover, Progress, RateLimiter, RecoveryReport
-from tiering.paths import is_temp_name, validate_relpath
-from tiering.policy import PlannedMove, Policy, TierState, default_policy, plan
-from tiering.scan import ScanReport, scan
-from tiering.scheduler import PassReport, Scheduler
+from tiering.moves import (
+    AtomicWriter,
+    Claim,
+    FileGuards,
+    Mover,
+    Progress,
+    RateLimiter,
+    RecoveryReport,
+)
+from tiering.placement import (
+    AccessTracker,
+    PassReport,
+    PlannedMove,
+    Policy,
+    Scheduler,
+    TierState,
+    default_policy,
+    plan,
+)
+from tiering.sync import ScanReport, TierWatcher, scan
 from tiering.tiers import Space, Tier, Tiers
-from tiering.watcher import TierWatcher
+from tiering.tiers.paths import is_temp_name, validate_relpath
 
 __all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Upload"]
 

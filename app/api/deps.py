@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from tiering.engine import Engine
-from tiering.loader import Loader
+from tiering.serving import Loader
 
 __all__ = ["EngineDep", "LoaderDep"]
 

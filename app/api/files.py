@@ -18,7 +18,7 @@ from app.schemas import FileList, FileOut
 from tiering.catalog import FileState
 from tiering.checksum import hex_digest
 from tiering.engine import Engine
-from tiering.paths import MAX_RELPATH_CHARS
+from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

@@ -16,8 +16,7 @@ from app.schemas_loads import (
     SafetensorsRequest,
     lease_json,
 )
-from tiering.leases import Lease
-from tiering.loader import LoadItem
+from tiering.serving import Lease, LoadItem
 
 router = APIRouter(prefix="/v1", tags=["loads"], dependencies=[require_data])
 

@@ -15,7 +15,7 @@ from app.errors import HttpError
 from app.schemas import MigrationList, MigrationOut, MigrationsStarted, MoveRequest
 from tiering.catalog import MigrationPhase
 from tiering.errors import TierdError
-from tiering.mover import Claim
+from tiering.moves import Claim
 
 router = APIRouter(prefix="/v1/migrations", tags=["migrations"])
 

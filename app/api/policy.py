@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body
 from app.api.deps import EngineDep
 from app.auth import require_admin, require_data
 from app.schemas import PlannedMoveOut, PlanOut, PolicyOut, iso
-from tiering.policy import Policy
+from tiering.placement import Policy
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tiering.catalog.db import Database
 from tiering.catalog.models import (
@@ -22,7 +22,7 @@ from tiering.catalog.models import (
     owned_file_ids,
 )
 from tiering.errors import Conflict, FileBusy, FileNotFound
-from tiering.paths import TEMP_SUFFIX
+from tiering.tiers.paths import TEMP_SUFFIX
 
 __all__ = ["Journal", "SwitchOutcome", "temp_name_for"]
 
@@ -297,6 +297,12 @@ class Journal:
         with self.db.read() as s:
             q = select(Migration.temp_name).where(Migration.phase == MigrationPhase.FAILED)
             return set(s.scalars(q))
+
+    def phase_counts(self) -> dict[str, int]:
+        """Migrations by phase (``done``, ``aborted``, ``failed``, in flight...), for metrics."""
+        q = select(Migration.phase, func.count()).group_by(Migration.phase)
+        with self.db.read() as s:
+            return {str(phase): int(n) for phase, n in s.execute(q)}
 
     def list(
         self,

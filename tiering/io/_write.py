@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.errors import AlreadyExists, FileNotFound, InvalidPath
-from tiering.paths import TEMP_SUFFIX, is_temp_name
+from tiering.tiers.paths import TEMP_SUFFIX, is_temp_name
 
 from ._backends import Backend
 
@@ -25,7 +25,7 @@ def temp_name(final: Path) -> Path:
     """A fresh hidden temp name beside ``final``: ``.<name>.<random>.tierd-tmp``.
 
     The name part is reduced to the characters of tierd's temp namespace, so scans skip the file
-    and recovery recognises it (see :func:`tiering.paths.is_temp_name`).
+    and recovery recognises it (see :func:`tiering.tiers.paths.is_temp_name`).
     """
     # Keep the result under NAME_MAX (255) however long the final name is.
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", final.name[:200])

@@ -1,0 +1,27 @@
+"""Placement: which tier each file belongs on. Access counting (heat), the policy and its planner
+(a pure function: moves and their reasons), and the scheduler that submits planned moves."""
+
+from tiering.placement.access import AccessTracker
+from tiering.placement.policy import (
+    FileView,
+    PlannedMove,
+    Policy,
+    TierPolicy,
+    TierState,
+    default_policy,
+    plan,
+)
+from tiering.placement.scheduler import PassReport, Scheduler
+
+__all__ = [
+    "AccessTracker",
+    "FileView",
+    "PassReport",
+    "PlannedMove",
+    "Policy",
+    "Scheduler",
+    "TierPolicy",
+    "TierState",
+    "default_policy",
+    "plan",
+]

@@ -1,0 +1,30 @@
+"""Serving: loads for other processes. The loader turns requests into buffers, leases hand
+them out with a TTL and a per-device budget, and jobs run prefetches in the background."""
+
+from tiering.serving.jobs import Job, JobCancelled, JobTable
+from tiering.serving.leases import Lease, LeaseTable, Reservation
+from tiering.serving.loader import (
+    PREFETCH_TARGETS,
+    FileRef,
+    Loader,
+    LoaderConfig,
+    LoadItem,
+    TensorLoc,
+    TensorsLoaded,
+)
+
+__all__ = [
+    "PREFETCH_TARGETS",
+    "FileRef",
+    "Job",
+    "JobCancelled",
+    "JobTable",
+    "Lease",
+    "LeaseTable",
+    "LoadItem",
+    "Loader",
+    "LoaderConfig",
+    "Reservation",
+    "TensorLoc",
+    "TensorsLoaded",
+]
