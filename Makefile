@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   run tierd on its embedded default (./tierd-data, 127.0.0.1:8470)
 #   make test    run the test suite
-# Both create .venv and install the project (with its test extra) when pyproject.toml changes.
+# Both create .venv and install the project (with its server and test extras) when
+# pyproject.toml changes. The base install is the client alone (tierd_client: httpx, numpy).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 $(BIN)/tierd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test]'
 	touch $@
 
 serve: $(BIN)/tierd
@@ -21,8 +22,8 @@ test: $(BIN)/tierd
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: $(BIN)/tierd
-	$(BIN)/ruff check app tiering tests migrations
-	$(BIN)/ruff format --check app tiering tests migrations
+	$(BIN)/ruff check app tiering tierd_client tests migrations
+	$(BIN)/ruff format --check app tiering tierd_client tests migrations
 	$(BIN)/mypy
 
 gpu-test: $(BIN)/tierd

@@ -256,11 +256,11 @@ def stat(
     out.print(table)
 
 
-from app.cli_bench import bench as _bench  # noqa: E402
+from app.cli_bench import bench_cli as _bench_cli  # noqa: E402
 from app.cli_tiering import register as _register_tiering  # noqa: E402
 
 _register_tiering(cli, sys.modules[__name__])
-cli.command("bench")(_bench)
+cli.add_typer(_bench_cli, name="bench")
 
 
 def main() -> None:

@@ -1,66 +1,131 @@
-"""``tierd bench``: registered by ``app.cli``; the measuring is :mod:`tiering.bench`."""
+"""``tierd bench``: one command for every benchmark; the measuring is :mod:`tiering.bench`.
+
+``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
+``tierd bench access|mover|rest`` run the others. Each prints the same table to standard
+output (progress goes to standard error) and, with ``--json``, writes the same JSON document.
+Sub-benchmarks are imported when run, so ``tierd --help`` never loads the data path.
+"""
 
 from __future__ import annotations
 
-import json
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-__all__ = ["bench"]
+from tiering.bench import Report, format_size, parse_size, print_report, progress, write_json
+
+__all__ = ["bench_cli"]
+
+bench_cli = typer.Typer(add_completion=False)
+
+# -- options shared by several sub-benchmarks ---------------------------------------------------
+JsonOpt = Annotated[
+    Path | None,
+    typer.Option("--json", "--out", help="Also write the results as JSON to this file."),
+]
+RepeatsOpt = Annotated[
+    int, typer.Option("--repeats", "--repeat", help="Timed runs per figure (median).", min=1)
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="cuda:N, cpu, or auto (a GPU when there is one).")
+]
+# -- the data-path bench's ---------------------------------------------------------------------
+SizeOpt = Annotated[str, typer.Option("--size", help="Test file size, e.g. 4GiB, 512MiB, 1G.")]
+DirOpt = Annotated[
+    Path | None,
+    typer.Option("--dir", help="Where to write test files (not tmpfs). Default: here."),
+]
+RowsOpt = Annotated[int, typer.Option("--rows", help="Rows per random gather.", min=1)]
+ShardsOpt = Annotated[
+    int, typer.Option("--shards", help="safetensors shards for the multi-shard load.", min=1)
+]
+ColdOpt = Annotated[bool, typer.Option("--cold/--no-cold", help="Measure cold-cache figures too.")]
+SweepOpt = Annotated[
+    bool, typer.Option("--sweep", help="Also sweep threads x task size for hot loads.")
+]
+# The mover's default source: the system temp directory, usually a disk beside /dev/shm.
+_TMP = Path(tempfile.gettempdir())
 
 
+def _size(text: str, minimum: int = 1) -> int:
+    try:
+        nbytes = parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--size") from exc
+    if nbytes < minimum:
+        raise typer.BadParameter(f"must be at least {format_size(minimum)}", param_hint="--size")
+    return nbytes
+
+
+def _finish(report: Report, json_path: Path | None) -> None:
+    print_report(report)
+    if json_path is not None:
+        write_json(report, json_path)
+
+
+@bench_cli.callback(invoke_without_command=True)
 def bench(
-    size: Annotated[
-        str, typer.Option("--size", help="Test file size, e.g. 4GiB, 512MiB, 1G.")
-    ] = "1GiB",
-    device: Annotated[
-        str, typer.Option("--device", help="cuda:N, cpu, or auto (a GPU when there is one).")
-    ] = "auto",
-    directory: Annotated[
-        Path | None,
-        typer.Option("--dir", help="Where to write test files (not tmpfs). Default: here."),
-    ] = None,
-    rows: Annotated[int, typer.Option("--rows", help="Rows per random gather.", min=1)] = 20_000,
-    shards: Annotated[
-        int, typer.Option("--shards", help="safetensors shards for the multi-shard load.", min=1)
-    ] = 4,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Timed runs per figure; the median is shown.", min=1)
-    ] = 3,
-    cold: Annotated[
-        bool, typer.Option("--cold/--no-cold", help="Measure cold-cache figures too.")
-    ] = True,
-    sweep: Annotated[
-        bool, typer.Option("--sweep", help="Also sweep threads x task size for hot loads.")
-    ] = False,
+    ctx: typer.Context,
+    size: SizeOpt = "1GiB",
+    device: DeviceOpt = "auto",
+    directory: DirOpt = None,
+    rows: RowsOpt = 20_000,
+    shards: ShardsOpt = 4,
+    repeats: RepeatsOpt = 3,
+    cold: ColdOpt = True,
+    sweep: SweepOpt = False,
     access: Annotated[
         bool,
         typer.Option(
-            "--access", help="Measure the access-ingest path instead: accesses counted per second."
+            "--access", help="Measure the access-ingest path instead (tierd bench access)."
         ),
     ] = False,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON to this file.")
-    ] = None,
+    json_path: JsonOpt = None,
 ) -> None:
-    """Measure this host's ceilings, the usual baselines and tierd's I/O paths, in one run."""
-    from rich.console import Console
+    """Measure this host's ceilings, the usual baselines and tierd's paths, in one run.
 
-    from tiering.bench import parse_size, render, run_bench
-
-    if access:
-        _access_bench(json_path)
+    Without a sub-command, the data-path bench (the same as tierd bench data).
+    """
+    if ctx.invoked_subcommand is not None:
+        # `tierd bench --size 4GiB rest` would silently measure the default size: refuse.
+        given = [
+            param.opts[0]
+            for param in ctx.command.params
+            # By name: typer vendors its own click, whose enum is not click's.
+            if param.name
+            and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+        ]
+        if given:
+            raise typer.BadParameter(
+                f"{', '.join(given)} must come after the sub-command, as its own options "
+                f"(tierd bench {ctx.invoked_subcommand} --help)"
+            )
         return
+    if access:
+        bench_access(json_path=json_path)
+        return
+    bench_data(size, device, directory, rows, shards, repeats, cold, sweep, json_path)
 
-    try:
-        nbytes = parse_size(size)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--size") from exc
-    err = Console(stderr=True)
-    result = run_bench(
-        nbytes,
+
+@bench_cli.command("data")
+def bench_data(
+    size: SizeOpt = "1GiB",
+    device: DeviceOpt = "auto",
+    directory: DirOpt = None,
+    rows: RowsOpt = 20_000,
+    shards: ShardsOpt = 4,
+    repeats: RepeatsOpt = 3,
+    cold: ColdOpt = True,
+    sweep: SweepOpt = False,
+    json_path: JsonOpt = None,
+) -> None:
+    """Files into GPU (or host) memory: ceilings, baselines, peers and tierd, in one run."""
+    from tiering.bench.data_path import run_bench
+
+    report = run_bench(
+        _size(size, minimum=1 << 20),
         device,
         directory,
         rows=rows,
@@ -68,26 +133,74 @@ def bench(
         repeats=repeats,
         cold=cold,
         sweep=sweep,
-        say=lambda s: err.print(s, markup=False, highlight=False),
+        say=progress(),
     )
-    Console().print(render(result))
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2))
+    _finish(report, json_path)
 
 
-def _access_bench(json_path: Path | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+@bench_cli.command("access")
+def bench_access(
+    files: Annotated[int, typer.Option("--files", help="Files in the catalog.", min=1)] = 10_000,
+    accesses: Annotated[
+        int, typer.Option("--accesses", help="Accesses counted per timed run.", min=2)
+    ] = 1_000_000,
+    reads: Annotated[
+        int, typer.Option("--reads", help="4 KiB reads per latency sample.", min=1)
+    ] = 2_000,
+    repeats: RepeatsOpt = 3,
+    json_path: JsonOpt = None,
+) -> None:
+    """Access ingest: accesses counted per second, and a read's latency meanwhile."""
     from tiering.bench.access import measure_access_ingest
 
-    err = Console(stderr=True)
-    with err.status("counting accesses into a 10,000-file catalog…"):
-        result = measure_access_ingest()
-    table = Table("measure", "value", title="access ingest (medians of 3)")
-    for key, value in result.items():
-        unit = " /s" if key.endswith("_per_s") or key.endswith("_2threads") else ""
-        table.add_row(key, f"{value:,.0f}{unit}" if isinstance(value, float) else str(value))
-    Console().print(table)
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2))
+    report = measure_access_ingest(files, accesses, reads, repeats, say=progress())
+    _finish(report, json_path)
+
+
+@bench_cli.command("mover")
+def bench_mover(
+    size: Annotated[str, typer.Option("--size", help="Size of the file moved.")] = "256MiB",
+    src: Annotated[
+        Path,
+        typer.Option("--src", help="Directory on the first filesystem.", file_okay=False),
+    ] = _TMP,
+    dst: Annotated[
+        Path,
+        typer.Option("--dst", help="Directory on the second filesystem.", file_okay=False),
+    ] = Path("/dev/shm"),
+    repeats: RepeatsOpt = 3,
+    cap: Annotated[
+        float,
+        typer.Option("--cap", help="Bandwidth cap of one more move, MiB/s (0: none).", min=0),
+    ] = 100.0,
+    json_path: JsonOpt = None,
+) -> None:
+    """Migrations: tierd's copy path and whole move against cp + sync (+ rm), both ways."""
+    from tiering.bench.mover import run
+
+    nbytes = _size(size)
+    for name, path in (("--src", src), ("--dst", dst)):
+        if not path.is_dir():
+            raise typer.BadParameter(f"{path} is not a directory", param_hint=name)
+    report = run(nbytes, src, dst, repeats, cap or None, say=progress())
+    _finish(report, json_path)
+
+
+@bench_cli.command("rest")
+def bench_rest(
+    size: Annotated[str, typer.Option("--size", help="Size of the file loaded.")] = "1GiB",
+    device: DeviceOpt = "auto",
+    repeats: Annotated[
+        int,
+        typer.Option("--repeats", "--repeat", help="Timed whole-file loads (median).", min=1),
+    ] = 5,
+    small: Annotated[
+        int, typer.Option("--small", help="Timed 4 KiB loads (p50, p99).", min=1)
+    ] = 500,
+    json_path: JsonOpt = None,
+) -> None:
+    """Loads over REST from a client process against tiering.io in-process."""
+    from tiering.bench.rest import run
+
+    report = run(_size(size, minimum=4096), device, repeats=repeats, small=small, say=progress())
+    _finish(report, json_path)

@@ -10,12 +10,26 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import tiering
-from app.api import buffers, files, health, jobs, loads, migrations, pins, policy, stats, tiers
+from app.api import (
+    buffers,
+    files,
+    health,
+    heat,
+    history,
+    jobs,
+    loads,
+    migrations,
+    pins,
+    policy,
+    stats,
+    tiers,
+)
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
 from app.metrics import HttpMetrics, Metrics
 from app.metrics import router as metrics_router
 from app.settings import Settings, get_settings
+from app.ui import router as ui_router
 from tiering.engine import Engine
 from tiering.serving import Loader
 
@@ -85,5 +99,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(buffers.router)
     app.include_router(jobs.router)
     app.include_router(stats.router)
+    app.include_router(history.router)  # its lifespan samples the loader's stats
+    app.include_router(heat.router)
     app.include_router(metrics_router)
+    app.include_router(ui_router)
     return app

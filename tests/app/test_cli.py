@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -57,3 +59,11 @@ def test_errors_are_plain(tmp_path: Path) -> None:
     assert code == 2 and "refusing" in out
     code, out = run("tiers", "--config", str(tmp_path / "missing.toml"))
     assert code == 2 and "does not exist" in out
+
+
+def test_tierd_without_the_server_extra_says_what_to_install() -> None:
+    # `pip install tierd` is the client alone; its `tierd` command must say why it cannot serve.
+    code = "import sys\nsys.modules['typer'] = None\nimport app\napp.main()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "pip install 'tierd[server]'" in r.stderr and "typer" in r.stderr

@@ -231,7 +231,7 @@ def test_dockerfile_runs_as_non_root_with_healthcheck() -> None:
     assert cmd[-1] == ["serve", "--config", CONFIG_PATH]
 
 
-def test_dockerfile_installs_the_gpu_extra_non_editable() -> None:
+def test_dockerfile_installs_the_server_and_gpu_extras_non_editable() -> None:
     runs = [rest for word, rest in dockerfile_instructions() if word == "RUN"]
     installs = [
         arg
@@ -240,7 +240,10 @@ def test_dockerfile_installs_the_gpu_extra_non_editable() -> None:
         if "pip install" in part
         for arg in shlex.split(part)
     ]
-    assert any(re.search(r"\[gpu\]$", arg) for arg in installs), installs
+    extras = [
+        set(m.group(1).split(",")) for a in installs if (m := re.search(r"\[([\w,-]+)\]$", a))
+    ]
+    assert any({"server", "gpu"} <= e for e in extras), installs
     assert "-e" not in installs and "--editable" not in installs
 
 

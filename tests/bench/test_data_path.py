@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tiering.bench import parse_size, render, run_bench
+from tiering.bench import parse_size, render
+from tiering.bench.data_path import run_bench
+
+from .test_report import assert_shared_shape
 
 
 @pytest.mark.parametrize(
@@ -22,13 +25,19 @@ def test_parse_size_rejects(text):
 
 
 def test_bench_runs_and_cleans_up(tmp_path):
-    result = run_bench(
+    report = run_bench(
         2 << 20, "cpu", tmp_path, rows=64, shards=2, repeats=1, cold=False, sweep=False
     )
-    rows = result["rows"]
+    rows = report.rows
     for key in ("base_fromfile", "tierd_hot", "lat_hot_p50", "tierd_gather", "tierd_safetensors"):
-        assert rows[key]["value"] and rows[key]["value"] > 0, key
-    assert rows["tierd_hot"]["vs"] == "base_fromfile" and rows["tierd_hot"]["ratio"] > 0
-    assert result["host"]["backend"] == "host"
+        assert rows[key].value and rows[key].value > 0, key
+    assert rows["tierd_hot"].vs == "base_fromfile" and rows["tierd_hot"].ratio > 0
+    assert report.setup["backend"] == "host" and report.setup["cold"] is False
     assert list(tmp_path.iterdir()) == []  # test files removed
-    assert render(result).row_count == len(rows)
+    assert render(report).row_count == len(rows)
+    assert_shared_shape(report.as_dict(), "data")
+
+
+def test_bench_rejects_a_tiny_file(tmp_path):
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        run_bench(4096, "cpu", tmp_path)

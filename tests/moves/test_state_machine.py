@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests.helpers import assert_invariants, engine_settings, put
 from tests.moves.test_recovery import crash_move
 from tiering.engine import Engine
-from tiering.errors import Conflict, FileBusy
+from tiering.errors import Conflict, FileBusy, InsufficientSpace
 from tiering.moves import STEPS
 
 TIERS = ["nvme", "ssd", "hdd"]
@@ -50,7 +50,10 @@ class Tiering(RuleBasedStateMachine):
         if name in self.model:
             return
         data = os.urandom(size)
-        put(self.engine, name, data, tier=tier)
+        try:
+            put(self.engine, name, data, tier=tier)
+        except InsufficientSpace:
+            return  # a quota from set_policy refused it cleanly; the invariants check the rest
         self.model[name] = data
 
     @precondition(lambda self: self.model)
@@ -85,7 +88,7 @@ class Tiering(RuleBasedStateMachine):
     @rule(data=st.data(), tier=st.sampled_from(TIERS))
     def migrate(self, data: st.DataObject, tier: str) -> None:
         name = data.draw(st.sampled_from(sorted(self.model)))
-        with contextlib.suppress(Conflict, FileBusy):
+        with contextlib.suppress(Conflict, FileBusy, InsufficientSpace):
             self.engine.migrate(self._id(name), tier)
 
     @rule()
@@ -118,6 +121,8 @@ class Tiering(RuleBasedStateMachine):
         rec = self.engine.lookup(name)
         if rec.tier == tier or (rec.pinned_tier not in (None, tier)):
             return
+        if rec.size > self.engine.mover.room(self.engine.tiers.get(tier)):
+            return  # refused at step 2 (quota), so the child would never reach a later step
         self.engine.stop()
         crash_move(self.settings, rec.id, tier, step)
         self.engine = self._start()  # recovery runs here

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.client import Client
 from tests.conftest import LiveServer, make_settings
+from tierd_client import Client
 
 MiB = 1 << 20
 

@@ -1,5 +1,5 @@
 """CUDA IPC: a second, spawned process opens the handles of a load, a gather and a safetensors
-load through app.client, checks them against the files, and hands them to torch and CuPy
+load through tierd_client, checks them against the files, and hands them to torch and CuPy
 without a copy."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     import numpy as np
     import cupy as cp
     import torch
-    from app.client import Client
+    from tierd_client import Client
 
     args = json.loads(sys.argv[1])
     blob = open(args["file"], "rb").read()

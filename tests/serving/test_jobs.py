@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.client import Client
 from tests.serving.conftest import leased
+from tierd_client import Client
 
 
 def _wait_state(api: Client, job_id: str, states: tuple[str, ...], timeout: float = 10) -> dict:

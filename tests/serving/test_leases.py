@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from app.client import InsufficientSpace, NotFound, ServerError
 from tests.conftest import LiveServer, make_settings
 from tests.serving.conftest import MiB, leased, shm_segments
+from tierd_client import InsufficientSpace, NotFound, ServerError
 
 
 def _wait(pred, timeout: float = 5.0) -> bool:

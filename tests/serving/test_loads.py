@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from app.client import Buffer, Client
 from tests.serving.conftest import leased
+from tierd_client import Buffer, Client
 
 KiB = 1 << 10
 
@@ -21,7 +21,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from app.client import Client
+    from tierd_client import Client
 
     args = json.loads(sys.argv[1])
     blob = open(args["file"], "rb").read()

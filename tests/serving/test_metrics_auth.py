@@ -7,9 +7,9 @@ import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.client import AuthError, Client
 from app.main import create_app
 from tests.conftest import LiveServer, make_settings
+from tierd_client import AuthError, Client
 
 
 def _families(text: str) -> dict:

@@ -1,40 +1,56 @@
-"""Benchmark of the migration copy path against ``cp`` across two filesystems.
+"""``tierd bench mover``: the migration copy path against ``cp`` across two filesystems.
 
-``python -m tiering.bench.mover --size 256 --src /tmp --dst /dev/shm`` writes a file of
-``--size`` MiB under ``--src``, then, from a warm page cache and in both directions, times:
+Writes one file of ``size`` bytes under ``src``, then, from a warm page cache and in both
+directions, times:
 
 - ``cp`` + ``sync FILE`` (an fsync of the copy) against tierd's copy path (claim to publish:
   copy and xxh3 hash in one pass, fsync, verify, no-clobber publish, directory fsync);
 - ``cp`` + ``sync`` + ``rm`` of the source (what a careful ``mv`` does) against the whole
   migration (the above plus the catalog switch, source unlink and directory fsync);
-- one more migration under a bandwidth cap (``--cap`` MiB/s).
+- one more migration under a bandwidth cap, which should run at about the cap.
 
-It prints MiB/s and the ratios to ``cp``.
+Rates are MiB/s, medians of ``repeats``; ratios are tierd's rate over ``cp``'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tiering.config import EngineConfig, TierConfig
 from tiering.engine import Engine
 
+from ._measure import MiB, format_size
+from ._report import BenchRow, Report
+
 __all__ = ["run"]
 
-MIB = 1 << 20
+
+def _fstype(path: Path) -> str | None:
+    """The filesystem type of the mount holding ``path`` (Linux), to name each direction."""
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) > 2]
+    except OSError:
+        return None
+    target = str(path.resolve())
+    for mount, fstype in mounts:
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > len(best):
+            best, kind = mount, fstype
+    return kind
 
 
 def _fill(path: Path, size: int) -> None:
     with open(path, "wb") as f:
-        block = os.urandom(4 * MIB)
+        block = os.urandom(4 * MiB)
         left = size
         while left > 0:
             f.write(block[: min(left, len(block))])
@@ -44,10 +60,17 @@ def _fill(path: Path, size: int) -> None:
 
 
 def run(
-    size_mib: int, src: Path, dst: Path, repeats: int = 3, cap_mib_s: float | None = 100.0
-) -> dict[str, float]:
-    """Time ``cp``+fsync and tierd migrations of one ``size_mib`` file from ``src`` to ``dst``."""
-    size = size_mib * MIB
+    size: int,
+    src: Path,
+    dst: Path,
+    repeats: int = 3,
+    cap_mib_s: float | None = 100.0,
+    say: Callable[[str], None] = lambda s: None,
+) -> Report:
+    """Time ``cp``+fsync and tierd migrations of one ``size``-byte file from ``src`` to ``dst``
+    and back; with ``cap_mib_s``, one more migration under that bandwidth cap."""
+    if size < 1 or repeats < 1:
+        raise ValueError("size and repeats must be at least 1")
     a = Path(tempfile.mkdtemp(prefix="tierd-bench-", dir=src))
     b = Path(tempfile.mkdtemp(prefix="tierd-bench-", dir=dst))
     try:
@@ -61,6 +84,7 @@ def run(
             eng.set_policy(
                 eng.policy().document() | {"bandwidth_bytes_per_s": None, "enabled": False}
             )
+            say(f"writing {format_size(size)} under {a}; moving it to {b} and back")
             _fill(a / "tier" / "f.bin", size)
             eng.scan()
             fid = eng.lookup("f.bin").id
@@ -100,43 +124,70 @@ def run(
                     t[key]["move"].append(time.perf_counter() - t0)
                     t[key]["copy"].append(marks["published"] - marks["claimed"])
             eng.mover.hook = None
-            capped = float("nan")
+            capped: float | None = None
             if cap_mib_s:
+                say(f"one more migration capped at {cap_mib_s:g} MiB/s")
                 eng.set_policy(
-                    eng.policy().document() | {"bandwidth_bytes_per_s": int(cap_mib_s * MIB)}
+                    eng.policy().document() | {"bandwidth_bytes_per_s": int(cap_mib_s * MiB)}
                 )
                 t0 = time.perf_counter()
                 eng.migrate(fid, "b" if eng.get(fid).tier == "a" else "a")
-                capped = size / MIB / (time.perf_counter() - t0)
+                capped = size / MiB / (time.perf_counter() - t0)
         finally:
             eng.stop()
-        out: dict[str, float] = {"size_mib": size_mib}
-        for key, ts in t.items():
-            rate = {k: size / MIB / statistics.median(v) for k, v in ts.items()}
-            out[f"{key} cp+sync MiB/s"] = round(rate["cp"], 1)
-            out[f"{key} tierd copy path MiB/s"] = round(rate["copy"], 1)
-            out[f"{key} copy ratio"] = round(rate["copy"] / rate["cp"], 3)
-            out[f"{key} cp+sync+rm MiB/s"] = round(rate["cp_rm"], 1)
-            out[f"{key} tierd full move MiB/s"] = round(rate["move"], 1)
-            out[f"{key} move ratio"] = round(rate["move"] / rate["cp_rm"], 3)
-        out["capped_mib_s"] = round(capped, 1)
-        out["cap_mib_s"] = cap_mib_s or 0.0
-        return out
+        return _report(t, size, src, dst, repeats, cap_mib_s, capped)
     finally:
         shutil.rmtree(a, ignore_errors=True)
         shutil.rmtree(b, ignore_errors=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", type=int, default=256, help="file size in MiB")
-    p.add_argument("--src", type=Path, default=Path(tempfile.gettempdir()))
-    p.add_argument("--dst", type=Path, default=Path("/dev/shm"))
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cap", type=float, default=100.0, help="bandwidth cap to test, MiB/s")
-    args = p.parse_args()
-    print(json.dumps(run(args.size, args.src, args.dst, args.repeats, args.cap)))
-
-
-if __name__ == "__main__":
-    main()
+def _report(
+    times: dict[str, dict[str, list[float]]],
+    size: int,
+    src: Path,
+    dst: Path,
+    repeats: int,
+    cap_mib_s: float | None,
+    capped: float | None,
+) -> Report:
+    fs = {"a": _fstype(src) or "?", "b": _fstype(dst) or "?"}
+    report = Report(
+        "mover",
+        f"tierd bench mover: {format_size(size)} file, {src} ({fs['a']}) <-> {dst} ({fs['b']}), "
+        f"warm page cache, medians of {repeats}",
+        {
+            "size_bytes": size,
+            "src": str(src),
+            "src_fstype": fs["a"],
+            "dst": str(dst),
+            "dst_fstype": fs["b"],
+            "repeats": repeats,
+            "cap_mib_s": cap_mib_s,
+        },
+    )
+    # "src (ext4) -> dst (tmpfs)": both ends named, as both may be of one type.
+    ends = {"a": f"src ({fs['a']})", "b": f"dst ({fs['b']})"}
+    for direction, ts in times.items():
+        here, there = direction.split("->")
+        key, name = direction.replace("->", "_"), f"{ends[here]} -> {ends[there]}"
+        rate = {k: size / MiB / statistics.median(v) for k, v in ts.items()}
+        for what, label, vs, vs_label in (
+            ("copy", "tierd copy path", "cp", "cp + sync"),
+            ("move", "tierd whole move", "cp_rm", "cp + sync + rm"),
+        ):
+            report.add(BenchRow(f"{key}_{vs}", f"{vs_label}, {name}", rate[vs], "MiB/s"))
+            report.add(BenchRow(f"{key}_{what}", f"{label}, {name}", rate[what], "MiB/s"))
+            report.compare(f"{key}_{what}", f"{key}_{vs}")
+    if cap_mib_s:
+        report.add(
+            BenchRow(
+                "capped_move",
+                f"tierd whole move, capped at {cap_mib_s:g} MiB/s",
+                capped,
+                "MiB/s",
+                # No verdict: a small file can go in the limiter's first burst, and a slow
+                # disk stays under any cap; a reader compares with the cap by eye.
+                note=f"(one move, not a median; the cap: {cap_mib_s:g} MiB/s)",
+            )
+        )
+    return report

@@ -1,43 +1,54 @@
-"""Loads over REST against tiering.io in-process, on one GPU host.
+"""``tierd bench rest``: loads over REST against :mod:`tiering.io` in-process, on one host.
 
-    python -m tiering.bench.rest [--size-mib 1024] [--device cuda:0] [--out bench.json]
-
-Starts ``tierd`` (uvicorn, its own process) on a temporary data dir holding one file on the
+Starts the service (uvicorn, its own process) on a temporary data dir holding one file on the
 fastest tier, and measures from this process, the client:
 
-- **throughput**: a hot file from ``POST /v1/load`` until it is a torch tensor here (CUDA IPC
-  opened, ``torch.from_dlpack``, device synchronised), against ``GpuDirectStorage.read`` of
-  the same file in this process; medians of ``--repeat`` after a warm-up.
-- **4 KiB overhead**: the same for a 4 KiB range, p50 and p99 of ``--small`` loads, minus the
+- **throughput**: a hot file from ``POST /v1/load`` until it is usable here (on ``cuda:N`` a
+  torch tensor: CUDA IPC opened, ``torch.from_dlpack``, device synchronised; on ``cpu`` a
+  NumPy array over the shared memory), against ``GpuDirectStorage.read`` of the same file in
+  this process; medians of ``repeats`` after a warm-up.
+- **4 KiB overhead**: the same for a 4 KiB range, p50 and p99 of ``small`` loads, minus the
   in-process 4 KiB read's p50. Releasing the lease is a second request, reported apart.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import importlib
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
-from app.client import Buffer, Client
+from tiering.config import TierConfig
+from tiering.io import GpuDirectStorage
 
+from ._measure import (
+    default_device,
+    device_sync,
+    format_size,
+    free_gpu,
+    gbps,
+    gpu_name,
+    percentile,
+)
+from ._report import BenchRow, Report, describe_device
 
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+__all__ = ["run"]
+
+_WARMUP, _SMALL_WARMUP = 2, 20
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -52,157 +63,238 @@ def _write(path: Path, nbytes: int) -> None:
         f.write(chunk[: nbytes & ((1 << 20) - 1)])
 
 
-def _serve(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+@contextmanager
+def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
+    """The service on a free loopback port, serving ``data_dir``; yields its URL."""
+    port = _free_port()
     env = {
         **os.environ,
         "TIERD_DATA_DIR": str(data_dir),
-        "TIERD_WATCH": "false",
+        "TIERD_WATCH": "false",  # the file is there before start; the scan adopts it
         "TIERD_PORT": str(port),
     }
+    # A separate process, as in production: the client must pay for IPC, not share memory.
     cmd = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    return subprocess.Popen(cmd, env=env)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tierd exited with {proc.returncode}")
+    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tierd exited with {proc.returncode} before it was ready")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tierd was not ready after {timeout:g} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("tierd did not become ready")
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def run(size: int, device: str, repeat: int, small: int) -> dict[str, Any]:
-    import cupy as cp
-    import torch
+def _materialiser(device: str) -> Callable[[Any], Any]:
+    """What a client does with a loaded buffer before using it: a torch tensor on a GPU (and a
+    synchronise), a NumPy array in host memory. Both must be views, not copies."""
+    if device.startswith("cuda"):
+        torch = importlib.import_module("torch")
 
-    from tiering.config import TierConfig
-    from tiering.io import GpuDirectStorage
+        def to_tensor(buf: Any) -> Any:
+            t = torch.from_dlpack(buf)
+            torch.cuda.synchronize(device)
+            assert t.data_ptr() == buf.__cuda_array_interface__["data"][0], "copied"
+            return t
 
-    out: dict[str, Any] = {"size_bytes": size, "device": device}
+        return to_tensor
+
+    def to_array(buf: Any) -> Any:
+        a = np.asarray(buf)
+        assert a.__array_interface__["data"][0] == buf.__array_interface__["data"][0], "copied"
+        return a
+
+    return to_array
+
+
+def _in_process(
+    device: str, data: Path, path: Path, size: int, repeats: int, small: int
+) -> tuple[list[float], list[float], str]:
+    """Seconds of whole-file and of 4 KiB reads by tiering.io here, and its I/O path."""
+    sync = device_sync(device)
+    tiers = [TierConfig(n, data / n) for n in ("nvme", "ssd", "hdd")]
+    whole: list[float] = []
+    small_s: list[float] = []
+    with GpuDirectStorage(device, tiers=tiers) as gds, gds.open_file(path) as f:
+        io_path = str(f.io_path)
+        for i in range(repeats + _WARMUP):
+            t0 = time.perf_counter()
+            r = gds.read(f)
+            sync()
+            dt = time.perf_counter() - t0
+            del r  # outside the timed part, as the client's close is below
+            if i >= _WARMUP:
+                whole.append(dt)
+        for i in range(small + _SMALL_WARMUP):
+            off = (i * 7919 % (size // 4096)) * 4096
+            t0 = time.perf_counter()
+            r = gds.read(f, off, 4096)
+            sync()
+            dt = time.perf_counter() - t0
+            del r
+            if i >= _SMALL_WARMUP:
+                small_s.append(dt)
+    free_gpu()
+    return whole, small_s, io_path
+
+
+def run(
+    size: int,
+    device: str = "auto",
+    *,
+    repeats: int = 5,
+    small: int = 500,
+    say: Callable[[str], None] = lambda s: None,
+) -> Report:
+    """Measure loads over REST against in-process reads of one ``size``-byte file."""
+    # Imported here, not at the top: the client is its own package and only this bench needs
+    # it, so listing or importing the other benches never depends on it.
+    from tierd_client import Buffer, Client
+
+    if size < 4096 or repeats < 1 or small < 1:
+        raise ValueError("size must be at least 4 KiB, repeats and small at least 1")
+    device = default_device() if device == "auto" else device
+    materialise = _materialiser(device)
+    setup: dict[str, Any] = {"device": device, "gpu": gpu_name(device), "size_bytes": size}
+    setup |= {"repeats": repeats, "small": small}
     with tempfile.TemporaryDirectory(prefix="tierd-bench-") as tmp:
         data = Path(tmp) / "data"
         path = data / "nvme" / "bench" / "big.bin"
+        say(f"writing {format_size(size)} to {path} and starting tierd on it")
         _write(path, size)
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = _serve(data, port)
-        try:
-            _wait_ready(url, proc)
-            api = Client(url)
+        with _server(data) as url, Client(url) as api:
             fid = int(api.file("bench/big.bin")["id"])
-            dev_index = int(device.partition(":")[2] or 0)
-            sync = torch.cuda.synchronize
+            say(f"in process: {repeats} whole-file reads, {small} 4 KiB reads")
+            local, small_local, setup["io_path_in_process"] = _in_process(
+                device, data, path, size, repeats, small
+            )
 
-            # -- in-process: tiering.io into this process's GPU memory ------------------
-            tiers = [TierConfig(n, data / n) for n in ("nvme", "ssd", "hdd")]
-            with GpuDirectStorage(device, tiers=tiers) as gds, gds.open_file(path) as f:
-                out["io_path_in_process"] = f.io_path
-                local: list[float] = []
-                for i in range(repeat + 2):
-                    t0 = time.perf_counter()
-                    r = gds.read(f)
-                    cp.cuda.Device(dev_index).synchronize()
-                    dt = time.perf_counter() - t0
-                    del r
-                    if i >= 2:
-                        local.append(dt)
-                small_local: list[float] = []
-                for i in range(small + 20):
-                    off = (i * 7919 % (size // 4096)) * 4096
-                    t0 = time.perf_counter()
-                    r = gds.read(f, off, 4096)
-                    cp.cuda.Device(dev_index).synchronize()
-                    dt = time.perf_counter() - t0
-                    del r
-                    if i >= 20:
-                        small_local.append(dt)
-            cp.get_default_memory_pool().free_all_blocks()
-
-            # -- REST: request until a torch tensor in this process ---------------------
+            say(f"over REST: {repeats} whole-file loads, {small} 4 KiB loads")
             rest: list[float] = []
             paths = set()
-            for i in range(repeat + 2):
+            for i in range(repeats + _WARMUP):
                 t0 = time.perf_counter()
                 b = api.load(fid, device=device)
-                t = torch.from_dlpack(b)
-                sync()
+                view = materialise(b)
                 dt = time.perf_counter() - t0
-                assert t.data_ptr() == b.__cuda_array_interface__["data"][0]
                 paths.add(b.info["io_path"])
-                server_gbps = b.info["gbps"]
-                del t
+                setup["server_read_gbps_last"] = b.info["gbps"]
+                del view
                 b.close()
-                del b  # the client's IPC mapping closes here, outside the timed part
-                if i >= 2:
+                del b  # the client's mapping closes here, outside the timed part
+                if i >= _WARMUP:
                     rest.append(dt)
-            out["io_path_rest"] = sorted(paths)
-            out["server_read_gbps_last"] = server_gbps
+            setup["io_path_rest"] = sorted(paths)
             small_rest: list[float] = []
             http_only: list[float] = []
             release: list[float] = []
-            for i in range(small + 20):
+            for i in range(small + _SMALL_WARMUP):
                 off = (i * 7919 % (size // 4096)) * 4096
+                body = {"file_id": fid, "offset": off, "length": 4096, "device": device}
                 t0 = time.perf_counter()
-                info = api.request(
-                    "POST",
-                    "/v1/load",
-                    json={"file_id": fid, "offset": off, "length": 4096, "device": device},
-                )
+                info = api.request("POST", "/v1/load", json=body)
                 th = time.perf_counter()
                 b = Buffer(api, info)
-                t = torch.from_dlpack(b)
-                sync()
+                view = materialise(b)
                 t1 = time.perf_counter()
-                del t
+                del view
                 b.close()
                 del b
                 t2 = time.perf_counter()
-                if i >= 20:
+                if i >= _SMALL_WARMUP:
                     small_rest.append(t1 - t0)
                     http_only.append(th - t0)
                     release.append(t2 - t1)
-            api.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-
-    med_local, med_rest = statistics.median(local), statistics.median(rest)
-    out["in_process_gbps"] = round(size / med_local / 1e9, 2)
-    out["rest_gbps"] = round(size / med_rest / 1e9, 2)
-    out["rest_vs_in_process"] = round(med_local / med_rest, 3)
-    out["in_process_4k_p50_us"] = round(_pct(small_local, 50) * 1e6, 1)
-    out["rest_4k_p50_us"] = round(_pct(small_rest, 50) * 1e6, 1)
-    out["rest_4k_p99_us"] = round(_pct(small_rest, 99) * 1e6, 1)
-    out["overhead_4k_p50_us"] = round((_pct(small_rest, 50) - _pct(small_local, 50)) * 1e6, 1)
-    out["overhead_4k_p99_us"] = round((_pct(small_rest, 99) - _pct(small_local, 50)) * 1e6, 1)
-    out["rest_4k_http_p50_us"] = round(_pct(http_only, 50) * 1e6, 1)
-    out["release_p50_us"] = round(_pct(release, 50) * 1e6, 1)
-    out["repeat"], out["small"] = repeat, small
-    return out
+    return _report(setup, local, rest, small_local, small_rest, http_only, release)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=1024)
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--small", type=int, default=500)
-    p.add_argument("--out", type=Path, default=None)
-    a = p.parse_args(argv)
-    result = run(a.size_mib << 20, a.device, a.repeat, a.small)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text)
-    return 0
+def _report(
+    setup: dict[str, Any],
+    local: list[float],
+    rest: list[float],
+    small_local: list[float],
+    small_rest: list[float],
+    http_only: list[float],
+    release: list[float],
+) -> Report:
+    size, device = setup["size_bytes"], setup["device"]
+    into = "a torch tensor" if device.startswith("cuda") else "a NumPy array"
+    report = Report(
+        "rest",
+        f"tierd bench rest: {describe_device(setup)}, "
+        f"{format_size(size)} file, the client in its own "
+        f"process, medians of {setup['repeats']}, 4 KiB percentiles of {setup['small']}",
+        setup,
+    )
+    add = report.add
+    add(
+        BenchRow(
+            "in_process_gbps",
+            "tiering.io read in-process, hot",
+            gbps(size, statistics.median(local)),
+            "GB/s",
+            note=f"(path={setup['io_path_in_process']})",
+        )
+    )
+    add(
+        BenchRow(
+            "rest_gbps",
+            f"REST load until {into} in the client, hot",
+            gbps(size, statistics.median(rest)),
+            "GB/s",
+            note=f"(path={','.join(setup['io_path_rest'])})",
+        )
+    )
+    report.compare("rest_gbps", "in_process_gbps", 0.8)
 
+    def us(samples: list[float], q: float) -> float:
+        return percentile(samples, q) * 1e6
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    local_p50 = us(small_local, 50)
+    add(BenchRow("in_process_4k_p50_us", "4 KiB read in-process, p50", local_p50, "us"))
+    add(BenchRow("rest_4k_p50_us", "4 KiB REST load, p50", us(small_rest, 50), "us"))
+    add(BenchRow("rest_4k_p99_us", "4 KiB REST load, p99", us(small_rest, 99), "us"))
+    overhead = us(small_rest, 50) - local_p50
+    add(
+        BenchRow(
+            "overhead_4k_p50_us",
+            "4 KiB REST overhead over in-process p50, p50",
+            overhead,
+            "us",
+            target="<= 2000 us",
+            met=overhead <= 2000,
+        )
+    )
+    add(
+        BenchRow(
+            "overhead_4k_p99_us",
+            "4 KiB REST overhead over in-process p50, p99",
+            us(small_rest, 99) - local_p50,
+            "us",
+        )
+    )
+    add(
+        BenchRow("rest_4k_http_p50_us", "  of which the HTTP request, p50", us(http_only, 50), "us")
+    )
+    add(
+        BenchRow(
+            "release_p50_us", "releasing the lease (a second request), p50", us(release, 50), "us"
+        )
+    )
+    return report

@@ -1,6 +1,7 @@
 """The catalog: SQLAlchemy models, the single-writer database and the repository."""
 
 from tiering.catalog.db import Database, decay, upgrade
+from tiering.catalog.lock import CatalogLock
 from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase, PolicyVersion
 from tiering.catalog.repo import Catalog, NewFile, TierUsage
 
@@ -16,4 +17,5 @@ __all__ = [
     "TierUsage",
     "decay",
     "upgrade",
+    "CatalogLock",
 ]

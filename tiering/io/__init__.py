@@ -14,9 +14,10 @@ from __future__ import annotations
 from ._config import BackendName, GdsConfig, TierIo
 from ._device import Device, parse_device
 from ._file import GdsFile
+from ._results import BatchResult, ReadResult
 from ._shards import ShardLayout
 from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats, Stats
-from ._storage import BatchResult, GpuDirectStorage, ReadResult
+from ._storage import GpuDirectStorage
 from ._write import TMP_SUFFIX
 from .safetensors import LoadedTensors, SafetensorsHeader, TensorInfo, read_header
 

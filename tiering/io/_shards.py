@@ -1,5 +1,9 @@
 """Loading safetensors shards through a :class:`GpuDirectStorage`: one allocation per shard,
-shards in parallel, every header checked before anything is allocated."""
+shards in parallel, every header checked before anything is allocated.
+
+This module sits below the storage that calls it: it asks only for the few members that
+:class:`ShardStorage` names, so it never imports the storage's module (no import cycle).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,45 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from tiering.errors import InvalidInput
 
+from ._device import Device
 from ._file import GdsFile
 from ._stats import IoReport
 from .safetensors import DTYPES, LoadedTensors, SafetensorsHeader, TensorInfo, convert, read_header
 
-if TYPE_CHECKING:
-    from ._storage import GpuDirectStorage
+__all__ = ["Allocate", "ShardLayout", "ShardStorage", "load_shards", "load_shards_raw"]
 
-__all__ = ["Allocate", "ShardLayout", "load_shards", "load_shards_raw"]
+R = TypeVar("R")
+
+
+class ShardStorage(Protocol):
+    """What loading shards needs of a storage; :class:`GpuDirectStorage` provides it."""
+
+    device: Device
+
+    def open_file(self, path: str | os.PathLike[str]) -> GdsFile:
+        """Open a file for reading; the caller closes it."""
+        ...
+
+    def _own(self, file: GdsFile) -> None:
+        """Raise unless ``file`` was opened by this storage."""
+        ...
+
+    def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
+        """``[fn(*args) for args in calls]``, concurrently."""
+        ...
+
+    def _transfer(
+        self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+    ) -> IoReport:
+        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
+        ...
+
 
 # Slot alignment inside a packed shard allocation: enough for any dtype and for coalescing.
 _SLOT = 256
@@ -29,7 +58,7 @@ _SLOT = 256
 _SPAN_FILL = 0.5
 
 
-def _framework(storage: GpuDirectStorage, framework: str) -> str:
+def _framework(storage: ShardStorage, framework: str) -> str:
     if framework == "auto":
         return "cupy" if storage.device.is_cuda else "numpy"
     if framework not in ("numpy", "cupy", "torch"):
@@ -73,7 +102,7 @@ def _plan(tensors: list[TensorInfo]) -> tuple[list[tuple[int, int, int]], dict[s
     return reads, where, pos
 
 
-def _view(storage: GpuDirectStorage, buf: Any, at: int, t: TensorInfo) -> Any:
+def _view(storage: ShardStorage, buf: Any, at: int, t: TensorInfo) -> Any:
     raw = buf[at : at + t.nbytes]
     dt = np.dtype(DTYPES[t.dtype].storage)
     if at % dt.itemsize:
@@ -101,7 +130,7 @@ Allocate = Callable[[int], Any]
 
 
 def load_shards_raw(
-    storage: GpuDirectStorage,
+    storage: ShardStorage,
     paths: Sequence[str | os.PathLike[str] | GdsFile],
     names: Iterable[str] | None,
     allocate: Allocate | None = None,
@@ -151,7 +180,7 @@ def load_shards_raw(
 
 
 def load_shards(
-    storage: GpuDirectStorage,
+    storage: ShardStorage,
     paths: list[str | os.PathLike[str]],
     names: Iterable[str] | None,
     framework: str,
@@ -169,7 +198,7 @@ def load_shards(
     return LoadedTensors(tensors, dtypes, reports)
 
 
-def _loader(storage: GpuDirectStorage, allocate: Allocate) -> Any:
+def _loader(storage: ShardStorage, allocate: Allocate) -> Any:
     """The per-shard job: one allocation, the planned reads into it."""
 
     def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> ShardLayout:

@@ -1,5 +1,5 @@
-"""Crash-safe publication of a new file: temp file in the destination directory, fsync,
-no-clobber link, fsync of the directory."""
+"""Writes from GPU or host memory to a new file, and their crash-safe publication: temp file
+in the destination directory, fsync, no-clobber link, fsync of the directory."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ import contextlib
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tiering.errors import AlreadyExists, FileNotFound, InvalidPath
+import numpy as np
+
+from tiering.errors import AlreadyExists, FileNotFound, InvalidPath, MisalignedBuffer
 from tiering.tiers.paths import TEMP_SUFFIX, is_temp_name
 
 from ._backends import Backend
+from ._device import import_cupy
+from ._stats import UNTIERED, IoPath, IoReport, Stats
 
-__all__ = ["TMP_SUFFIX", "temp_name", "write_atomic"]
+__all__ = ["TMP_SUFFIX", "temp_name", "write_atomic", "write_buffer"]
 
 TMP_SUFFIX = TEMP_SUFFIX
 """Every temporary file tierd creates ends with this; recovery may delete such files."""
@@ -84,3 +89,44 @@ def write_atomic(backend: Backend, src: Any, final: Path, *, overwrite: bool) ->
         if not published or os.path.lexists(tmp):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def write_buffer(
+    backend: Backend,
+    stats: Stats,
+    buffer: Any,
+    path: str | os.PathLike[str],
+    *,
+    tier_of: Callable[[Path], tuple[str, int] | None],
+    overwrite: bool,
+) -> IoReport:
+    """Write a C-contiguous buffer's bytes to ``path`` with :func:`write_atomic`, counted.
+
+    See :meth:`GpuDirectStorage.write_from_gpu <tiering.io.GpuDirectStorage.write_from_gpu>`;
+    ``tier_of`` names the tier of the destination directory, for the stats.
+    """
+    if hasattr(buffer, "__cuda_array_interface__"):
+        cp = import_cupy()
+        arr = cp.asarray(buffer)
+        if not arr.flags.c_contiguous:
+            raise MisalignedBuffer("buffer must be C-contiguous")
+        flat = arr.reshape(-1).view(cp.uint8)
+    else:
+        arr = np.asarray(buffer)
+        if not arr.flags.c_contiguous:
+            raise MisalignedBuffer("buffer must be C-contiguous")
+        flat = arr.reshape(-1).view(np.uint8)
+    found = tier_of(Path(path).parent)
+    tier_key = found[0] if found else UNTIERED
+    on_gpu = hasattr(buffer, "__cuda_array_interface__")
+    # Writes never take the direct path: they are rare, and the compat path's O_DIRECT
+    # writes through a bounce buffer are what KvikIO does without nvidia-fs anyway.
+    io_path: IoPath = "compat" if on_gpu and backend.name == "kvikio" else "host"
+    started = stats.begin(io_path, tier_key)
+    ok = False
+    try:
+        write_atomic(backend, flat, Path(path), overwrite=overwrite)
+        ok = True
+    finally:
+        seconds = stats.end(io_path, tier_key, started, flat.nbytes, ok)
+    return IoReport(int(flat.nbytes), io_path, tier_key, seconds)

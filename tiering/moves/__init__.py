@@ -1,7 +1,9 @@
 """Moves: the crash-safe migration protocol of ``RELIABILITY.md``, its recovery at start, and
 the crash-safe file operations (temp file, fsync, no-clobber publish) it and uploads share."""
 
+from tiering.moves.files import Content, FileOps, Upload
 from tiering.moves.fsops import AtomicWriter, Published, write_all
+from tiering.moves.history import MigrationInfo
 from tiering.moves.mover import (
     STEPS,
     Cancelled,
@@ -12,6 +14,7 @@ from tiering.moves.mover import (
     RateLimiter,
     RecoveryReport,
 )
+from tiering.moves.orphans import remove_orphan_temps
 
 __all__ = [
     "STEPS",
@@ -25,4 +28,9 @@ __all__ = [
     "RateLimiter",
     "RecoveryReport",
     "write_all",
+    "Content",
+    "FileOps",
+    "MigrationInfo",
+    "Upload",
+    "remove_orphan_temps",
 ]

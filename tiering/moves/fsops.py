@@ -1,6 +1,8 @@
-"""Crash-safe writes: temp file in the final directory, fsync, no-clobber publish, dir fsync.
+"""Crash-safe file operations: temp file in the final directory, fsync, no-clobber publish,
+dir fsync; and the guarded removals a move and its recovery make.
 
-Every byte tierd writes into a tier goes through :class:`AtomicWriter`, so the durability rules
+Every byte tierd writes into a tier goes through :class:`AtomicWriter`, and every file a move
+removes goes through :func:`unlink_if_same` or :func:`unlink_published`, so the durability rules
 of RELIABILITY.md live in one place and fault tests have one place to aim at. File operations
 are called as ``os.<name>`` at call time so tests can patch ``os`` functions to inject faults.
 """
@@ -9,17 +11,31 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from tiering.checksum import Hasher
-from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
+from tiering.checksum import Hasher, hash_fd
+from tiering.errors import AlreadyExists, FileNotFound, InsufficientSpace, InvalidPath, TierdError
 from tiering.tiers import Tier
 from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
 
-__all__ = ["AtomicWriter", "Published", "write_all"]
+__all__ = [
+    "AtomicWriter",
+    "Published",
+    "identity",
+    "lstat_file",
+    "probe",
+    "unlink_if_same",
+    "unlink_published",
+    "write_all",
+]
+
+log = logging.getLogger(__name__)
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -118,6 +134,15 @@ class AtomicWriter:
     def checksum(self) -> str:
         """Checksum of the bytes written so far."""
         return self._hasher.value()
+
+    @property
+    def synced(self) -> os.stat_result | None:
+        """The temp file's ``fstat`` once :meth:`sync` succeeded, else None.
+
+        After a failed :meth:`publish` a caller uses it to tell whether the name now at the
+        final path is this writer's inode (``link`` done, directory fsync failed).
+        """
+        return self._synced
 
     def write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
@@ -218,3 +243,94 @@ class AtomicWriter:
         if self._dirfd >= 0:
             os.close(self._dirfd)
             self._dirfd = -1
+
+
+# -- guarded removals: a move and its recovery delete only what they can prove is theirs ------
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What makes two stats "the same file, unchanged": device, inode, size and mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def lstat_file(tier: Tier, relpath: str) -> os.stat_result | None:
+    """``lstat`` of the regular file at ``relpath`` on ``tier``; None if absent or not regular."""
+    dirs, name = split_relpath(relpath)
+    try:
+        dfd = tier.open_dir(dirs)
+    except OSError:
+        return None
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(dfd)
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def unlink_if_same(
+    tier: Tier,
+    relpath: str,
+    st: os.stat_result,
+    between: Callable[[], None] | None = None,
+) -> bool:
+    """Unlink ``relpath`` and fsync its directory, only if it is the inode ``st``.
+
+    ``between`` runs after the unlink and before the directory fsync (a test hook's step).
+    Returns False, removing nothing, when the name is gone or now names another file.
+    """
+    dirs, name = split_relpath(relpath)
+    try:
+        dfd = tier.open_dir(dirs)
+    except OSError:
+        return False
+    try:
+        try:
+            cur = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
+            log.warning(
+                "not removing %r on tier %s: it is not the file that was moved",
+                relpath,
+                tier.name,
+            )
+            return False
+        os.unlink(name, dir_fd=dfd)
+        if between is not None:
+            between()
+        os.fsync(dfd)
+        return True
+    finally:
+        os.close(dfd)
+
+
+def unlink_published(tier: Tier, relpath: str, pub: Published) -> None:
+    """Remove an aborted move's published copy, if ``relpath`` is still that inode.
+
+    Runs while an abort is already under way, so a failure is logged, not raised: the abort
+    must still be recorded, and the source is untouched either way.
+    """
+    try:
+        dirs, name = split_relpath(relpath)
+        dfd = tier.open_dir(dirs)
+        try:
+            cur = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if (cur.st_dev, cur.st_ino) == (pub.dev, pub.ino):
+                os.unlink(name, dir_fd=dfd)
+                os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        log.error("could not remove the aborted copy of %r on %s: %s", relpath, tier.name, exc)
+
+
+def probe(tier: Tier, relpath: str) -> tuple[str, os.stat_result] | None:
+    """Checksum and stat of the regular file at ``relpath`` on ``tier``, or None."""
+    try:
+        fd, st = tier.open_read(relpath)
+    except (FileNotFound, InvalidPath):
+        return None
+    try:
+        return hash_fd(fd), st
+    finally:
+        os.close(fd)

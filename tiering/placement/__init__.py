@@ -2,6 +2,7 @@
 (a pure function: moves and their reasons), and the scheduler that submits planned moves."""
 
 from tiering.placement.access import AccessTracker
+from tiering.placement.current import CurrentPolicy, PolicyInfo
 from tiering.placement.policy import (
     FileView,
     PlannedMove,
@@ -12,6 +13,7 @@ from tiering.placement.policy import (
     plan,
 )
 from tiering.placement.scheduler import PassReport, Scheduler
+from tiering.placement.space import TierInfo, room, tier_infos, tier_states
 
 __all__ = [
     "AccessTracker",
@@ -24,4 +26,10 @@ __all__ = [
     "TierState",
     "default_policy",
     "plan",
+    "CurrentPolicy",
+    "PolicyInfo",
+    "TierInfo",
+    "room",
+    "tier_infos",
+    "tier_states",
 ]

@@ -1,17 +1,15 @@
 """Serving: loads for other processes. The loader turns requests into buffers, leases hand
 them out with a TTL and a per-device budget, and jobs run prefetches in the background."""
 
+from __future__ import annotations
+
+from tiering.serving.config import FileRef, LoaderConfig
 from tiering.serving.jobs import Job, JobCancelled, JobTable
 from tiering.serving.leases import Lease, LeaseTable, Reservation
-from tiering.serving.loader import (
-    PREFETCH_TARGETS,
-    FileRef,
-    Loader,
-    LoaderConfig,
-    LoadItem,
-    TensorLoc,
-    TensorsLoaded,
-)
+from tiering.serving.loader import Loader
+from tiering.serving.loads import LoadItem
+from tiering.serving.prefetch import PREFETCH_TARGETS
+from tiering.serving.safetensors import TensorLoc, TensorsLoaded
 
 __all__ = [
     "PREFETCH_TARGETS",

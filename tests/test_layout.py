@@ -1,0 +1,159 @@
+"""The layout is part of the design: rooms by concern, imports flowing one way, small modules.
+
+These tests read the source with :mod:`ast` rather than importing it, so they see every import:
+top-level ones, ones inside functions (lazy imports of optional or heavy modules) and ones under
+``if TYPE_CHECKING:``. A lazy import still couples two modules, so it counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "tiering", "tierd_client")
+MAX_LINES = 500
+
+# Rooms of ``tiering`` from the bottom up. A module may import its own room and rooms of a
+# strictly lower rank; rooms of equal rank stay independent of each other.
+RANKS: dict[str, int] = {
+    "tiering.errors": 0,
+    "tiering.config": 1,
+    "tiering.checksum": 1,
+    "tiering.periodic": 1,
+    "tiering.tiers": 2,
+    "tiering.catalog": 3,
+    "tiering.io": 3,
+    "tiering.moves": 4,
+    "tiering.sync": 5,
+    "tiering.placement": 5,
+    "tiering.engine": 6,
+    "tiering.serving": 7,
+    "tiering.bench": 8,
+    # The client: above the data path whose buffer hand-off it shares, below everything that
+    # needs the server's dependencies. ``tiering.bench`` drives it for the REST benchmark.
+    "tierd_client": 3.5,
+}
+# What the client may reach in ``tiering``: the buffer hand-off and dtypes of ``tiering.io``,
+# which import only numpy and the standard library (CUDA libraries lazily).
+CLIENT_MAY_IMPORT = {"tiering.io", "tiering.errors", "tiering.config", "tiering.tiers"}
+SERVER_ONLY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "watchdog")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+@functools.cache
+def _imports(name: str, path: Path) -> tuple[str, ...]:
+    return tuple(_walk_imports(name, path))
+
+
+def _walk_imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports, absolute, wherever in the file the import sits."""
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for alias in node.names:
+                # ``from pkg import submodule`` imports the submodule itself.
+                sub = f"{mod}.{alias.name}"
+                yield sub if sub in MODULES else mod
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {m for m in _imports(name, path) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "tiering" else parts[0]
+
+
+def test_layout_parser_sees_lazy_and_type_checking_imports() -> None:
+    # Guard the guard: if _imports missed these, the tests below could not fail.
+    imports = set(_imports("tiering.placement.policy", MODULES["tiering.placement.policy"]))
+    assert "tiering.catalog.db" in imports
+    assert "tiering.moves" in _graph()["tiering.placement.scheduler"]
+
+
+def test_no_module_is_over_about_500_lines() -> None:
+    sizes = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    big = {n: lines for n, lines in sizes.items() if lines > MAX_LINES}
+    assert not big, f"split these by responsibility: {big}"
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_tiering_module_belongs_to_a_ranked_room() -> None:
+    unranked = {_room(m) for m in MODULES if m.startswith("tiering.") and _room(m) not in RANKS}
+    assert not unranked, f"give these rooms a rank in RANKS: {sorted(unranked)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("app")))
+def test_imports_flow_down(module: str) -> None:
+    here = _room(module)
+    wrong = []
+    for target in _graph()[module]:
+        there = _room(target)
+        if there == here:
+            continue
+        if there == "app":
+            wrong.append(f"{target} (tiering and the client never import app)")
+        elif here == "tierd_client" and there not in CLIENT_MAY_IMPORT:
+            wrong.append(f"{target} (the client installs without the server)")
+        elif RANKS.get(there, 99) >= RANKS.get(here, -1):
+            wrong.append(f"{target} (rank {RANKS.get(there)} is not below {RANKS.get(here)})")
+    assert not wrong, f"{module} imports upward or sideways: {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("app")))
+def test_engine_and_client_never_import_the_web_stack(module: str) -> None:
+    third_party = {m.split(".")[0] for m in _imports(module, MODULES[module])}
+    assert not third_party & set(SERVER_ONLY[:3]), f"{module} imports {third_party}"
+    if module.startswith("tierd_client") or _room(module) in CLIENT_MAY_IMPORT:
+        assert not third_party & set(SERVER_ONLY), f"{module} imports {third_party}"

@@ -1,0 +1,82 @@
+"""tierd's Python client: REST calls, and leased buffers opened in this process as arrays.
+
+It installs without the server (``pip install tierd`` brings httpx and numpy; the service
+needs ``tierd[server]``). CuPy is imported only to open a ``cuda`` buffer, torch only by
+:meth:`Tensors.torch`.
+
+>>> from tierd_client import Client
+>>> with Client("http://127.0.0.1:8470", token) as tierd:             # doctest: +SKIP
+...     with tierd.load("models/llama/shard-0.bin", device="cuda:0") as buf:
+...         t = torch.from_dlpack(buf)      # zero copy: the service's GPU allocation
+...     with tierd.load("ids.bin", dtype="int64") as buf:
+...         a = numpy.asarray(buf)          # zero copy: the service's shared memory
+
+A loaded :class:`Buffer` holds a lease. Closing it (or leaving its ``with`` block) releases
+the lease; the mapping itself closes once no array made from it (a tensor, say) is alive, so
+such an array never points at unmapped memory. Renew long-lived buffers before ``expires_at``
+(:meth:`Buffer.renew`), or the service frees them.
+
+Errors are exceptions carrying the server's code and message::
+
+    TierdClientError
+    ├── TransportError            the server could not be reached (connection, timeout)
+    ├── JobFailed                 a prefetch waited on with wait=True ended failed
+    └── APIError                  the server answered with an error: status, code, message
+        ├── InvalidRequest        400, 422: bad input (unknown device, dtype, shape, index)
+        ├── RangeNotSatisfiable   416: a range outside the file
+        ├── AuthError             401, 403
+        ├── NotFound              404: no such file, buffer or job
+        ├── Conflict              409
+        ├── TooLarge              413: e.g. an index list over the server's limit
+        ├── TooManyRequests       429
+        ├── InsufficientSpace     507: over a device's lease budget (details say what is free)
+        ├── Unavailable           503
+        └── ServerError           any other 5xx
+"""
+
+from __future__ import annotations
+
+from ._buffers import Buffer, Tensors
+from ._client import Client
+from ._exceptions import (
+    APIError,
+    AuthError,
+    Conflict,
+    InsufficientSpace,
+    InvalidRequest,
+    JobFailed,
+    NotFound,
+    RangeNotSatisfiable,
+    ServerError,
+    TierdClientError,
+    TooLarge,
+    TooManyRequests,
+    TransportError,
+    Unavailable,
+)
+
+__all__ = [
+    "APIError",
+    "AuthError",
+    "Buffer",
+    "Client",
+    "Conflict",
+    "InsufficientSpace",
+    "InvalidRequest",
+    "JobFailed",
+    "NotFound",
+    "RangeNotSatisfiable",
+    "ServerError",
+    "Tensors",
+    "TierdClientError",
+    "TooLarge",
+    "TooManyRequests",
+    "TransportError",
+    "Unavailable",
+]
+
+# Public names report the public module (as httpx does), so reprs and docs say
+# ``tierd_client.Client`` rather than ``tierd_client._client.Client``.
+for _name in __all__:
+    globals()[_name].__module__ = "tierd_client"
+del _name

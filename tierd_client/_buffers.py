@@ -1,0 +1,221 @@
+"""Leased buffers opened in this process: :class:`Buffer` and safetensors :class:`Tensors`.
+
+A lease's handle (a CUDA IPC handle, or a POSIX shared-memory name) is opened by
+:func:`tiering.io.buffers.attach`, which imports only numpy and the standard library; CuPy is
+imported only to open a ``cuda`` handle, and torch only by :meth:`Tensors.torch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol
+
+import numpy as np
+
+from tiering.io.buffers import Attached, attach
+from tiering.io.safetensors import DTYPES
+
+from ._exceptions import NotFound, TierdClientError
+
+__all__ = ["Buffer", "LeaseHolder", "Tensors"]
+
+
+class LeaseHolder(Protocol):
+    """What a buffer needs of its client: renew and release its lease (a :class:`Client`)."""
+
+    def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]: ...
+
+    def release(self, buffer_id: str) -> dict[str, Any]: ...
+
+
+class Buffer:
+    """A leased buffer opened in this process.
+
+    ``cuda`` buffers expose ``__cuda_array_interface__``, ``__dlpack__`` and
+    ``__dlpack_device__`` (``torch.from_dlpack``, ``cupy.from_dlpack``, ``cupy.asarray``);
+    ``cpu`` buffers expose the buffer protocol (Python 3.12+), ``__array_interface__`` and
+    ``__dlpack__`` (``numpy.asarray``, ``memoryview``, ``torch.from_dlpack``). None copies.
+
+    Parameters
+    ----------
+    client:
+        Renews and releases the lease (a :class:`Client`); ``None`` for a buffer this object
+        must never release.
+    info:
+        The lease as the server sent it (``buffer_id``, ``nbytes``, ``handle``...).
+    release_on_close:
+        Whether :meth:`close` releases the lease by default.
+
+    Attributes
+    ----------
+    id, nbytes, device, dtype, shape, expires_at:
+        From the lease; ``info`` is the whole lease as the server sent it.
+    """
+
+    def __init__(
+        self, client: LeaseHolder | None, info: Mapping[str, Any], *, release_on_close: bool = True
+    ) -> None:
+        self.info = dict(info)
+        self.id: str = info["buffer_id"]
+        self.nbytes: int = int(info["nbytes"])
+        self.device: str = info["device"]
+        self.dtype: str = info["dtype"]
+        self.shape: tuple[int, ...] = tuple(info["shape"])
+        self.expires_at: str = info["expires_at"]
+        self._client = client
+        self._release_on_close = release_on_close
+        self._attached: Attached | None = attach(info["handle"], self.nbytes)
+        flat = self._attached.array
+        # Kept even after close(): arrays made through __array_interface__ or
+        # __cuda_array_interface__ hold this object, not the array, and must stay mapped.
+        self._array: Any = flat.view(np.dtype(self.dtype)).reshape(self.shape)
+        self._closed = False
+
+    @property
+    def array(self) -> Any:
+        """The data as a CuPy (``cuda``) or NumPy (``cpu``) array of ``dtype`` and ``shape``."""
+        if self._closed:
+            raise TierdClientError(f"buffer {self.id} is closed")
+        return self._array
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def view(self, offset: int, nbytes: int, dtype: Any, shape: Sequence[int]) -> Any:
+        """An array over ``nbytes`` at byte ``offset`` of the buffer (for packed tensors)."""
+        if self._attached is None:
+            raise TierdClientError(f"buffer {self.id} is closed")
+        flat = self._attached.array[offset : offset + nbytes]
+        return flat.view(np.dtype(dtype)).reshape(tuple(shape))
+
+    # -- interchange protocols -----------------------------------------------------------
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        dev = self.array.__dlpack_device__()
+        return int(dev[0]), int(dev[1])
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if not self.is_cuda:
+            raise AttributeError("__cuda_array_interface__: this buffer is in host memory")
+        cai: dict[str, Any] = self.array.__cuda_array_interface__
+        return cai
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if self.is_cuda:
+            raise AttributeError("__array_interface__: this buffer is in GPU memory")
+        ai: dict[str, Any] = self.array.__array_interface__
+        return ai
+
+    def __buffer__(self, flags: int) -> memoryview:
+        if self.is_cuda:
+            raise TypeError("a GPU buffer has no buffer protocol; use __dlpack__")
+        return memoryview(self.array)
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    # -- lease -----------------------------------------------------------------------------
+    def renew(self, ttl_s: float | None = None) -> None:
+        """Restart the lease's TTL (``ttl_s``, default the lease's own)."""
+        if self._client is None:
+            raise TierdClientError("this buffer has no client to renew it with")
+        info = self._client.renew(self.id, ttl_s)
+        self.expires_at = info["expires_at"]
+
+    def close(self, release: bool | None = None) -> None:
+        """Close the buffer and (by default) release the lease. Idempotent.
+
+        The mapping itself closes once neither this object nor any array made from it is
+        alive, so a tensor that still views the memory never faults.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        attached, self._attached = self._attached, None
+        if attached is not None:
+            attached.close()
+        release = self._release_on_close if release is None else release
+        if release and self._client is not None:
+            with contextlib.suppress(NotFound):  # expired already: nothing to give back
+                self._client.release(self.id)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"<Buffer {self.id} {self.device} {self.dtype}{list(self.shape)} "
+            f"{self.nbytes} bytes {state}>"
+        )
+
+
+class Tensors(Mapping[str, Any]):
+    """Tensors of a safetensors load: ``{name: array}`` over the shards' buffers.
+
+    Arrays are CuPy or NumPy views in the storage dtype: BF16 and F8 tensors come as their raw
+    bits (``uint16``/``uint8``); ``dtypes`` has every tensor's safetensors dtype, and
+    :meth:`torch` gives torch tensors with the exact dtypes, still without a copy.
+    """
+
+    def __init__(self, buffers: list[Buffer], layout: Mapping[str, Mapping[str, Any]]) -> None:
+        self.buffers = buffers
+        by_id = {b.id: b for b in buffers}
+        self.dtypes: dict[str, str] = {}
+        self._arrays: dict[str, Any] = {}
+        for name, t in layout.items():
+            buf = by_id[t["buffer_id"]]
+            self.dtypes[name] = t["dtype"]
+            storage = DTYPES[t["dtype"]].storage
+            self._arrays[name] = buf.view(int(t["offset"]), int(t["nbytes"]), storage, t["shape"])
+
+    def __getitem__(self, name: str) -> Any:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def torch(self) -> dict[str, Any]:
+        """``{name: torch.Tensor}`` with torch's exact dtypes (bfloat16, float8...)."""
+        import torch
+
+        out = {}
+        for name, arr in self._arrays.items():
+            t = torch.from_dlpack(arr)
+            exact = DTYPES[self.dtypes[name]].exact
+            out[name] = t.view(getattr(torch, exact)) if exact else t
+        return out
+
+    def close(self, release: bool | None = None) -> None:
+        """Close every shard's buffer (and release the leases, by default)."""
+        self._arrays.clear()
+        for b in self.buffers:
+            b.close(release)
+
+    def __enter__(self) -> Tensors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

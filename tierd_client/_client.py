@@ -1,0 +1,335 @@
+"""tierd over HTTP: :class:`Client`, one method per REST call.
+
+Errors from httpx are translated here, once, into :class:`TransportError`, and error replies
+into the :class:`APIError` tree (:func:`error_from_response`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ._buffers import Buffer, Tensors
+from ._exceptions import JobFailed, TierdClientError, TransportError, error_from_response
+from ._progress import follow
+
+__all__ = ["Client", "FileRef"]
+
+FileRef = int | str
+"""A catalog file id, or a relpath."""
+
+
+def _ref(file: FileRef) -> dict[str, Any]:
+    if isinstance(file, bool) or not isinstance(file, (int, str)):
+        raise TypeError(f"a file is a catalog id (int) or a relpath (str), not {file!r}")
+    return {"file_id": file} if isinstance(file, int) else {"path": file}
+
+
+def _refs(files: FileRef | Sequence[FileRef]) -> dict[str, Any]:
+    items = [files] if isinstance(files, (int, str)) else list(files)
+    if all(isinstance(f, int) and not isinstance(f, bool) for f in items):
+        return {"file_ids": items}
+    if all(isinstance(f, str) for f in items):
+        return {"paths": items}
+    raise TypeError("give files all by id or all by relpath")
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class Client:
+    """tierd over HTTP.
+
+    Parameters
+    ----------
+    base_url:
+        Where tierd listens, e.g. ``http://127.0.0.1:8470``.
+    token:
+        A data or admin token (``Authorization: Bearer``); none for an open loopback server.
+    timeout:
+        Seconds per request.
+    transport:
+        An httpx transport (tests pass an ASGI one).
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8470",
+        token: str | None = None,
+        *,
+        timeout: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # -- plumbing --------------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """One call; returns the decoded JSON, raises :class:`APIError` for an error reply."""
+        try:
+            resp = self._http.request(method, path, json=json, params=params)
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{method} {path}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise error_from_response(resp)
+        return resp.json() if resp.content else None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self, info: Mapping[str, Any], release_on_close: bool) -> Buffer:
+        try:
+            return Buffer(self, info, release_on_close=release_on_close)
+        except BaseException:
+            # The lease is useless to a caller who cannot open it: give it back now.
+            with contextlib.suppress(TierdClientError):
+                self.release(info["buffer_id"])
+            raise
+
+    # -- loads -----------------------------------------------------------------------------
+    def load(
+        self,
+        file: FileRef,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        device: str = "cpu",
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+        release_on_close: bool = True,
+    ) -> Buffer:
+        """Load a file (by id or relpath) or a byte range of it into a buffer on ``device``."""
+        body = _drop_none(
+            {
+                **_ref(file),
+                "offset": offset,
+                "length": length,
+                "device": device,
+                "dtype": dtype,
+                "shape": list(shape) if shape is not None else None,
+                "ttl_s": ttl_s,
+            }
+        )
+        return self._open(self.request("POST", "/v1/load", json=body), release_on_close)
+
+    def load_batch(
+        self,
+        items: Sequence[FileRef | Mapping[str, Any]],
+        *,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+    ) -> list[Buffer]:
+        """Load many files or ranges at once, all or nothing.
+
+        Each item is a file (id or relpath) or a dict with ``file`` and any of ``offset``,
+        ``length``, ``dtype``, ``shape`` and ``device``.
+        """
+        wire = []
+        for it in items:
+            if isinstance(it, Mapping):
+                extra = {k: v for k, v in it.items() if k != "file"}
+                wire.append({**_ref(it["file"]), **_drop_none(extra)})
+            else:
+                wire.append(_ref(it))
+        body = _drop_none({"items": wire, "device": device, "ttl_s": ttl_s})
+        reply = self.request("POST", "/v1/load/batch", json=body)
+        out: list[Buffer] = []
+        try:
+            for info in reply["buffers"]:
+                out.append(self._open(info, True))
+        except BaseException:
+            for b in out:
+                b.close()
+            for info in reply["buffers"][len(out) + 1 :]:
+                self.release(info["buffer_id"])
+            raise
+        return out
+
+    def load_safetensors(
+        self,
+        files: FileRef | Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+    ) -> Tensors:
+        """Load the tensors (all, or ``names``) of safetensors shards."""
+        body = _drop_none(
+            {
+                **_refs(files),
+                "names": list(names) if names is not None else None,
+                "device": device,
+                "ttl_s": ttl_s,
+            }
+        )
+        reply = self.request("POST", "/v1/load/safetensors", json=body)
+        buffers: list[Buffer] = []
+        try:
+            for info in reply["buffers"]:
+                buffers.append(self._open(info, True))
+            return Tensors(buffers, reply["tensors"])
+        except BaseException:
+            for b in buffers:
+                b.close()
+            for info in reply["buffers"][len(buffers) + 1 :]:
+                self.release(info["buffer_id"])
+            raise
+
+    def gather(
+        self,
+        file: FileRef,
+        *,
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+    ) -> Buffer:
+        """Rows of a row-major ``(rows, dim)`` matrix file: by ``indices``, or ``start`` and
+        ``count``. The buffer's shape is ``(n, dim)``."""
+        idx = None
+        if indices is not None:
+            idx = np.asarray(indices).reshape(-1).tolist()
+        body = _drop_none(
+            {
+                **_ref(file),
+                "dim": dim,
+                "dtype": dtype,
+                "indices": idx,
+                "start": start,
+                "count": count,
+                "device": device,
+                "ttl_s": ttl_s,
+            }
+        )
+        return self._open(self.request("POST", "/v1/vectors/gather", json=body), True)
+
+    def open_buffer(self, buffer_id: str, *, release_on_close: bool = True) -> Buffer:
+        """Open an existing lease (e.g. one a ``gpu`` prefetch keeps warm)."""
+        return self._open(self.request("GET", f"/v1/buffers/{buffer_id}"), release_on_close)
+
+    # -- leases ----------------------------------------------------------------------------
+    def buffers(self) -> dict[str, Any]:
+        """Every live lease, and the bytes leased and budget per device."""
+        result: dict[str, Any] = self.request("GET", "/v1/buffers")
+        return result
+
+    def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "POST", f"/v1/buffers/{buffer_id}/renew", json=_drop_none({"ttl_s": ttl_s})
+        )
+        return result
+
+    def release(self, buffer_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("DELETE", f"/v1/buffers/{buffer_id}")
+        return result
+
+    # -- prefetch --------------------------------------------------------------------------
+    def prefetch(
+        self,
+        files: FileRef | Sequence[FileRef],
+        *,
+        target: str = "page_cache",
+        device: str | None = None,
+        ttl_s: float | None = None,
+        wait: bool = False,
+        progress: bool = True,
+        poll_s: float = 0.2,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Start a prefetch job (``gpu``, ``nvme`` or ``page_cache``); returns the job.
+
+        With ``wait=True`` it follows the job to its end, showing a progress bar on stderr
+        (rich's where installed, else a line of text; ``progress=False``: silently), and
+        returns the final state. Ctrl-C, or ``timeout`` seconds passing, cancels the job.
+
+        Raises
+        ------
+        JobFailed
+            ``wait=True`` and the job failed.
+        TimeoutError
+            ``wait=True`` and the job was still running after ``timeout`` seconds.
+        """
+        body = _drop_none({**_refs(files), "target": target, "device": device, "ttl_s": ttl_s})
+        job: dict[str, Any] = self.request("POST", "/v1/prefetch", json=body)
+        if not wait:
+            return job
+        try:
+            job = follow(job, self.job, progress=progress, poll_s=poll_s, timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(TierdClientError):
+                self.cancel(job["id"])
+            raise
+        if job["state"] == "failed":
+            raise JobFailed(f"prefetch job {job['id']} failed: {job['error']}", job)
+        return job
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/v1/jobs/{job_id}")
+        return result
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{job_id}")
+        return result
+
+    # -- catalog and service ----------------------------------------------------------------
+    def files(
+        self, *, tier: str | None = None, prefix: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Files in the catalog (every page, or the first ``limit``)."""
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page = self.request(
+                "GET",
+                "/v1/files",
+                params=_drop_none({"tier": tier, "prefix": prefix, "cursor": cursor}),
+            )
+            out.extend(page["items"])
+            cursor = page["next_cursor"]
+            if cursor is None or (limit is not None and len(out) >= limit):
+                return out[:limit] if limit is not None else out
+
+    def file(self, file: FileRef) -> dict[str, Any]:
+        """One file's record, by id or relpath."""
+        if isinstance(file, int) and not isinstance(file, bool):
+            result: dict[str, Any] = self.request("GET", f"/v1/files/{file}")
+        else:
+            result = self.request("GET", "/v1/files/lookup", params={"path": file})
+        return result
+
+    def tiers(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/v1/tiers")
+        return result
+
+    def policy(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", "/v1/policy")
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """The data path's I/O statistics, per I/O path and per tier."""
+        result: dict[str, Any] = self.request("GET", "/v1/stats")
+        return result

@@ -1,0 +1,140 @@
+"""The one transfer primitive: a byte range of an open file into a flat ``uint8`` array.
+
+Every read of a storage (whole files, ranges, contiguous rows, safetensors shards) ends in
+:meth:`Transfer.transfer`, which picks how to move the bytes by their size and temperature:
+
+- hot GPU loads above ``_INLINE_MAX`` go through KvikIO's C++ thread pool, in one call;
+- small reads into GPU memory that do not take the direct path are one ``pread`` and one copy;
+- up to a task size (or with one thread) the read is issued inline, chunk after chunk;
+- anything larger is split at task-size boundaries over the tier's thread pool.
+
+Each transfer is counted once in the stats, under the file's I/O path and tier.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from . import _pagecache
+from ._backends import SMALL_READ, Backend
+from ._config import GdsConfig, TierIo
+from ._device import Device
+from ._file import GdsFile
+from ._pools import Pools
+from ._stats import IoReport, Stats
+
+__all__ = ["Transfer"]
+
+# Below this size a read skips the page-cache probe and the thread pool: 4 KiB reads are
+# latency-bound and a mincore() or a thread hop costs more than the read itself.
+_INLINE_MAX = 1 << 20
+_PROBE_MIN = 64 << 20
+
+
+class Transfer:
+    """Moves bytes from files into one device's memory with one backend.
+
+    It owns no threads: the per-tier pools come from ``pools``, and it counts into ``stats``.
+    """
+
+    def __init__(
+        self, device: Device, config: GdsConfig, backend: Backend, stats: Stats, pools: Pools
+    ) -> None:
+        self._device = device
+        self._config = config
+        self._backend = backend
+        self._stats = stats
+        self._pools = pools
+        # Hot GPU loads go through KvikIO's C++ thread pool (see KvikioBackend.read_pooled);
+        # cold ones through tierd's threads with cold_io's few large requests.
+        self._pooled = device.is_cuda and hasattr(backend, "read_pooled")
+        if self._pooled:
+            hot = [config.fast_tier_io, config.slow_tier_io, *config.tier_io.values()]
+            backend.ensure_pool(max(io.threads for io in hot))  # type: ignore[attr-defined]
+
+    def transfer(
+        self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+    ) -> IoReport:
+        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
+        io = self._config.io_for(file.tier, file.rank)
+        cold = False
+        if nbytes >= _PROBE_MIN:
+            cold = _pagecache.residency(fd, file_offset, nbytes) < self._config.cold_threshold
+            if cold:
+                io = self._config.cold_io
+        started = self._stats.begin(file.io_path, file.tier_key)
+        ok = False
+        try:
+            if self._pooled and not cold and nbytes > _INLINE_MAX:
+                self._backend.read_pooled(  # type: ignore[attr-defined]
+                    file._handle, fd, dst, dst_offset, nbytes, file_offset, io.threads, io.task_size
+                )
+            elif nbytes <= SMALL_READ and self._device.is_cuda and file.io_path != "gds":
+                self._device.make_current()
+                self._backend.read_small(fd, dst, dst_offset, nbytes, file_offset)
+            elif nbytes <= max(_INLINE_MAX, io.task_size) or io.threads == 1:
+                self._device.make_current()
+                self._chunks(file, fd, dst, dst_offset, file_offset, nbytes, nbytes)
+            else:
+                self._parallel(file, fd, dst, dst_offset, file_offset, nbytes, io)
+            ok = True
+        finally:
+            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds, cold)
+
+    def _chunks(
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        dst_offset: int,
+        file_offset: int,
+        nbytes: int,
+        task: int,
+    ) -> None:
+        done = 0
+        while done < nbytes:
+            n = min(task, nbytes - done)
+            self._backend.read_chunk(
+                file._handle, fd, dst, dst_offset + done, n, file_offset + done
+            )
+            done += n
+
+    def _parallel(
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        dst_offset: int,
+        file_offset: int,
+        nbytes: int,
+        io: TierIo,
+    ) -> None:
+        pool = self._pools.for_io(io)
+        read = self._backend.read_chunk
+        handle = file._handle
+        futures: list[Future[None]] = []
+        # Align chunk boundaries in the file to the task size: direct I/O and the page cache
+        # both prefer it, and only the first and last chunk can then be partial.
+        pos = file_offset
+        end = file_offset + nbytes
+        try:
+            while pos < end:
+                nxt = min(end, (pos // io.task_size + 1) * io.task_size)
+                futures.append(
+                    pool.submit(
+                        read, handle, fd, dst, dst_offset + pos - file_offset, nxt - pos, pos
+                    )
+                )
+                pos = nxt
+            for f in futures:
+                f.result()
+        except BaseException:
+            # Every chunk must be cancelled or finished before the caller may free ``dst``.
+            for f in futures:
+                f.cancel()
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()
+            raise

@@ -1,0 +1,123 @@
+"""What concurrent moves share: the claim handed to a worker, per-file guards, the bandwidth
+cap, and the board of bytes copied so far.
+
+The threads that run moves belong to the scheduler and the engine; this module only holds the
+thread-safe pieces they and the mover meet at.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from tiering.catalog import FileRecord, Migration
+from tiering.errors import FileBusy
+
+__all__ = ["Claim", "FileGuards", "Progress", "ProgressBoard", "RateLimiter"]
+
+Progress = Callable[[int, int], None]
+"""A move's progress callback: ``(bytes copied so far, file size)``."""
+
+
+@dataclass
+class Claim:
+    """A claimed move: the intent is written, the file is ``migrating`` and guarded."""
+
+    intent: Migration
+    record: FileRecord
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Migration | None = None
+    error: BaseException | None = None
+
+
+class FileGuards:
+    """In-process exclusion per file id between the mover, uploads and deletes.
+
+    The catalog's compare-and-set serialises changes durably; the guard keeps a publish or a
+    delete from landing between a move's switch and its source unlink, where the CAS alone would
+    let the mover unlink bytes that just arrived. Holding is never blocking: a busy file is
+    :class:`FileBusy` (409) at once.
+    """
+
+    def __init__(self) -> None:
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+
+    def acquire(self, file_id: int) -> None:
+        with self._lock:
+            if file_id in self._held:
+                raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
+            self._held.add(file_id)
+
+    def release(self, file_id: int) -> None:
+        with self._lock:
+            self._held.discard(file_id)
+
+    @contextmanager
+    def hold(self, file_id: int) -> Iterator[None]:
+        self.acquire(file_id)
+        try:
+            yield
+        finally:
+            self.release(file_id)
+
+    def __contains__(self, file_id: object) -> bool:
+        with self._lock:
+            return file_id in self._held
+
+
+class RateLimiter:
+    """A byte-rate cap shared by every migration (None: no cap); waits are interruptible."""
+
+    BURST_S = 0.05
+
+    def __init__(self, bytes_per_s: float | None = None) -> None:
+        self.rate = bytes_per_s
+        self._lock = threading.Lock()
+        self._next = time.monotonic()
+
+    def set_rate(self, bytes_per_s: float | None) -> None:
+        with self._lock:
+            self.rate = bytes_per_s
+            self._next = time.monotonic()
+
+    def acquire(self, n: int, cancel: threading.Event | None = None) -> None:
+        with self._lock:
+            if not self.rate:
+                return
+            now = time.monotonic()
+            # A virtual clock: each caller books its bytes' share of time after the last one.
+            self._next = max(self._next, now - self.BURST_S) + n / self.rate
+            delay = self._next - now - self.BURST_S
+        if delay > 0:
+            if cancel is not None:
+                cancel.wait(delay)
+            else:
+                time.sleep(delay)
+
+
+class ProgressBoard:
+    """Bytes copied so far per in-flight intent id, written by movers and read by the API."""
+
+    def __init__(self) -> None:
+        self._copied: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def set(self, intent_id: int, copied: int) -> None:
+        with self._lock:
+            self._copied[intent_id] = copied
+
+    def get(self, intent_id: int) -> int | None:
+        with self._lock:
+            return self._copied.get(intent_id)
+
+    def pop(self, intent_id: int) -> None:
+        with self._lock:
+            self._copied.pop(intent_id, None)
+
+    def snapshot(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._copied)

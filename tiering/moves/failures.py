@@ -1,0 +1,127 @@
+"""How a move fails: the public :class:`Cancelled`, the internal :class:`Abort` signal, the
+one place where an ``OSError`` from a tier becomes a :class:`~tiering.errors.TierdError`, and
+the undo and journal record of an aborted move.
+
+Errors from the filesystem are translated here and nowhere else, so every step of a move (and
+every abort it records) names the same error for the same errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+
+from tiering.catalog import FileState, Migration, MigrationPhase
+from tiering.catalog.journal import Journal
+from tiering.errors import CatalogBusy, InsufficientSpace, StorageError, TierdError, Unavailable
+from tiering.moves.fsops import Published, unlink_published
+from tiering.tiers import Tier
+
+__all__ = [
+    "Abort",
+    "Cancelled",
+    "public_error",
+    "record_abort",
+    "retry_busy",
+    "storage_error",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Unavailable):
+    """The move was abandoned because the engine is stopping."""
+
+    code = "cancelled"
+
+
+class Abort(Exception):
+    """Internal: stop the move, give the file ``state`` and close the intent as ``phase``.
+
+    Never leaves :mod:`tiering.moves`: the caller of a move sees :attr:`error` instead (see
+    :func:`public_error`). ``phase="unknown"`` means the commit point's outcome is unknown, so
+    the abort deletes nothing and leaves the intent open for recovery.
+    """
+
+    def __init__(
+        self, error: TierdError, state: str = FileState.STABLE, phase: str = MigrationPhase.ABORTED
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.state = state
+        self.phase = phase
+
+
+def storage_error(exc: OSError, where: str) -> TierdError:
+    """The public error for ``exc``; ``where`` says what the move was doing."""
+    # Out of space (or quota) is the caller's to fix by freeing room, not a failing disk.
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientSpace(f"{where}: out of space ({exc.strerror})")
+    return StorageError(f"{where}: {exc.strerror or exc} (errno {exc.errno})", errno=exc.errno)
+
+
+def public_error(exc: BaseException) -> BaseException:
+    """What the caller of a move sees for ``exc``: internal signals and OS errors translated."""
+    if isinstance(exc, Abort):
+        return exc.error
+    if isinstance(exc, OSError):
+        return storage_error(exc, "migration")
+    return exc
+
+
+def retry_busy(fn: Callable[[], object], tries: int = 3) -> None:
+    """Run a catalog write, retrying a few times while the catalog is busy."""
+    for i in range(tries):
+        try:
+            fn()
+            return
+        except CatalogBusy:
+            if i == tries - 1:
+                raise
+            time.sleep(0.1 * (i + 1))
+
+
+def record_abort(
+    journal: Journal,
+    intent: Migration,
+    exc: BaseException,
+    dst: Tier,
+    published: Published | None,
+    *,
+    copied: int | None,
+) -> None:
+    """Undo what a failed move made at ``dst`` and close its intent with the error.
+
+    Before the switch the source is authoritative, so the published copy (if any) goes; the
+    file gets the state and the intent the phase that ``exc`` asks for (:class:`Abort`), or
+    stable/aborted for any other error. A failure to record is logged and left to recovery.
+    """
+    if isinstance(exc, Abort) and exc.phase == "unknown":
+        return  # commit state uncertain: delete nothing, leave the intent to recovery
+    if published is not None:
+        unlink_published(dst, intent.relpath, published)
+    err: BaseException
+    if isinstance(exc, Abort):
+        state, phase, err = exc.state, exc.phase, exc.error
+    else:
+        state, phase = FileState.STABLE, MigrationPhase.ABORTED
+        err = public_error(exc)
+    text = err.message if isinstance(err, TierdError) else str(err)
+    detail = text if state != FileState.STABLE else None
+    message = f"{type(err).__name__}: {text}"
+    try:
+        retry_busy(
+            lambda: journal.release(
+                intent,
+                phase=phase,
+                error=message,
+                state=state,
+                detail=detail,
+                bytes_copied=copied,
+            )
+        )
+    except Exception:
+        log.exception("migration %d: could not record the abort; recovery will", intent.id)
+    log.warning("migration %d of %r aborted: %s", intent.id, intent.relpath, message)

@@ -1,0 +1,294 @@
+"""Reads, uploads and deletes of single files, each safe against a migration of the same file.
+
+A read keeps the fd it opened whatever then happens to the path, and looks again when a switch
+moved the file between reading its record and opening it. An upload writes through
+:class:`~tiering.moves.fsops.AtomicWriter` and records the file in the catalog last. A delete
+unlinks under the catalog's write lock. Uploads that replace a file, and deletes, hold the
+file's guard (see :class:`~tiering.moves.concurrency.FileGuards`) so they cannot land between a
+migration's switch and its source unlink.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+from tiering.catalog import Catalog, FileRecord, FileState, NewFile
+from tiering.errors import (
+    AlreadyExists,
+    FileBusy,
+    FileNotFound,
+    InsufficientSpace,
+    InvalidInput,
+    TooLarge,
+)
+from tiering.moves.concurrency import FileGuards
+from tiering.moves.fsops import AtomicWriter
+from tiering.tiers import Tier, Tiers
+from tiering.tiers.paths import validate_relpath
+
+__all__ = ["READ_CHUNK", "Content", "FileOps", "Upload"]
+
+READ_CHUNK = 1 << 20
+
+#: Bytes that may still be written to a tier, not counting the file an upload replaces.
+Room = Callable[[Tier, FileRecord | None], int]
+
+
+class Content:
+    """An open file being served: bytes come from this fd, whatever happens to the path."""
+
+    def __init__(self, record: FileRecord, fd: int, size: int) -> None:
+        self.record = record
+        self.fd = fd
+        self.size = size
+
+    def iter_range(self, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:
+        """Bytes ``[start, end)`` in chunks; closes the fd when exhausted or closed."""
+        try:
+            pos = start
+            while pos < end:
+                data = os.pread(self.fd, min(chunk, end - pos), pos)
+                if not data:
+                    break
+                yield data
+                pos += len(data)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Upload:
+    """One streamed upload; see :meth:`FileOps.begin_upload`."""
+
+    def __init__(
+        self,
+        writer: AtomicWriter,
+        previous: FileRecord | None,
+        max_bytes: int,
+        *,
+        catalog: Catalog,
+        tiers: Tiers,
+        guards: FileGuards,
+    ) -> None:
+        self._writer = writer
+        self._previous = previous
+        self._max_bytes = max_bytes
+        self._catalog = catalog
+        self._tiers = tiers
+        self._guards = guards
+
+    @property
+    def size(self) -> int:
+        return self._writer.size
+
+    @property
+    def replaces(self) -> FileRecord | None:
+        """The record this upload overwrites, if any."""
+        return self._previous
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._writer.size + len(data) > self._max_bytes:
+            raise TooLarge(
+                f"upload is larger than max_upload_bytes ({self._max_bytes})",
+                limit=self._max_bytes,
+            )
+        self._writer.write(data)
+
+    def commit(self) -> FileRecord:
+        """Publish the bytes, then record them: the catalog commit comes last.
+
+        Replacing a file holds its guard, so the publish cannot land while a migration of the
+        same file is between its switch and its source unlink.
+        """
+        if self._previous is None:
+            return self._commit()
+        with self._guards.hold(self._previous.id):
+            current = self._catalog.find(self._previous.relpath)
+            if current is not None and (
+                current.state == FileState.MIGRATING or current.tier != self._previous.tier
+            ):
+                raise FileBusy(
+                    f"{self._previous.relpath!r} was migrated during the upload; try again",
+                    file_id=self._previous.id,
+                )
+            return self._commit()
+
+    def _commit(self) -> FileRecord:
+        published = self._writer.publish()
+        tier = self._writer.tier
+        new = NewFile(
+            published.relpath, tier.name, published.size, published.mtime_ns, published.checksum
+        )
+        try:
+            rec = self._catalog.upsert(new)
+        except BaseException:
+            if self._previous is None:
+                # Nobody knows these bytes yet: take them back so the failed upload leaves
+                # nothing. (An overwrite's bytes stay; scan sees the change and rehashes.)
+                tier.unlink(published.relpath)
+            raise
+        if rec is None:
+            raise FileBusy(f"{published.relpath!r} is being migrated; try again")
+        prev = self._previous
+        if prev is not None and prev.tier != tier.name:
+            # The record now names the new tier; the old copy is stale. A crash before this
+            # unlink leaves a conflict for scan to report, never a lost file.
+            self._tiers.get(prev.tier).unlink(prev.relpath)
+        return rec
+
+    def abort(self) -> None:
+        self._writer.abort()
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+
+class FileOps:
+    """Reads, uploads and deletes over one catalog and one set of tiers.
+
+    Parameters
+    ----------
+    catalog, tiers:
+        Where files are recorded and kept.
+    guards:
+        Shared with the mover (see :class:`~tiering.moves.concurrency.FileGuards`).
+    room:
+        Bytes that may still be written to a tier, not counting the file an upload replaces
+        (free space capped by the tier's quota).
+    default_tier:
+        Where a new file goes when the caller names no tier (None: the fastest tier).
+    max_upload_bytes:
+        The largest upload accepted.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        tiers: Tiers,
+        *,
+        guards: FileGuards,
+        room: Room,
+        default_tier: str | None,
+        max_upload_bytes: int,
+    ) -> None:
+        self.catalog = catalog
+        self.tiers = tiers
+        self.guards = guards
+        self.room = room
+        self.default_tier = default_tier
+        self.max_upload_bytes = max_upload_bytes
+
+    def open_content(self, file_id: int) -> Content:
+        """Open a file's bytes for reading (counting the access is the caller's job).
+
+        The fd is opened beneath the tier root; if a migration switches the file meanwhile, the
+        fd keeps reading the bytes it opened. If the catalog moved the file between our read of
+        the record and the open (the source is unlinked only after the switch commits), the
+        record is read again; only a record that did not change is reported missing.
+        """
+        rec = self.catalog.get(file_id, cached=True)
+        for _ in range(8):
+            if rec.state == FileState.MISSING:
+                raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")
+            try:
+                fd, st = self.tiers.get(rec.tier).open_read(rec.relpath)
+            except FileNotFound:
+                again = self.catalog.get(file_id)
+                if (again.tier, again.generation) == (rec.tier, rec.generation):
+                    break
+                rec = again  # switched to another tier between get and open: look again
+                continue
+            return Content(rec, fd, st.st_size)
+        raise FileNotFound(f"file {file_id} is not on disk where the catalog says")
+
+    def begin_upload(
+        self,
+        relpath: str,
+        *,
+        tier: str | None = None,
+        overwrite: bool = False,
+        expected_size: int | None = None,
+    ) -> Upload:
+        """Start a crash-safe upload; write to it, then ``commit()`` (or leave it to abort).
+
+        Every check runs before anything is created, so bad input changes nothing on disk.
+
+        Raises
+        ------
+        InvalidPath, TierNotFound
+            Bad input; nothing is created.
+        AlreadyExists
+            The relpath exists (in any tier) and ``overwrite`` is false.
+        FileBusy
+            The file is being migrated.
+        TooLarge, InsufficientSpace
+            ``expected_size`` is over ``max_upload_bytes``, or over the tier's free space or quota.
+        """
+        relpath = validate_relpath(relpath)
+        previous = self.catalog.find(relpath)
+        if tier is None:
+            # An overwrite stays where the file is unless the caller says otherwise.
+            tier = previous.tier if previous else self.default_tier
+        target = self.tiers.get(tier) if tier else self.tiers.fastest
+        if expected_size is not None and expected_size < 0:
+            raise InvalidInput("size must not be negative")
+        if previous is not None:
+            if not overwrite:
+                raise AlreadyExists(
+                    f"{relpath!r} already exists (id {previous.id}, tier {previous.tier}); "
+                    "pass overwrite=true to replace it",
+                    path=relpath,
+                    file_id=previous.id,
+                )
+            if previous.state == FileState.MIGRATING:
+                raise FileBusy(f"{relpath!r} is being migrated; try again", file_id=previous.id)
+        max_bytes = self.max_upload_bytes
+        if expected_size is not None and expected_size > max_bytes:
+            raise TooLarge(
+                f"upload of {expected_size} bytes is over max_upload_bytes ({max_bytes})",
+                limit=max_bytes,
+            )
+        limit = self.room(target, previous)
+        if expected_size is not None and expected_size > limit:
+            raise InsufficientSpace(
+                f"tier {target.name} has room for {limit} bytes, upload needs {expected_size}",
+                tier=target.name,
+                free=limit,
+            )
+        writer = AtomicWriter(target, relpath, overwrite=overwrite, limit=limit)
+        return Upload(
+            writer, previous, max_bytes, catalog=self.catalog, tiers=self.tiers, guards=self.guards
+        )
+
+    def delete(self, file_id: int) -> FileRecord:
+        """Remove a file's bytes and its record.
+
+        The bytes are unlinked while the catalog's write lock is held, then the deletion
+        commits: a busy catalog changes nothing, and a crash in between leaves a ``missing``
+        record for scan to report, never a resurrected file.
+        """
+        with self.guards.hold(file_id):
+            rec = self.catalog.get(file_id)
+            if rec.state == FileState.MIGRATING:
+                raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
+            tier = self.tiers.get(rec.tier)
+            unlink = lambda r: tier.unlink(r.relpath)  # noqa: E731
+            if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
+                raise FileBusy(
+                    f"file {file_id} changed while it was being deleted", file_id=file_id
+                )
+        return rec

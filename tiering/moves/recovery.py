@@ -1,0 +1,160 @@
+"""Recovery at start: settle the moves a crash interrupted, before anything is served.
+
+The rule of RELIABILITY.md, decided per open intent from what each side holds now:
+
+- ``copying``: the source is authoritative. The temp goes, and so does a copy at B with the
+  source's bytes; the file is ``stable`` on A again.
+- ``switched``: B is authoritative. The source goes if it holds the moved bytes, and the
+  intent is ``done``.
+- When one side is gone and the other holds verified bytes, that side is kept.
+- Anything else cannot be decided: nothing is deleted, the file is quarantined and reported.
+
+Only tierd's own temp name for the intent is ever removed outright; a file at its final name
+is removed only when its checksum proves it is the moved file and it is still that inode. So a
+second run finds nothing to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from tiering.catalog import Catalog, Migration, MigrationPhase
+from tiering.catalog.journal import Journal
+from tiering.errors import IntegrityError, TierdError, TierNotFound
+from tiering.moves.fsops import probe, unlink_if_same
+from tiering.tiers import Tier, Tiers
+
+__all__ = ["RecoveryReport", "recover"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    """What one :func:`recover` run did, by intent id (file ids for ``unstuck``)."""
+
+    aborted: list[int] = field(default_factory=list)  # copying: source kept
+    finished: list[int] = field(default_factory=list)  # switched: source removed
+    relocated: list[int] = field(default_factory=list)  # only one side survived: kept that one
+    quarantined: list[int] = field(default_factory=list)  # undecidable: nothing deleted
+    unstuck: list[int] = field(default_factory=list)  # migrating files with no intent
+
+    @property
+    def changed(self) -> bool:
+        return bool(
+            self.aborted or self.finished or self.relocated or self.quarantined or self.unstuck
+        )
+
+
+def recover(catalog: Catalog, journal: Journal, tiers: Tiers) -> RecoveryReport:
+    """Settle every intent a crash left open, by the rule above; run before serving.
+
+    Idempotent: a second run finds no open intent and reports nothing
+    (``RecoveryReport.changed`` is False).
+    """
+    report = RecoveryReport()
+    for intent in journal.open_intents():
+        try:
+            _recover(catalog, journal, tiers, intent, report)
+        except (OSError, TierdError) as exc:
+            why = f"recovery could not decide: {exc}; nothing was deleted"
+            log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
+            journal.quarantine(intent, error=why)
+            report.quarantined.append(intent.id)
+    report.unstuck = journal.unstick()
+    return report
+
+
+def _recover(
+    catalog: Catalog, journal: Journal, tiers: Tiers, intent: Migration, report: RecoveryReport
+) -> None:
+    """Settle one intent; an error means it could not even look, and ``recover`` quarantines."""
+    try:
+        src, dst = tiers.get(intent.src_tier), tiers.get(intent.dst_tier)
+    except TierNotFound as exc:
+        raise IntegrityError(f"tier no longer configured: {exc.message}") from exc
+    rec = catalog.find(intent.relpath)
+    if rec is None or rec.id != intent.file_id:
+        # The file was deleted: only the temp is ours for sure.
+        _remove_temp(dst, intent)
+        journal.release(intent, phase=MigrationPhase.ABORTED, error="file deleted")
+        report.aborted.append(intent.id)
+        return
+    expected = rec.checksum
+    a = probe(src, intent.relpath)
+    b = probe(dst, intent.relpath)
+
+    def ok(side: tuple[str, os.stat_result] | None) -> bool:
+        return side is not None and side[0] == expected
+
+    if intent.phase == MigrationPhase.COPYING:
+        if a is not None and (expected is None or a[0] == expected):
+            _remove_temp(dst, intent)
+            if b is not None and b[0] == a[0]:
+                unlink_if_same(dst, intent.relpath, b[1])
+            elif b is not None:
+                log.warning(
+                    "%r on tier %s differs from the source; left for a person",
+                    intent.relpath,
+                    dst.name,
+                )
+            journal.relocate(
+                intent,
+                tier=src.name,
+                phase=MigrationPhase.ABORTED,
+                error="interrupted by a restart; the source was kept",
+                checksum=a[0],
+            )
+            report.aborted.append(intent.id)
+            return
+        if a is None and expected is not None and ok(b):
+            _remove_temp(dst, intent)
+            journal.relocate(
+                intent,
+                tier=dst.name,
+                phase=MigrationPhase.DONE,
+                error="the source was lost; the verified copy at the destination was kept",
+            )
+            report.relocated.append(intent.id)
+            return
+    elif intent.phase == MigrationPhase.SWITCHED:
+        if ok(b):
+            _remove_temp(dst, intent)
+            if a is not None and a[0] == expected:
+                unlink_if_same(src, intent.relpath, a[1])
+            elif a is not None:
+                log.warning(
+                    "%r on tier %s is not the moved file; left for a person",
+                    intent.relpath,
+                    src.name,
+                )
+            journal.finish(intent.id)
+            report.finished.append(intent.id)
+            return
+        if b is None and ok(a):
+            _remove_temp(dst, intent)
+            journal.relocate(
+                intent,
+                tier=src.name,
+                phase=MigrationPhase.FAILED,
+                error="the copy at the destination was lost after the switch; the source was kept",
+            )
+            report.relocated.append(intent.id)
+            return
+    sides = f"source {'absent' if a is None else 'present'}, destination " + (
+        "absent" if b is None else "present"
+    )
+    why = (
+        f"recovery of a {intent.phase} move could not decide which copy is right ({sides}, "
+        f"neither both verified against {expected}); nothing was deleted"
+    )
+    log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
+    journal.quarantine(intent, error=why)
+    report.quarantined.append(intent.id)
+
+
+def _remove_temp(tier: Tier, intent: Migration) -> bool:
+    """Remove the intent's temp file; only that exact name is ours for sure."""
+    return tier.unlink(intent.relpath, name=intent.temp_name)

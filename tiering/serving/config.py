@@ -1,0 +1,72 @@
+"""Settings of the :class:`~tiering.serving.Loader`, and the small types every load shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tiering.io import Device, GdsConfig, IoReport
+
+__all__ = ["MiB", "FileRef", "LoaderConfig", "Observer"]
+
+MiB = 1 << 20
+
+FileRef = int | str
+"""A catalog file id, or a relpath."""
+
+Observer = Callable[[str, Device, IoReport], None]
+"""``observer(op, device, report)``: called after every successful read (for metrics)."""
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Settings of the :class:`~tiering.serving.Loader`.
+
+    ``app.settings`` builds it from ``TIERD_BUFFERS__*``.
+
+    Parameters
+    ----------
+    lease_ttl_s, lease_max_ttl_s:
+        Default and longest lifetime of a lease.
+    reap_interval_s:
+        How often expired leases are freed.
+    cpu_budget_bytes:
+        Bytes that may be leased in shared memory.
+    gpu_budget_fraction:
+        Share of a GPU's free memory (when it is first used) that may be leased.
+    gpu_budget_bytes:
+        A fixed budget per GPU instead of the fraction.
+    max_gather_indices:
+        Longest index list of a gather (more: TooLarge).
+    max_batch_items:
+        Most items in one batch load, and most files in one safetensors load or prefetch.
+    load_concurrency:
+        Items of a batch loaded at once.
+    prefetch_concurrency:
+        Prefetch jobs running at once; more wait in a queue.
+    prefetch_chunk_bytes:
+        Granularity of prefetch progress and cancellation.
+    job_retention_s:
+        How long finished jobs stay visible.
+    gpu_cache_bytes, gpu_cache_idle_s:
+        Released GPU buffers kept for reuse, per device, and for how long (see
+        :class:`~tiering.io.buffers.BufferPool`); always within the budget.
+    io:
+        Data-path settings for every device's :class:`~tiering.io.GpuDirectStorage`.
+    """
+
+    lease_ttl_s: float = 300.0
+    lease_max_ttl_s: float = 3600.0
+    reap_interval_s: float = 1.0
+    cpu_budget_bytes: int = 4 << 30
+    gpu_budget_fraction: float = 0.5
+    gpu_budget_bytes: int | None = None
+    max_gather_indices: int = 1 << 22
+    max_batch_items: int = 1024
+    load_concurrency: int = 8
+    prefetch_concurrency: int = 2
+    prefetch_chunk_bytes: int = 64 * MiB
+    job_retention_s: float = 3600.0
+    gpu_cache_bytes: int = 2 << 30
+    gpu_cache_idle_s: float = 30.0
+    io: GdsConfig = field(default_factory=GdsConfig)

@@ -1,0 +1,148 @@
+"""What every kind of load shares: the engine, the lease table, the data paths and the stats.
+
+A :class:`LoadContext` resolves a file reference to its catalog record and opens it beneath
+its tier root, checks devices, keeps one :class:`~tiering.io.GpuDirectStorage` per device (all
+counting into one :class:`~tiering.io.Stats`), sizes each device's lease budget, and reports
+finished reads to the observer. The load modules (``loads``, ``gathers``, ``safetensors``,
+``prefetch``) are free functions over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+from tiering.catalog import FileRecord
+from tiering.engine import Engine
+from tiering.errors import BackendUnavailable, InvalidDevice, InvalidInput
+from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
+from tiering.io._device import import_cupy
+from tiering.io.buffers import BufferPool
+from tiering.serving.config import FileRef, LoaderConfig, Observer
+from tiering.serving.leases import LeaseTable, Reservation
+
+__all__ = ["LoadContext", "fill"]
+
+log = logging.getLogger(__name__)
+
+
+class LoadContext:
+    """The state shared by every load of one :class:`~tiering.serving.Loader`.
+
+    ``close()`` stops the lease reaper (freeing every lease) and closes the storages.
+    """
+
+    def __init__(self, engine: Engine, config: LoaderConfig, observer: Observer | None) -> None:
+        self.engine = engine
+        self.config = config
+        self.observer = observer
+        self.leases = LeaseTable(
+            self.budget,
+            ttl_s=config.lease_ttl_s,
+            max_ttl_s=config.lease_max_ttl_s,
+            reap_interval_s=config.reap_interval_s,
+            pool=BufferPool(config.gpu_cache_bytes, config.gpu_cache_idle_s),
+        )
+        # One Stats for every device's storage, so the service reports one set of counters.
+        self.stats = Stats()
+        self._storages: dict[Device, GpuDirectStorage] = {}
+        self._storage_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.leases.stop()
+        with self._storage_lock:
+            storages = list(self._storages.values())
+            self._storages.clear()
+        for s in storages:
+            s.close()
+
+    # -- devices -----------------------------------------------------------------------------
+    def device(self, spec: str | Device) -> Device:
+        """Parse and check a device; a CUDA device on a host without CUDA is InvalidDevice."""
+        if isinstance(spec, Device):
+            return spec
+        try:
+            return parse_device(spec)
+        except BackendUnavailable as exc:
+            raise InvalidDevice(
+                f"{spec} does not exist: this host has no CUDA ({exc.message})", device=spec
+            ) from exc
+
+    def storage(self, device: Device) -> GpuDirectStorage:
+        """The data path into ``device`` (created at first use, shared by all requests)."""
+        found = self._storages.get(device)
+        if found is not None:
+            return found
+        with self._storage_lock:
+            found = self._storages.get(device)
+            if found is None:
+                found = GpuDirectStorage(
+                    device, self.config.io, self.engine.config.tiers, stats=self.stats
+                )
+                self._storages[device] = found
+            return found
+
+    def budget(self, device: Device) -> int:
+        """The lease budget of ``device``; the lease table asks once per device."""
+        if not device.is_cuda:
+            return self.config.cpu_budget_bytes
+        if self.config.gpu_budget_bytes is not None:
+            return self.config.gpu_budget_bytes
+        cp = import_cupy()
+        with cp.cuda.Device(device.index):
+            free, _total = cp.cuda.runtime.memGetInfo()
+        budget = int(free * self.config.gpu_budget_fraction)
+        log.info(
+            "lease budget of %s: %d bytes (%.0f%% of free)",
+            device,
+            budget,
+            100 * self.config.gpu_budget_fraction,
+        )
+        return budget
+
+    # -- files -------------------------------------------------------------------------------
+    def record(self, ref: FileRef) -> FileRecord:
+        """The catalog record of a file id or relpath."""
+        if isinstance(ref, bool) or not isinstance(ref, (int, str)):
+            raise InvalidInput(f"a file is an id or a relpath, not {ref!r}")
+        return self.engine.get(ref) if isinstance(ref, int) else self.engine.lookup(ref)
+
+    @contextlib.contextmanager
+    def open(self, ref: FileRef, storage: GpuDirectStorage) -> Iterator[tuple[GdsFile, int]]:
+        """Open a catalog file beneath its tier root for ``storage``; counts one access."""
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            file_id = ref
+        elif isinstance(ref, str):
+            file_id = self.engine.lookup(ref, cached=True).id
+        else:
+            file_id = self.record(ref).id  # raises the clear error for a bad reference
+        content = self.engine.open_content(file_id)
+        try:
+            rec = content.record
+            path = self.engine.tiers.get(rec.tier).root / rec.relpath
+            f = storage.open_file(path, fd=content.fd)
+        finally:
+            content.close()
+        with f:
+            yield f, rec.id
+
+    def observe(self, op: str, device: Device, report: IoReport) -> None:
+        """Tell the observer about a finished read; its failure never fails the load."""
+        if self.observer is not None:
+            try:
+                self.observer(op, device, report)
+            except Exception:
+                log.exception("load observer failed")
+
+
+def fill(storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, n: int) -> IoReport:
+    """Read ``n`` bytes of ``f`` from ``offset`` into the buffer attached to ``res``."""
+    assert res.buffer is not None
+    if n == 0:
+        return IoReport(0, f.io_path, f.tier_key, 0.0)
+    storage.device.make_current()
+    report = storage.load_to_gpu(f, offset, res.buffer.array()[:n])
+    res.buffer.synchronize()  # the client may read as soon as it has the reply
+    return report

@@ -1,0 +1,188 @@
+"""Prefetch: background jobs that warm files up into GPU leases, the fastest tier or the page
+cache, with progress in bytes and files and cancellation between chunks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+
+from tiering.catalog import FileRecord
+from tiering.errors import InvalidInput, TierdError, TooLarge
+from tiering.io import Device, IoReport
+from tiering.io.buffers import alloc_size
+from tiering.moves import Cancelled
+from tiering.serving.config import FileRef, MiB
+from tiering.serving.context import LoadContext
+from tiering.serving.jobs import Job, JobCancelled, JobTable
+
+__all__ = ["PREFETCH_TARGETS", "start_prefetch"]
+
+PREFETCH_TARGETS = ("gpu", "nvme", "page_cache")
+
+
+def start_prefetch(
+    ctx: LoadContext,
+    jobs: JobTable,
+    files: Sequence[FileRef],
+    *,
+    target: str,
+    device: str | Device | None,
+    ttl_s: float | None,
+) -> Job:
+    """Start a warm-up job on ``jobs``; see :meth:`tiering.serving.Loader.prefetch`."""
+    if target not in PREFETCH_TARGETS:
+        raise InvalidInput(f"target must be one of {', '.join(PREFETCH_TARGETS)}, got {target!r}")
+    if not files:
+        raise InvalidInput("name at least one file")
+    if len(files) > ctx.config.max_batch_items:
+        raise TooLarge(
+            f"{len(files)} files is over the limit of {ctx.config.max_batch_items}",
+            limit=ctx.config.max_batch_items,
+        )
+    recs: dict[int, FileRecord] = {}
+    for ref in files:
+        rec = ctx.record(ref)
+        recs.setdefault(rec.id, rec)
+    todo = list(recs.values())
+    dev: Device | None = None
+    if target == "gpu":
+        dev = ctx.device(device or "cuda:0")
+        ctx.leases.ttl(ttl_s)
+    elif device is not None:
+        raise InvalidInput(f"device applies to target gpu only, not {target}")
+    job = Job(
+        id="",
+        kind="prefetch",
+        target=target,
+        files_total=len(todo),
+        bytes_total=sum(r.size for r in todo),
+        device=str(dev) if dev else None,
+    )
+    if target == "gpu":
+        assert dev is not None
+        gpu_dev = dev
+        return jobs.submit(
+            job,
+            lambda j: _prefetch_gpu(ctx, j, todo, gpu_dev, ttl_s),
+            lambda j: _prefetch_cleanup(ctx, j),
+        )
+    if target == "nvme":
+        return jobs.submit(job, lambda j: _prefetch_nvme(ctx, j, todo))
+    return jobs.submit(job, lambda j: _prefetch_page_cache(ctx, j, todo))
+
+
+def _prefetch_cleanup(ctx: LoadContext, job: Job) -> None:
+    # Cancelled: the warm leases are not wanted. Failed: keep the ones that loaded.
+    if job.cancel.is_set():
+        with job.lock:
+            ids, job.lease_ids = job.lease_ids, []
+        ctx.leases.release_many(ids)
+
+
+def _file_error(job: Job, rec: FileRecord, exc: TierdError) -> None:
+    with job.lock:
+        job.errors.append(
+            {"file_id": rec.id, "path": rec.relpath, "code": exc.code, "message": exc.message}
+        )
+
+
+def _prefetch_gpu(
+    ctx: LoadContext, job: Job, recs: list[FileRecord], dev: Device, ttl_s: float | None
+) -> None:
+    storage = ctx.storage(dev)
+    chunk = ctx.config.prefetch_chunk_bytes
+    for rec in recs:
+        job.check()
+        try:
+            with ctx.open(rec.id, storage) as (f, file_id):
+                n = f.size()
+                with ctx.leases.reserve(dev, alloc_size(dev, n)) as res:
+                    buf = res.attach(ctx.leases.pool.get(dev, n))
+                    arr = buf.array()
+                    storage.device.make_current()
+                    started = time.perf_counter()
+                    pos = 0
+                    while pos < n:
+                        job.check()
+                        k = min(chunk, n - pos)
+                        storage.load_to_gpu(f, pos, arr[pos : pos + k])
+                        pos += k
+                        job.add(nbytes=k)
+                    del arr
+                    buf.synchronize()
+                    report = IoReport(n, f.io_path, f.tier_key, time.perf_counter() - started)
+                    lease = ctx.leases.grant(
+                        res,
+                        nbytes=n,
+                        dtype="uint8",
+                        shape=(n,),
+                        kind="prefetch",
+                        file_ids=(file_id,),
+                        report=report,
+                        ttl_s=ttl_s,
+                    )
+        except TierdError as exc:
+            _file_error(job, rec, exc)
+            continue
+        with job.lock:
+            job.lease_ids.append(lease.id)
+            job.files_done += 1
+        ctx.observe("prefetch", dev, report)
+
+
+def _prefetch_nvme(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
+    fastest = ctx.engine.tiers.fastest.name
+    for rec in recs:
+        job.check()
+        base = job.bytes_done
+        try:
+            if ctx.engine.access is not None:
+                ctx.engine.access.record(rec.id)
+            current = ctx.engine.get(rec.id)
+            if current.tier != fastest:
+
+                def progress(done: int, _total: int, base: int = base) -> None:
+                    with job.lock:
+                        job.bytes_done = base + done
+
+                ctx.engine.mover.migrate(
+                    rec.id, fastest, reason="prefetch", progress=progress, cancel=job.cancel
+                )
+        except Cancelled as exc:
+            if job.cancel.is_set():
+                raise JobCancelled from exc
+            _file_error(job, rec, exc)
+        except TierdError as exc:
+            _file_error(job, rec, exc)
+        with job.lock:
+            job.bytes_done = base + rec.size
+            job.files_done += 1
+
+
+def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
+    chunk = min(ctx.config.prefetch_chunk_bytes, 8 * MiB)
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    for rec in recs:
+        job.check()
+        try:
+            content = ctx.engine.open_content(rec.id)
+        except TierdError as exc:
+            _file_error(job, rec, exc)
+            continue
+        try:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(content.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            pos = 0
+            while pos < content.size:
+                job.check()
+                got = os.preadv(content.fd, [view[: min(chunk, content.size - pos)]], pos)
+                if got <= 0:
+                    break
+                pos += got
+                job.add(nbytes=got)
+        finally:
+            content.close()
+        job.add(files=1)
