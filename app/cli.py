@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -109,28 +108,42 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error")] = None,
+    log_format: Annotated[
+        str | None, typer.Option(help="text, or json: one JSON object per line")
+    ] = None,
 ) -> None:
     """Run the service (upgrades the catalog and scans the tiers first)."""
     import uvicorn
 
+    from app.logs import configure_logging
     from app.main import UnsafeBind, create_app
 
-    settings = _settings(config, data_dir=data_dir, host=host, port=port, log_level=log_level)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    settings = _settings(
+        config, data_dir=data_dir, host=host, port=port, log_level=log_level, log_format=log_format
     )
+    try:
+        configure_logging(settings.log_level, settings.log_format)
+    except ValueError as exc:
+        err.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
     try:
         app = create_app(settings)
     except UnsafeBind as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+    )
 
 
 @db_cli.command("upgrade")
 def db_upgrade(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Create or upgrade the catalog schema (Alembic)."""
     settings = _settings(config, data_dir=data_dir)
+    from app.logs import quiet_alembic
+
+    quiet_alembic()
     upgrade(settings.catalog_url)
     out.print(f"catalog at {settings.catalog_url} is up to date")
 

@@ -1,6 +1,8 @@
 """The one place where engine errors become HTTP responses.
 
-Every error body has one shape: ``{"error": {"code": "snake_case", "message": "...", ...}}``.
+Every error body has one shape:
+``{"error": {"code": "snake_case", "message": "...", "request_id": "...", ...}}``, and every error
+response carries the request id in ``X-Request-ID`` too (see ``app.logs``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.allow import allow_headers
+from app.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
 from tiering import errors as e
 
 __all__ = ["HttpError", "error_response", "install_error_handlers", "status_for"]
@@ -62,9 +66,19 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     **details: object,
 ) -> JSONResponse:
+    """The error response; ``request_id`` defaults to the current request's (``app.logs``)."""
     body: dict[str, object] = {"code": code, "message": message}
     body.update({k: v for k, v in details.items() if v is not None})
+    rid = body.get("request_id") or current_request_id()
+    if rid is not None:
+        body["request_id"] = rid
+        headers = {**(headers or {}), REQUEST_ID_HEADER: str(rid)}
     return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _request_id(req: Request) -> str | None:
+    rid = getattr(req.state, "request_id", None)
+    return rid if isinstance(rid, str) else current_request_id()
 
 
 def _jsonable(details: dict[str, object]) -> dict[str, object]:
@@ -95,9 +109,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _starlette(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _starlette(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+        return error_response(exc.status_code, code, str(exc.detail), allow_headers(req, exc))
 
     @app.exception_handler(OSError)
     async def _os(_req: Request, exc: OSError) -> JSONResponse:
@@ -108,6 +122,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(500, "io_error", f"storage error: {exc.strerror or exc}")
 
     @app.exception_handler(Exception)
-    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        # Starlette runs this outside the middleware stack: take the id from the request.
+        rid = _request_id(req)
+        token = request_id_var.set(rid)
+        try:
+            log.exception("unhandled error")
+        finally:
+            request_id_var.reset(token)
+        return error_response(
+            500, "internal_error", f"internal error: {type(exc).__name__}", request_id=rid
+        )

@@ -26,6 +26,7 @@ from app.api import (
 )
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
+from app.logs import RequestId
 from app.metrics import HttpMetrics, Metrics
 from app.metrics import router as metrics_router
 from app.settings import Settings, get_settings
@@ -88,7 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
-    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: counts 429s too
+    app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
+    app.add_middleware(RequestId)  # outermost: every response gets X-Request-ID, 429s too
     app.include_router(health.router)
     app.include_router(tiers.router)
     app.include_router(files.router)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.responses import MAX_ID
 from tiering.catalog import FileRecord
 from tiering.engine import MigrationInfo, PolicyInfo, TierInfo
 from tiering.placement import PlannedMove
@@ -201,7 +202,7 @@ class MoveRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    file_id: int | None = Field(default=None, ge=1)
+    file_id: int | None = Field(default=None, ge=1, le=MAX_ID)
     to_tier: str | None = Field(default=None, max_length=64)
 
 

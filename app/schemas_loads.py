@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.api.responses import MAX_ID
 from app.schemas import iso
 from tiering.serving import FileRef, Job, Lease, TensorsLoaded
 from tiering.tiers.paths import MAX_RELPATH_CHARS
@@ -36,7 +37,7 @@ _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default
 class _OneFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    file_id: int | None = Field(default=None, ge=1, description="Catalog id of the file")
+    file_id: int | None = Field(default=None, ge=1, le=MAX_ID, description="Catalog id of the file")
     path: str | None = _PATH
 
     @model_validator(mode="after")
@@ -80,7 +81,9 @@ class BatchRequest(BaseModel):
 class _ManyFiles(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    file_ids: list[int] | None = Field(default=None, description="Files by catalog id")
+    file_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
+        default=None, description="Files by catalog id"
+    )
     paths: list[str] | None = Field(default=None, description="Files by relpath")
 
     @model_validator(mode="after")

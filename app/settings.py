@@ -141,6 +141,9 @@ class Settings(BaseSettings):
         default=512, ge=1, description="Requests served at once; more get 429"
     )
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text, or json: one JSON object per log line (with request_id)"
+    )
     buffers: BufferSettings = Field(
         default_factory=BufferSettings,
         description="Buffer leases, budgets and prefetch jobs (TIERD_BUFFERS__*)",

@@ -6,11 +6,24 @@ import base64
 import binascii
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import EngineDep
+from app.api.responses import (
+    ADMIN,
+    BAD_REQUEST,
+    BUSY,
+    CONFLICT,
+    DATA,
+    INVALID,
+    MAX_ID,
+    NO_SPACE,
+    NOT_FOUND,
+    RANGE,
+    TOO_LARGE,
+)
 from app.auth import require_admin, require_data
 from app.errors import HttpError
 from app.ranges import parse_range
@@ -46,9 +59,10 @@ def _decode_cursor(cursor: str) -> int:
 
 
 PathQuery = Annotated[str, Query(max_length=MAX_RELPATH_CHARS * 4, description="File relpath")]
+FileId = Annotated[int, Path(ge=1, le=MAX_ID, description="Catalog id of the file")]
 
 
-@router.get("", dependencies=[require_data])
+@router.get("", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
 def list_files(
     engine: EngineDep,
     tier: Annotated[str | None, Query(description="Only files on this tier")] = None,
@@ -77,7 +91,7 @@ def list_files(
     )
 
 
-@router.delete("", dependencies=[require_admin])
+@router.delete("", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
 def purge(
     engine: EngineDep,
     state: Annotated[str, Query(description="Only 'missing' may be purged")],
@@ -90,13 +104,18 @@ def purge(
     return {"purged": engine.catalog.purge_missing()}
 
 
-@router.get("/lookup", dependencies=[require_data])
+@router.get("/lookup", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
 def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
     """One file by relpath."""
     return _out(engine, engine.lookup(path))
 
 
-@router.put("/content", dependencies=[require_data], status_code=201)
+@router.put(
+    "/content",
+    dependencies=[require_data],
+    status_code=201,
+    responses=DATA | BAD_REQUEST | NOT_FOUND | CONFLICT | TOO_LARGE | INVALID | BUSY | NO_SPACE,
+)
 async def upload(
     request: Request,
     engine: EngineDep,
@@ -137,14 +156,18 @@ async def upload(
     return JSONResponse(body, status_code=200 if replaced else 201)
 
 
-@router.get("/{file_id}", dependencies=[require_data])
-def get_file(engine: EngineDep, file_id: int) -> FileOut:
+@router.get("/{file_id}", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
+def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
     """One file by id."""
     return _out(engine, engine.get(file_id))
 
 
-@router.get("/{file_id}/content", dependencies=[require_data])
-def read_content(request: Request, engine: EngineDep, file_id: int) -> Response:
+@router.get(
+    "/{file_id}/content",
+    dependencies=[require_data],
+    responses=DATA | NOT_FOUND | CONFLICT | RANGE | INVALID | BUSY,
+)
+def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Response:
     """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
     an unsatisfiable or multi-part one gives 416. Counts one access."""
     content = engine.open_content(file_id)
@@ -174,8 +197,12 @@ def read_content(request: Request, engine: EngineDep, file_id: int) -> Response:
     return StreamingResponse(content.iter_range(start, end), status_code=status, headers=headers)
 
 
-@router.delete("/{file_id}", dependencies=[require_admin])
-def delete_file(engine: EngineDep, file_id: int) -> dict[str, FileOut]:
+@router.delete(
+    "/{file_id}",
+    dependencies=[require_admin],
+    responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY,
+)
+def delete_file(engine: EngineDep, file_id: FileId) -> dict[str, FileOut]:
     """Remove a file's bytes from its tier and its record from the catalog."""
     rec = engine.delete(file_id)
     return {"deleted": _out(engine, rec)}

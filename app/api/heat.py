@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from app.api.deps import EngineDep
+from app.api.responses import BUSY, DATA, INVALID
 from app.auth import require_data
 from app.schemas import FileOut, iso
 from tiering.catalog import FileState
@@ -73,7 +74,7 @@ def heat_summary(engine: Engine, top: int, now: float | None = None) -> HeatOut:
     )
 
 
-@router.get("/heat", dependencies=[require_data])
+@router.get("/heat", dependencies=[require_data], responses=DATA | INVALID | BUSY)
 def heat(
     engine: EngineDep,
     top: Annotated[int, Query(ge=0, le=500, description="How many of the hottest files")] = 20,

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from pydantic import BaseModel, Field
 
+from app.api.responses import BUSY, DATA, INVALID
 from app.auth import require_data
 from app.errors import HttpError
 from app.schemas import iso
@@ -239,7 +240,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 router = APIRouter(prefix="/v1/stats", tags=["stats"], lifespan=_lifespan)
 
 
-@router.get("/history", dependencies=[require_data])
+@router.get("/history", dependencies=[require_data], responses=DATA | INVALID | BUSY)
 def stats_history(
     request: Request,
     minutes: Annotated[

@@ -6,13 +6,18 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.api.deps import LoaderDep
+from app.api.responses import BUSY, DATA, INVALID, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
 from app.schemas_loads import JobOut, PrefetchRequest
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[require_data])
 
 
-@router.post("/prefetch", status_code=202)
+@router.post(
+    "/prefetch",
+    status_code=202,
+    responses=DATA | NOT_FOUND | RANGE | TOO_LARGE | INVALID | BUSY | NO_SPACE,
+)
 def prefetch(req: PrefetchRequest, loader: LoaderDep) -> JSONResponse:
     """Start warming files up (``gpu``, ``nvme`` or ``page_cache``); returns the job at once.
 
@@ -26,19 +31,19 @@ def prefetch(req: PrefetchRequest, loader: LoaderDep) -> JSONResponse:
     )
 
 
-@router.get("/jobs")
+@router.get("/jobs", responses=DATA)
 def list_jobs(loader: LoaderDep) -> list[JobOut]:
     """Every job still kept (finished ones for ``buffers.job_retention_s``)."""
     return [JobOut.of(job) for job in loader.jobs.all()]
 
 
-@router.get("/jobs/{job_id}")
+@router.get("/jobs/{job_id}", responses=DATA | NOT_FOUND)
 def get_job(job_id: str, loader: LoaderDep) -> JobOut:
     """State and progress: files and bytes done of the total."""
     return JobOut.of(loader.jobs.get(job_id))
 
 
-@router.delete("/jobs/{job_id}")
+@router.delete("/jobs/{job_id}", responses=DATA | NOT_FOUND)
 def cancel_job(job_id: str, loader: LoaderDep) -> JobOut:
     """Cancel: a queued job never starts, a running one stops at its next step (a gpu job's
     warm leases are released). A finished job is returned unchanged."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import LoaderDep
+from app.api.responses import BUSY, DATA, INVALID, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
 from app.schemas_loads import (
     BatchOut,
@@ -20,12 +21,14 @@ from tiering.serving import Lease, LoadItem
 
 router = APIRouter(prefix="/v1", tags=["loads"], dependencies=[require_data])
 
+LOAD_ERRORS = DATA | NOT_FOUND | RANGE | TOO_LARGE | INVALID | BUSY | NO_SPACE
+
 
 def _lease(lease: Lease) -> Response:
     return Response(lease_json(lease), media_type="application/json")
 
 
-@router.post("/load", response_model=LeaseOut)
+@router.post("/load", response_model=LeaseOut, responses=LOAD_ERRORS)
 def load(req: LoadRequest, loader: LoaderDep) -> Response:
     """A file or byte range into a new buffer on ``cuda:N`` or ``cpu``; counts one access.
 
@@ -44,7 +47,7 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
     return _lease(lease)
 
 
-@router.post("/load/batch")
+@router.post("/load/batch", responses=LOAD_ERRORS)
 def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
     """Many ranges at once: all are checked and budgeted first, then read concurrently."""
     items = [
@@ -62,14 +65,14 @@ def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
     return BatchOut(buffers=[LeaseOut.of(lease) for lease in leases])
 
 
-@router.post("/load/safetensors")
+@router.post("/load/safetensors", responses=LOAD_ERRORS)
 def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> SafetensorsOut:
     """safetensors shards into one buffer each; ``tensors`` says where each tensor lies."""
     loaded = loader.load_safetensors(req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s)
     return SafetensorsOut.of(loaded)
 
 
-@router.post("/vectors/gather", response_model=LeaseOut)
+@router.post("/vectors/gather", response_model=LeaseOut, responses=LOAD_ERRORS)
 def gather(req: GatherRequest, loader: LoaderDep) -> Response:
     """Rows of a row-major matrix file, by index list or by ``start`` and ``count``.
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from app.api.deps import EngineDep
+from app.api.responses import ADMIN, BUSY, CONFLICT, DATA, INVALID, MAX_ID, NO_SPACE, NOT_FOUND
 from app.auth import require_admin, require_data
 from app.errors import HttpError
 from app.schemas import MigrationList, MigrationOut, MigrationsStarted, MoveRequest
@@ -37,7 +38,11 @@ def _uncursor(cursor: str) -> int:
         raise HttpError(422, "invalid_cursor", "cursor is not one this server issued") from None
 
 
-@router.post("", dependencies=[require_admin])
+@router.post(
+    "",
+    dependencies=[require_admin],
+    responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY | NO_SPACE,
+)
 def start_migrations(
     engine: EngineDep,
     body: MoveRequest | None = None,
@@ -72,14 +77,14 @@ def start_migrations(
     return JSONResponse(out.model_dump(mode="json"), status_code=200 if wait else 202)
 
 
-@router.get("", dependencies=[require_data])
+@router.get("", dependencies=[require_data], responses=DATA | INVALID | BUSY)
 def list_migrations(
     engine: EngineDep,
     state: Annotated[
         str | None,
         Query(description="in_flight, or one of copying, switched, done, aborted, failed"),
     ] = None,
-    file_id: Annotated[int | None, Query(ge=1)] = None,
+    file_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> MigrationList:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 
 from app.api.deps import EngineDep
+from app.api.responses import ADMIN, BUSY, DATA, INVALID
 from app.auth import require_admin, require_data
 from app.schemas import PlannedMoveOut, PlanOut, PolicyOut, iso
 from tiering.placement import Policy
@@ -37,13 +38,13 @@ PolicyBody = Annotated[
 ]
 
 
-@router.get("", dependencies=[require_data])
+@router.get("", dependencies=[require_data], responses=DATA | BUSY)
 def get_policy(engine: EngineDep) -> PolicyOut:
     """The policy in force, with its version."""
     return PolicyOut.of(engine.policy_info())
 
 
-@router.put("", dependencies=[require_admin])
+@router.put("", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
 def put_policy(engine: EngineDep, document: PolicyBody) -> PolicyOut:
     """Replace the policy (stored as the next version, applied at once). Fields left out take
     their defaults. An invalid document is refused with 422 and a message naming each problem;
@@ -51,7 +52,7 @@ def put_policy(engine: EngineDep, document: PolicyBody) -> PolicyOut:
     return PolicyOut.of(engine.set_policy(document, author="admin"))
 
 
-@router.post("/plan", dependencies=[require_admin])
+@router.post("/plan", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
 def plan(engine: EngineDep, document: Annotated[Any, Body()] = None) -> PlanOut:
     """Dry run: the moves the policy in force (or the draft policy in the body) would make now,
     each with its reason. Nothing moves."""

@@ -7,12 +7,13 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.api.deps import LoaderDep
+from app.api.responses import ADMIN, DATA
 from app.auth import require_admin, require_data
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
 
-@router.get("", dependencies=[require_data])
+@router.get("", dependencies=[require_data], responses=DATA)
 def stats(loader: LoaderDep) -> dict[str, Any]:
     """Bytes, operations, failures, peak and effective GB/s and mean latency of every load,
     in total, ``by_path`` (gds, compat, host) and ``by_tier``."""
@@ -20,7 +21,7 @@ def stats(loader: LoaderDep) -> dict[str, Any]:
     return snap
 
 
-@router.post("/reset", dependencies=[require_admin])
+@router.post("/reset", dependencies=[require_admin], responses=ADMIN)
 def reset(loader: LoaderDep) -> dict[str, Any]:
     """Zero the counters (Prometheus counters at /metrics are never reset)."""
     loader.reset_stats()

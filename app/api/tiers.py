@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from app.api.deps import EngineDep
+from app.api.responses import ADMIN, BUSY, DATA, INVALID
 from app.auth import require_admin, require_data
 from app.schemas import TierOut
 
@@ -22,7 +23,7 @@ def gds_host() -> bool:
     return GpuDirectStorage.is_available()
 
 
-@router.get("/tiers", dependencies=[require_data])
+@router.get("/tiers", dependencies=[require_data], responses=DATA | BUSY)
 def list_tiers(engine: EngineDep) -> list[TierOut]:
     """Tiers, fastest first, with capacity, use, quota, the catalog's files on each, and whether
     loads from it take the GPUDirect Storage path."""
@@ -30,7 +31,7 @@ def list_tiers(engine: EngineDep) -> list[TierOut]:
     return [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
 
 
-@router.post("/scan", dependencies=[require_admin])
+@router.post("/scan", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
 def scan(
     engine: EngineDep,
     check: Annotated[bool, Query(description="Only report the drift; change nothing")] = False,

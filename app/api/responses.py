@@ -1,0 +1,79 @@
+"""The error statuses each operation declares in the OpenAPI schema, with the error body.
+
+Every error answer has the shape ``app.errors.error_response`` writes:
+``{"error": {"code": "...", "message": "...", "request_id": "...", ...details}}``. Use the
+dicts here as ``responses=`` on a route, merged with ``|``::
+
+    @router.get("/{file_id}", responses=NOT_FOUND | BUSY)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AUTH",
+    "ADMIN",
+    "AUTH_ADMIN",
+    "BAD_REQUEST",
+    "BUSY",
+    "CONFLICT",
+    "DATA",
+    "INVALID",
+    "MAX_ID",
+    "NOT_FOUND",
+    "NO_SPACE",
+    "RANGE",
+    "TOO_LARGE",
+    "TOO_MANY",
+    "ErrorBody",
+    "ErrorDetail",
+    "Responses",
+]
+
+Responses = dict[int | str, dict[str, Any]]
+
+# The largest id SQLite stores (a signed 64-bit integer): path and query ids are bounded by it.
+MAX_ID = 2**63 - 1
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong. Errors may add detail fields (``path``, ``size``, ``tier``...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str = Field(description="snake_case error code, stable across versions")
+    message: str = Field(description="What went wrong, for a person")
+    request_id: str | None = Field(
+        default=None, description="The request's id, also in the X-Request-ID header"
+    )
+
+
+class ErrorBody(BaseModel):
+    """Every error response's body."""
+
+    error: ErrorDetail
+
+
+def _err(status: int, description: str) -> Responses:
+    return {status: {"model": ErrorBody, "description": description}}
+
+
+NOT_FOUND = _err(404, "Not found: no such file, tier, buffer or job")
+CONFLICT = _err(409, "Conflict with the current state (exists, busy, migrating, pinned)")
+BUSY = _err(503, "Unavailable for now (catalog busy, backend down); retry later")
+TOO_MANY = _err(429, "Too many requests in flight; retry later")
+NO_SPACE = _err(507, "Not enough space on the tier or budget on the device")
+RANGE = _err(416, "Range not satisfiable")
+TOO_LARGE = _err(413, "Request too large")
+BAD_REQUEST = _err(400, "Malformed request")
+INVALID = _err(422, "Invalid parameters or body")
+AUTH = _err(401, "Missing or invalid bearer token")
+AUTH_ADMIN = AUTH | _err(403, "The route needs the admin token")
+
+DATA = AUTH | TOO_MANY
+"""What every data-token route can answer before it runs."""
+ADMIN = AUTH_ADMIN | TOO_MANY
+"""What every admin-token route can answer before it runs."""
