@@ -165,6 +165,36 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "tierd_migrations_in_flight", "Migrations copying or switching now", value=in_flight
         )
+        yield from self._tier_limits()
+        watcher = self.engine.watcher
+        if watcher is not None:
+            yield GaugeMetricFamily(
+                "tierd_watcher_healthy",
+                "1 while the live watcher of the tier roots is healthy, 0 when degraded",
+                value=1 if watcher.status().healthy else 0,
+            )
+
+    def _tier_limits(self) -> Iterator[Metric]:
+        # The policy's quota and high watermark per tier, so alerts can compare them with
+        # tierd_catalog_bytes; a tier without a quota has no series (nothing to exceed).
+        quota = GaugeMetricFamily(
+            "tierd_tier_quota_bytes", "Most bytes tierd places on a tier", labels=["tier"]
+        )
+        high = GaugeMetricFamily(
+            "tierd_tier_high_watermark_ratio",
+            "Fraction of a tier's quota past which tierd demotes files",
+            labels=["tier"],
+        )
+        policy = self.engine.policy()
+        for tier in self.engine.tiers:
+            q = self.engine.quota(tier.name)
+            if q is None:
+                continue
+            quota.add_metric([tier.name], q)
+            rules = policy.tiers.get(tier.name)
+            high.add_metric([tier.name], rules.high_watermark if rules is not None else 0.9)
+        yield quota
+        yield high
 
 
 class HttpMetrics:

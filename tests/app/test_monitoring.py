@@ -54,11 +54,7 @@ needs_prometheus = pytest.mark.skipif(
 
 # Gauges the rules and the board read that tierd does not export yet (see rules.yml): the
 # expressions using them evaluate to nothing until they exist.
-NOT_EXPORTED_YET = {
-    "tierd_tier_quota_bytes",
-    "tierd_tier_high_watermark_ratio",
-    "tierd_watcher_healthy",
-}
+NOT_EXPORTED_YET: set[str] = set()
 SEVERITIES = {"critical", "warning", "info"}
 # Values for Grafana's variables when an expression of the board is sent to Prometheus as is.
 GRAFANA_VARIABLES = {
@@ -532,3 +528,23 @@ def test_rules_and_board_evaluate_against_a_real_prometheus(traffic_server: Live
     assert not prom.dir.exists()
     assert prom.proc is not None and prom.proc.returncode is not None
     assert time.monotonic() - started < 60
+
+
+def test_tier_limits_and_watcher_health_are_exported(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import get_settings
+
+    root = tmp_path / "data"
+    tiers = [
+        {"name": "nvme", "path": root / "nvme", "quota_bytes": 1 << 30},
+        {"name": "hdd", "path": root / "hdd"},
+    ]
+    settings = get_settings(data_dir=root, tiers=tiers, watch=True)
+    with TestClient(create_app(settings)) as c:
+        text = c.get("/metrics").text
+    assert 'tierd_tier_quota_bytes{tier="nvme"} 1.073741824e+09' in text
+    assert 'tierd_tier_high_watermark_ratio{tier="nvme"} 0.9' in text
+    assert 'tier="hdd"' not in "".join(ln for ln in text.splitlines() if "quota" in ln)
+    assert "tierd_watcher_healthy 1.0" in text
