@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from app.schemas import FileOut, MigrationOut, PlannedMoveOut, PolicyOut
+from app.schemas import DecisionOut, FileOut, MigrationOut, PlannedMoveOut, PolicyOut
 from app.settings import Settings
 from tiering.engine import MigrationInfo
 from tiering.errors import TierdError
@@ -143,6 +143,29 @@ def plan(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt
         _base._print_json([m.model_dump(mode="json") for m in moves])
     else:
         _plan_rows(moves)
+
+
+def explain(
+    path: Annotated[str, typer.Argument(help="File relpath")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a file is on its tier: the move the policy makes now, or each reason it stays.
+    (The scheduler is taken to run; its policy ``enabled`` switch still counts.)"""
+    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+        d = DecisionOut.of(engine.explain(engine.lookup(path).id, scheduler=True))
+    if as_json:
+        _base._print_json(d.model_dump(mode="json"))
+        return
+    _base.out.print(f"{d.path} (id {d.file_id}) on {d.tier}, heat {d.heat:g}")
+    _base.out.print(f"wants {d.wanted_tier}: {d.why}")
+    if d.move is not None:
+        _base.out.print(f"moves: {d.move.reason}")
+    elif d.tier == d.wanted_tier:
+        _base.out.print("stays: it is where it belongs")
+    for r in d.reasons:
+        _base.out.print(f"  - {r.code}: {r.message}")
 
 
 def _progress() -> Progress:
@@ -286,6 +309,7 @@ def register(cli: typer.Typer, base: Any) -> None:
     _base = base
     cli.add_typer(policy_cli, name="policy")
     cli.command()(plan)
+    cli.command()(explain)
     cli.command()(migrate)
     cli.command()(migrations)
     cli.command()(pin)

@@ -20,6 +20,7 @@ from app.api import (
     loads,
     migrations,
     pins,
+    placement,
     policy,
     stats,
     tiers,
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(tiers.router)
     app.include_router(files.router)
+    app.include_router(placement.router)
     app.include_router(pins.router)
     app.include_router(policy.router)
     app.include_router(migrations.router)

@@ -10,9 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.responses import MAX_ID
 from tiering.catalog import FileRecord
 from tiering.engine import MigrationInfo, PolicyInfo, TierInfo
-from tiering.placement import PlannedMove
+from tiering.placement import Decision, PlannedMove
 
 __all__ = [
+    "DecisionOut",
+    "PlanExplainOut",
+    "ReasonOut",
     "FileList",
     "FileOut",
     "MigrationList",
@@ -216,3 +219,47 @@ class PinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tier: str | None = Field(default=None, max_length=64, description="Default: where it is")
+
+
+class ReasonOut(BaseModel):
+    code: str = Field(
+        description="hysteresis, min_age, quota, free_space, pin, in_flight, state or "
+        "scheduler_disabled"
+    )
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict, description="The reason's numbers")
+
+
+class DecisionOut(BaseModel):
+    """Why a file is where it is: the move the planner makes now, or why it stays."""
+
+    file_id: int
+    path: str
+    tier: str
+    size: int
+    heat: float = Field(description="Heat now (decayed to the time of the answer)")
+    wanted_tier: str
+    why: str = Field(description="Why that tier, e.g. 'heat 143.2 ≥ 100.0'")
+    action: str = Field(description="move or stay")
+    move: PlannedMoveOut | None
+    reasons: list[ReasonOut]
+
+    @classmethod
+    def of(cls, d: Decision) -> DecisionOut:
+        return cls(
+            file_id=d.file_id,
+            path=d.relpath,
+            tier=d.tier,
+            size=d.size,
+            heat=d.heat,
+            wanted_tier=d.wanted_tier,
+            why=d.why,
+            action=d.action,
+            move=None if d.move is None else PlannedMoveOut.of(d.move),
+            reasons=[ReasonOut(code=r.code, message=r.message, data=r.data) for r in d.reasons],
+        )
+
+
+class PlanExplainOut(PlanOut):
+    held: list[DecisionOut] = Field(description="Files the plan leaves in place, and why")
+    next_cursor: int | None = Field(description="Pass as cursor for the next page; null: done")

@@ -36,6 +36,7 @@ from tiering.moves import (
 from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
+    Decision,
     PassReport,
     PlannedMove,
     Policy,
@@ -43,6 +44,7 @@ from tiering.placement import (
     Scheduler,
     TierInfo,
     TierState,
+    decide,
     plan,
     room,
     tier_infos,
@@ -337,6 +339,35 @@ class Engine:
         policy = policy or self.policy()
         now = time.time() if now is None else now
         return plan(self.catalog.all(), policy, self.tier_states(), now)
+
+    def explain(
+        self, file_id: int, now: float | None = None, *, scheduler: bool | None = None
+    ) -> Decision:
+        """Why a file is where it is: the move the policy in force makes for it now, or each
+        reason it stays (the whole catalog is planned, as moves compete for room).
+        ``scheduler``: whether a scheduler runs (default: this engine's).
+
+        Raises
+        ------
+        FileNotFound
+            No file has that id.
+        """
+        self.catalog.get(file_id)
+        now = time.time() if now is None else now
+        if scheduler is None:
+            scheduler = self._scheduler is not None and self._scheduler.running
+        flight = {m.file_id: m.id for m in self.journal.open_intents() if m.file_id is not None}
+        for d in decide(
+            self.catalog.all(),
+            self.policy(),
+            self.tier_states(),
+            now,
+            in_flight=flight,
+            scheduler_on=scheduler and self.policy().enabled,
+        ):
+            if d.file_id == file_id:
+                return d
+        raise FileNotFound(f"file {file_id} is on no tier the policy knows", file_id=file_id)
 
     def _plan_moves(self, policy: Policy) -> list[PlannedMove]:
         self.reload_policy()

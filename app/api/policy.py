@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 
 from app.api.deps import EngineDep
-from app.api.responses import ADMIN, BUSY, DATA, INVALID
+from app.api.responses import ADMIN, BUSY, DATA, INVALID, MAX_ID
 from app.auth import require_admin, require_data
-from app.schemas import PlannedMoveOut, PlanOut, PolicyOut, iso
-from tiering.placement import Policy
+from app.schemas import DecisionOut, PlanExplainOut, PlannedMoveOut, PlanOut, PolicyOut, iso
+from tiering.placement import Policy, decide
+from tiering.placement.explain import order_moves
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
@@ -53,17 +54,59 @@ def put_policy(engine: EngineDep, document: PolicyBody) -> PolicyOut:
 
 
 @router.post("/plan", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
-def plan(engine: EngineDep, document: Annotated[Any, Body()] = None) -> PlanOut:
+def plan(
+    engine: EngineDep,
+    document: Annotated[Any, Body()] = None,
+    explain: Annotated[
+        Literal["all"] | None,
+        Query(description="all: also list the files held back and why (paginated)"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Held files per page")] = 100,
+    cursor: Annotated[
+        int | None, Query(ge=0, le=MAX_ID, description="Held files with ids above this")
+    ] = None,
+) -> PlanExplainOut | PlanOut:
     """Dry run: the moves the policy in force (or the draft policy in the body) would make now,
-    each with its reason. Nothing moves."""
+    each with its reason. Nothing moves. With ``explain=all`` it also lists the files the plan
+    leaves on a tier other than the one they want (or that the scheduler will not move),
+    with each reason that holds them, ``limit`` at a time by file id after ``cursor``."""
     now = time.time()
     if document is None:
         info = engine.policy_info()
-        moves = engine.plan(info.policy, now=now)
+        policy = info.policy
         version: int | None = info.version
     else:
-        moves = engine.plan(Policy.parse(document, engine.config.tier_names()), now=now)
+        policy = Policy.parse(document, engine.config.tier_names())
         version = None
     at = iso(now)
     assert at is not None
-    return PlanOut(policy_version=version, at=at, moves=[PlannedMoveOut.of(m) for m in moves])
+    if explain is None:
+        moves = engine.plan(policy, now=now)
+        return PlanOut(policy_version=version, at=at, moves=[PlannedMoveOut.of(m) for m in moves])
+    decisions = decide(
+        engine.catalog.all(),
+        policy,
+        engine.tier_states(),
+        now,
+        in_flight={m.file_id: m.id for m in engine.journal.open_intents() if m.file_id is not None},
+        scheduler_on=engine.scheduler.running and policy.enabled,
+    )
+    moves = order_moves([d.move for d in decisions if d.move is not None], policy)
+    held = sorted(
+        (
+            d
+            for d in decisions
+            if d.move is None
+            and (d.reasons or d.wanted_tier != d.tier)
+            and d.file_id > (cursor or 0)
+        ),
+        key=lambda d: d.file_id,
+    )
+    page = held[:limit]
+    return PlanExplainOut(
+        policy_version=version,
+        at=at,
+        moves=[PlannedMoveOut.of(m) for m in moves],
+        held=[DecisionOut.of(d) for d in page],
+        next_cursor=page[-1].file_id if len(held) > limit else None,
+    )

@@ -3,6 +3,7 @@
 
 from tiering.placement.access import AccessTracker
 from tiering.placement.current import CurrentPolicy, PolicyInfo
+from tiering.placement.explain import Decision, Reason, decide, plan
 from tiering.placement.policy import (
     FileView,
     PlannedMove,
@@ -10,13 +11,15 @@ from tiering.placement.policy import (
     TierPolicy,
     TierState,
     default_policy,
-    plan,
 )
 from tiering.placement.scheduler import PassReport, Scheduler
 from tiering.placement.space import TierInfo, room, tier_infos, tier_states
 
 __all__ = [
     "AccessTracker",
+    "Decision",
+    "Reason",
+    "decide",
     "FileView",
     "PassReport",
     "PlannedMove",
