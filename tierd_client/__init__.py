@@ -16,22 +16,8 @@ the lease; the mapping itself closes once no array made from it (a tensor, say) 
 such an array never points at unmapped memory. Renew long-lived buffers before ``expires_at``
 (:meth:`Buffer.renew`), or the service frees them.
 
-Errors are exceptions carrying the server's code and message::
-
-    TierdClientError
-    ├── TransportError            the server could not be reached (connection, timeout)
-    ├── JobFailed                 a prefetch waited on with wait=True ended failed
-    └── APIError                  the server answered with an error: status, code, message
-        ├── InvalidRequest        400, 422: bad input (unknown device, dtype, shape, index)
-        ├── RangeNotSatisfiable   416: a range outside the file
-        ├── AuthError             401, 403
-        ├── NotFound              404: no such file, buffer or job
-        ├── Conflict              409
-        ├── TooLarge              413: e.g. an index list over the server's limit
-        ├── TooManyRequests       429
-        ├── InsufficientSpace     507: over a device's lease budget (details say what is free)
-        ├── Unavailable           503
-        └── ServerError           any other 5xx
+Errors are exceptions carrying the server's code and message; the tree is drawn in
+:mod:`tierd_client._exceptions`.
 """
 
 from __future__ import annotations
