@@ -14,11 +14,20 @@ __all__ = ["EngineConfig", "TierConfig"]
 
 @dataclass(frozen=True)
 class TierConfig:
-    """One tier: a named directory root. Its rank is its position in the tier list (0 = fastest)."""
+    """One tier. Its rank is its position in the tier list (0 = fastest).
+
+    ``kind`` picks the backend: ``"directory"`` (a local root at ``path``) or ``"object"`` (an
+    S3-protocol bucket prefix at ``url``, ``s3://bucket/prefix``, reached at ``endpoint_url``
+    in ``region``; credentials come from the standard AWS chain, never from here).
+    """
 
     name: str
-    path: Path
+    path: Path | None = None
     quota_bytes: int | None = None
+    kind: str = "directory"
+    url: str | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True)

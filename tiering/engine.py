@@ -100,9 +100,13 @@ class Engine:
         return self._catalog
 
     def open(self, *, upgrade_schema: bool = True) -> Engine:
-        """Create tier roots, upgrade the schema and connect; no threads, no scan."""
+        """Check the tiers (a directory root is created; a bucket must answer and take a
+        write), upgrade the schema and connect; no threads, no scan.
+
+        Raises :class:`~tiering.errors.TierUnavailable` naming the tier and why it is unusable.
+        """
         for tier in self.tiers:
-            tier.ensure_root()
+            tier.check()
         if upgrade_schema:
             upgrade(self.config.catalog_url)
         self.db = Database(self.config.catalog_url, busy_timeout_ms=self.config.busy_timeout_ms)
@@ -191,6 +195,7 @@ class Engine:
             self.db = None
             self._catalog = None
             self._files = None
+        self.tiers.close()  # an object tier's connections and transfer threads
         self._lock.release()
 
     def __enter__(self) -> Engine:

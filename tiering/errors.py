@@ -22,11 +22,13 @@ these classes to status codes in exactly one place.
     │   └── BufferNotFound            no lease / job with that id
     ├── Conflict
     │   ├── AlreadyExists             relpath exists and overwrite was not asked for
-    │   └── FileBusy                  the file is migrating, pinned elsewhere, or changed under us
+    │   ├── FileBusy                  the file is migrating, pinned elsewhere, or changed under us
+    │   └── FileChanged               the bytes in storage are not the version the catalog has
     ├── TooLarge                      a body or request over a configured limit
     ├── InsufficientSpace             a tier or device is out of space, quota or budget
     ├── Unavailable                   temporarily unable to serve
-    │   └── CatalogBusy               SQLite stayed locked past busy_timeout
+    │   ├── CatalogBusy               SQLite stayed locked past busy_timeout
+    │   └── TierUnavailable           a tier's storage cannot be reached or written (a bucket)
     ├── IntegrityError                bytes do not match their checksum, or the source changed
     ├── StorageError                  a tier's filesystem failed (EIO, EACCES, EROFS...)
     ├── BackendUnavailable            an explicitly requested I/O backend is not installed here
@@ -43,6 +45,7 @@ __all__ = [
     "ClosedFile",
     "Conflict",
     "FileBusy",
+    "FileChanged",
     "FileNotFound",
     "IndexOutOfRange",
     "InsufficientSpace",
@@ -58,6 +61,7 @@ __all__ = [
     "NotFound",
     "StorageError",
     "TierNotFound",
+    "TierUnavailable",
     "TierdError",
     "TooLarge",
     "Unavailable",
@@ -147,6 +151,10 @@ class FileBusy(Conflict):
     code = "file_busy"
 
 
+class FileChanged(Conflict):
+    code = "file_changed"
+
+
 class TooLarge(TierdError):
     code = "too_large"
 
@@ -161,6 +169,10 @@ class Unavailable(TierdError):
 
 class CatalogBusy(Unavailable):
     code = "catalog_busy"
+
+
+class TierUnavailable(Unavailable):
+    code = "tier_unavailable"
 
 
 class IntegrityError(TierdError):

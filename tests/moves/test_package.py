@@ -12,16 +12,13 @@ from tiering.moves import STEPS, mover, steps
 
 PUBLIC = {
     "STEPS",
-    "AtomicWriter",
     "Cancelled",
     "Claim",
     "FileGuards",
     "Mover",
     "Progress",
-    "Published",
     "RateLimiter",
     "RecoveryReport",
-    "write_all",
 }
 
 

@@ -99,10 +99,10 @@ def run(
             for _ in range(repeats):
                 for here, there in (("a", "b"), ("b", "a")):
                     key = f"{here}->{there}"
-                    src_file = eng.tiers.get(here).root / "f.bin"
-                    tmp = eng.tiers.get(here).root / "cp-src.bin"
+                    src_file = _root(eng, here) / "f.bin"
+                    tmp = _root(eng, here) / "cp-src.bin"
                     os.link(src_file, tmp)  # a second name, so rm frees nothing tierd needs
-                    dst_file = eng.tiers.get(there).root / "cp.bin"
+                    dst_file = _root(eng, there) / "cp.bin"
                     t0 = time.perf_counter()
                     subprocess.run(["cp", str(tmp), str(dst_file)], check=True)
                     subprocess.run(["sync", str(dst_file)], check=True)
@@ -111,7 +111,7 @@ def run(
                     t[key]["cp"].append(t1 - t0)
                     os.unlink(dst_file)
                     # cp + rm of a file whose last name goes (the data is freed, as in a move)
-                    scratch = eng.tiers.get(here).root / "scratch.bin"
+                    scratch = _root(eng, here) / "scratch.bin"
                     shutil.copyfile(src_file, scratch)
                     t0 = time.perf_counter()
                     subprocess.run(["cp", str(scratch), str(dst_file)], check=True)
@@ -191,3 +191,10 @@ def _report(
             )
         )
     return report
+
+
+def _root(eng: Engine, tier: str) -> Path:
+    """The directory of one of the bench's (directory) tiers."""
+    root = eng.tiers.get(tier).local_root
+    assert root is not None
+    return root

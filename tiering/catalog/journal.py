@@ -117,6 +117,7 @@ class Journal:
         checksum: str,
         size: int,
         mtime_ns: int,
+        etag: str | None = None,
         now: float | None = None,
     ) -> SwitchOutcome:
         """Step 8, the commit point: the file is on the destination from here on.
@@ -142,6 +143,7 @@ class Journal:
             rec.checksum = checksum
             rec.size = size
             rec.mtime_ns = mtime_ns
+            rec.etag = etag
             rec.detail = None
             rec.updated_at = now
             row.phase = MigrationPhase.SWITCHED
@@ -203,9 +205,14 @@ class Journal:
         phase: str,
         error: str | None,
         checksum: str | None = None,
+        mtime_ns: int | None = None,
+        etag: str | None = None,
         now: float | None = None,
     ) -> None:
-        """Recovery's decision for a file whose authoritative copy is on ``tier``."""
+        """Recovery's decision for a file whose authoritative copy is on ``tier``.
+
+        ``mtime_ns`` and ``etag`` are the kept copy's, when recovery looked at it.
+        """
         now = time.time() if now is None else now
         with self.db.write() as s:
             row = s.get(Migration, intent.id)
@@ -220,6 +227,9 @@ class Journal:
                     rec.generation += 1
                 if checksum is not None:
                     rec.checksum = checksum
+                if mtime_ns is not None:
+                    rec.mtime_ns = mtime_ns
+                    rec.etag = etag
                 rec.state = FileState.STABLE
                 rec.detail = None
                 rec.updated_at = now

@@ -68,6 +68,9 @@ class FileRecord(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     mtime_ns: Mapped[int] = mapped_column(BigInteger)
     checksum: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The object store's version of the bytes (its ETag), where the tier has one: a load or a
+    # move of an object whose ETag differs is refused, never served stale.
+    etag: Mapped[str | None] = mapped_column(String(256))
     state: Mapped[str] = mapped_column(String(16), default=FileState.STABLE, index=True)
     # Bumped by every change of place or content; migrations compare-and-set on it.
     generation: Mapped[int] = mapped_column(Integer, default=0)

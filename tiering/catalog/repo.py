@@ -24,6 +24,7 @@ class NewFile:
     size: int
     mtime_ns: int
     checksum: str | None
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class Catalog:
                 rec.size = new.size
                 rec.mtime_ns = new.mtime_ns
                 rec.checksum = new.checksum
+                rec.etag = new.etag
                 rec.state = FileState.STABLE
                 rec.detail = None
                 rec.updated_at = now
@@ -209,7 +211,7 @@ class Catalog:
         if rec is None or rec.tier != tier:
             return None
         return self.reassign(
-            rec.id, NewFile(new_relpath, rec.tier, rec.size, rec.mtime_ns, rec.checksum)
+            rec.id, NewFile(new_relpath, rec.tier, rec.size, rec.mtime_ns, rec.checksum, rec.etag)
         )
 
     def same_content(self, tier: str, size: int, checksum: str | None) -> list[FileRecord]:
@@ -244,6 +246,7 @@ class Catalog:
             rec.size = new.size
             rec.mtime_ns = new.mtime_ns
             rec.checksum = new.checksum
+            rec.etag = new.etag
             rec.state = FileState.STABLE
             rec.detail = None
             rec.generation += 1

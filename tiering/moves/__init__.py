@@ -1,8 +1,7 @@
-"""Moves: the crash-safe migration protocol of ``RELIABILITY.md``, its recovery at start, and
-the crash-safe file operations (temp file, fsync, no-clobber publish) it and uploads share."""
+"""Moves: the crash-safe migration protocol of ``RELIABILITY.md`` between any two tiers, its
+recovery at start, and single-file reads, uploads and deletes that are safe beside it."""
 
 from tiering.moves.files import Content, FileOps, Upload
-from tiering.moves.fsops import AtomicWriter, Published, write_all
 from tiering.moves.history import MigrationInfo
 from tiering.moves.mover import (
     STEPS,
@@ -18,16 +17,13 @@ from tiering.moves.orphans import remove_orphan_temps
 
 __all__ = [
     "STEPS",
-    "AtomicWriter",
     "Cancelled",
     "Claim",
     "FileGuards",
     "Mover",
     "Progress",
-    "Published",
     "RateLimiter",
     "RecoveryReport",
-    "write_all",
     "Content",
     "FileOps",
     "MigrationInfo",

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from tiering.catalog import FileState, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
 from tiering.errors import CatalogBusy, InsufficientSpace, StorageError, TierdError, Unavailable
-from tiering.moves.fsops import Published, unlink_published
-from tiering.tiers import Tier
+from tiering.tiers import Published, Tier
 
 __all__ = [
     "Abort",
@@ -101,7 +100,7 @@ def record_abort(
     if isinstance(exc, Abort) and exc.phase == "unknown":
         return  # commit state uncertain: delete nothing, leave the intent to recovery
     if published is not None:
-        unlink_published(dst, intent.relpath, published)
+        _remove_published(dst, intent.relpath, published)
     err: BaseException
     if isinstance(exc, Abort):
         state, phase, err = exc.state, exc.phase, exc.error
@@ -125,3 +124,15 @@ def record_abort(
     except Exception:
         log.exception("migration %d: could not record the abort; recovery will", intent.id)
     log.warning("migration %d of %r aborted: %s", intent.id, intent.relpath, message)
+
+
+def _remove_published(tier: Tier, relpath: str, pub: Published) -> None:
+    """Remove an aborted move's published copy, if ``relpath`` still holds that version.
+
+    Runs while an abort is already under way, so a failure is logged, not raised: the abort
+    must still be recorded, and the source is untouched either way.
+    """
+    try:
+        tier.remove(relpath, version=pub.stat.version)
+    except (OSError, TierdError) as exc:
+        log.error("could not remove the aborted copy of %r on %s: %s", relpath, tier.name, exc)

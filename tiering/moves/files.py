@@ -2,7 +2,7 @@
 
 A read keeps the fd it opened whatever then happens to the path, and looks again when a switch
 moved the file between reading its record and opening it. An upload writes through
-:class:`~tiering.moves.fsops.AtomicWriter` and records the file in the catalog last. A delete
+its tier's :class:`~tiering.tiers.Writer` and records the file in the catalog last. A delete
 unlinks under the catalog's write lock. Uploads that replace a file, and deletes, hold the
 file's guard (see :class:`~tiering.moves.concurrency.FileGuards`) so they cannot land between a
 migration's switch and its source unlink.
@@ -10,7 +10,6 @@ migration's switch and its source unlink.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from types import TracebackType
 
@@ -24,8 +23,7 @@ from tiering.errors import (
     TooLarge,
 )
 from tiering.moves.concurrency import FileGuards
-from tiering.moves.fsops import AtomicWriter
-from tiering.tiers import Tier, Tiers
+from tiering.tiers import Source, Tier, Tiers, Writer
 from tiering.tiers.paths import validate_relpath
 
 __all__ = ["READ_CHUNK", "Content", "FileOps", "Upload"]
@@ -37,30 +35,38 @@ Room = Callable[[Tier, FileRecord | None], int]
 
 
 class Content:
-    """An open file being served: bytes come from this fd, whatever happens to the path."""
+    """An open file being served: bytes come from this source, whatever happens to the path
+    (a local fd, or an object read at the ETag it was opened with)."""
 
-    def __init__(self, record: FileRecord, fd: int, size: int) -> None:
+    def __init__(self, record: FileRecord, source: Source) -> None:
         self.record = record
-        self.fd = fd
-        self.size = size
+        self.source = source
+
+    @property
+    def size(self) -> int:
+        return self.source.size
+
+    @property
+    def fd(self) -> int:
+        """The local fd, or -1 when the bytes are not in a local file."""
+        return self.source.fd
 
     def iter_range(self, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:
-        """Bytes ``[start, end)`` in chunks; closes the fd when exhausted or closed."""
+        """Bytes ``[start, end)`` in chunks; closes the source when exhausted or closed."""
         try:
             pos = start
             while pos < end:
-                data = os.pread(self.fd, min(chunk, end - pos), pos)
-                if not data:
+                buf = bytearray(min(chunk, end - pos))
+                n = self.source.readinto(memoryview(buf), pos)
+                if not n:
                     break
-                yield data
-                pos += len(data)
+                yield bytes(buf) if n == len(buf) else bytes(buf[:n])
+                pos += n
         finally:
             self.close()
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.source.close()
 
 
 class Upload:
@@ -68,7 +74,7 @@ class Upload:
 
     def __init__(
         self,
-        writer: AtomicWriter,
+        writer: Writer,
         previous: FileRecord | None,
         max_bytes: int,
         *,
@@ -123,7 +129,12 @@ class Upload:
         published = self._writer.publish()
         tier = self._writer.tier
         new = NewFile(
-            published.relpath, tier.name, published.size, published.mtime_ns, published.checksum
+            published.relpath,
+            tier.name,
+            published.size,
+            published.mtime_ns,
+            published.checksum,
+            published.etag,
         )
         try:
             rec = self._catalog.upsert(new)
@@ -131,7 +142,7 @@ class Upload:
             if self._previous is None:
                 # Nobody knows these bytes yet: take them back so the failed upload leaves
                 # nothing. (An overwrite's bytes stay; scan sees the change and rehashes.)
-                tier.unlink(published.relpath)
+                tier.remove(published.relpath, version=published.stat.version)
             raise
         if rec is None:
             raise FileBusy(f"{published.relpath!r} is being migrated; try again")
@@ -139,7 +150,7 @@ class Upload:
         if prev is not None and prev.tier != tier.name:
             # The record now names the new tier; the old copy is stale. A crash before this
             # unlink leaves a conflict for scan to report, never a lost file.
-            self._tiers.get(prev.tier).unlink(prev.relpath)
+            self._tiers.get(prev.tier).remove(prev.relpath)
         return rec
 
     def abort(self) -> None:
@@ -195,8 +206,9 @@ class FileOps:
     def open_content(self, file_id: int) -> Content:
         """Open a file's bytes for reading (counting the access is the caller's job).
 
-        The fd is opened beneath the tier root; if a migration switches the file meanwhile, the
-        fd keeps reading the bytes it opened. If the catalog moved the file between our read of
+        The source keeps reading the bytes it opened if a migration switches the file
+        meanwhile (a directory source reads through its fd; an object is only unlinked after the
+        switch, and read at its ETag). If the catalog moved the file between our read of
         the record and the open (the source is unlinked only after the switch commits), the
         record is read again; only a record that did not change is reported missing.
         """
@@ -205,14 +217,14 @@ class FileOps:
             if rec.state == FileState.MISSING:
                 raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")
             try:
-                fd, st = self.tiers.get(rec.tier).open_read(rec.relpath)
+                source = self.tiers.get(rec.tier).open(rec.relpath, etag=rec.etag)
             except FileNotFound:
                 again = self.catalog.get(file_id)
                 if (again.tier, again.generation) == (rec.tier, rec.generation):
                     break
                 rec = again  # switched to another tier between get and open: look again
                 continue
-            return Content(rec, fd, st.st_size)
+            return Content(rec, source)
         raise FileNotFound(f"file {file_id} is not on disk where the catalog says")
 
     def begin_upload(
@@ -269,7 +281,7 @@ class FileOps:
                 tier=target.name,
                 free=limit,
             )
-        writer = AtomicWriter(target, relpath, overwrite=overwrite, limit=limit)
+        writer = target.writer(relpath, overwrite=overwrite, limit=limit)
         return Upload(
             writer, previous, max_bytes, catalog=self.catalog, tiers=self.tiers, guards=self.guards
         )
@@ -286,7 +298,7 @@ class FileOps:
             if rec.state == FileState.MIGRATING:
                 raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
             tier = self.tiers.get(rec.tier)
-            unlink = lambda r: tier.unlink(r.relpath)  # noqa: E731
+            unlink = lambda r: tier.remove(r.relpath)  # noqa: E731
             if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
                 raise FileBusy(
                     f"file {file_id} changed while it was being deleted", file_id=file_id

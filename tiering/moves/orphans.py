@@ -1,13 +1,13 @@
-"""Orphan temp files: what a crash left behind in the tiers, removed before serving."""
+"""Orphan temps: what a crash left unpublished in the tiers (temp files, unfinished multipart
+uploads), removed before serving."""
 
 from __future__ import annotations
 
 import logging
-import os
 
 from tiering.catalog.journal import Journal
 from tiering.tiers import Tiers
-from tiering.tiers.paths import is_temp_name
+from tiering.tiers.paths import TEMP_SUFFIX
 
 __all__ = ["remove_orphan_temps"]
 
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def remove_orphan_temps(journal: Journal, tiers: Tiers) -> int:
-    """Remove every temp file in tierd's own naming pattern except those of failed migrations
+    """Remove every temp tierd's writers left, except the temp files of failed migrations
     (kept as evidence); returns how many were removed.
 
     Only safe before serving and after recovery: then nothing is writing, so every other temp
@@ -25,14 +25,10 @@ def remove_orphan_temps(journal: Journal, tiers: Tiers) -> int:
     keep = journal.failed_temp_names()
     removed = 0
     for tier in tiers:
-        for rel in list(tier.temp_files()):
-            name = os.path.basename(rel)
-            if not is_temp_name(name) or name in keep:
+        for rel, stem in list(tier.temps()):
+            if f".{stem}{TEMP_SUFFIX}" in keep:
                 continue
-            try:
-                os.unlink(tier.root / rel)
+            if tier.remove_temp(rel, stem):
                 removed += 1
-                log.info("removed orphan temp file %s in tier %s", rel, tier.name)
-            except FileNotFoundError:
-                pass  # gone already: nothing to clean
+                log.info("removed an orphan temp of %s in tier %s", rel, tier.name)
     return removed

@@ -17,14 +17,13 @@ second run finds nothing to change.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
 from tiering.errors import IntegrityError, TierdError, TierNotFound
-from tiering.moves.fsops import probe, unlink_if_same
-from tiering.tiers import Tier, Tiers
+from tiering.moves.steps import temp_stem
+from tiering.tiers import Stat, Tier, Tiers
 
 __all__ = ["RecoveryReport", "recover"]
 
@@ -83,17 +82,17 @@ def _recover(
         report.aborted.append(intent.id)
         return
     expected = rec.checksum
-    a = probe(src, intent.relpath)
-    b = probe(dst, intent.relpath)
+    a = src.probe(intent.relpath)
+    b = dst.probe(intent.relpath)
 
-    def ok(side: tuple[str, os.stat_result] | None) -> bool:
+    def ok(side: tuple[str, Stat] | None) -> bool:
         return side is not None and side[0] == expected
 
     if intent.phase == MigrationPhase.COPYING:
         if a is not None and (expected is None or a[0] == expected):
             _remove_temp(dst, intent)
             if b is not None and b[0] == a[0]:
-                unlink_if_same(dst, intent.relpath, b[1])
+                dst.remove(intent.relpath, version=b[1].version)
             elif b is not None:
                 log.warning(
                     "%r on tier %s differs from the source; left for a person",
@@ -106,6 +105,8 @@ def _recover(
                 phase=MigrationPhase.ABORTED,
                 error="interrupted by a restart; the source was kept",
                 checksum=a[0],
+                mtime_ns=a[1].mtime_ns,
+                etag=a[1].etag,
             )
             report.aborted.append(intent.id)
             return
@@ -116,6 +117,8 @@ def _recover(
                 tier=dst.name,
                 phase=MigrationPhase.DONE,
                 error="the source was lost; the verified copy at the destination was kept",
+                mtime_ns=b[1].mtime_ns,  # type: ignore[index]
+                etag=b[1].etag,  # type: ignore[index]
             )
             report.relocated.append(intent.id)
             return
@@ -123,7 +126,7 @@ def _recover(
         if ok(b):
             _remove_temp(dst, intent)
             if a is not None and a[0] == expected:
-                unlink_if_same(src, intent.relpath, a[1])
+                src.remove(intent.relpath, version=a[1].version)
             elif a is not None:
                 log.warning(
                     "%r on tier %s is not the moved file; left for a person",
@@ -140,6 +143,8 @@ def _recover(
                 tier=src.name,
                 phase=MigrationPhase.FAILED,
                 error="the copy at the destination was lost after the switch; the source was kept",
+                mtime_ns=a[1].mtime_ns,  # type: ignore[index]
+                etag=a[1].etag,  # type: ignore[index]
             )
             report.relocated.append(intent.id)
             return
@@ -156,5 +161,6 @@ def _recover(
 
 
 def _remove_temp(tier: Tier, intent: Migration) -> bool:
-    """Remove the intent's temp file; only that exact name is ours for sure."""
-    return tier.unlink(intent.relpath, name=intent.temp_name)
+    """Remove what the intent's writer left unpublished (its temp file, or its unfinished
+    multipart upload); only that is ours for sure."""
+    return tier.remove_temp(intent.relpath, temp_stem(intent.temp_name))

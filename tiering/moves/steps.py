@@ -3,36 +3,39 @@
 The step names are the test hook's steps (:data:`STEPS`)::
 
     claim            intent row (phase copying) + file -> migrating, one transaction, CAS
-    source_opened    source opened O_NOFOLLOW beneath A's root, fstat recorded, space checked
-    temp_created     .<file_id>.<intent_id>.tierd-tmp created O_EXCL in B's final directory
+    source_opened    source opened (beneath A's root, O_NOFOLLOW; or HEAD of the object and its
+                     ETag checked against the catalog's), stat recorded, space checked
+    temp_created     B's writer made: .<file_id>.<intent_id>.tierd-tmp created O_EXCL in B's
+                     final directory, or a multipart upload started at B's key
     copying          (after the first chunk) copy and hash in one streaming pass
     copied
-    fsynced          temp fsynced (a failed fsync discards the temp; it is never retried)
-    verified         hash == catalog checksum; source re-stat (fd and path): same identity
-    published        link(temp, final) (no clobber), unlink temp, fsync B's directory
+    fsynced          temp fsynced, or every part uploaded (a failed sync is never retried)
+    verified         hash == catalog checksum; the source is still the file that was opened
+    published        link(temp, final) + fsync of B's directory (no clobber); or the multipart
+                     upload completed with If-None-Match and verified by HEAD
     switched         the commit point: tier=B, stable, generation+1, intent switched (CAS)
-    source_unlinked  source unlinked (only if it is still the inode that was copied)
+    source_unlinked  source removed (only if it is still the version that was copied)
     source_removed   A's directory fsynced
     done             intent done
+
+Every step goes through the tier interface (:class:`~tiering.tiers.Tier`), so the same protocol
+moves between directories and object stores in either direction.
 
 The claim (step 1) is :meth:`tiering.moves.Mover.claim`; :class:`MoveRunner` runs the rest.
 Before ``switched`` the source is authoritative and every failure removes what the move made
 at B. After it, B is. :mod:`tiering.moves.recovery` applies the same rule to intents a crash
 left open.
 
-File operations are called as ``os.<name>`` at call time (here and in
-:mod:`tiering.moves.fsops`), so tests inject faults by patching ``os`` functions;
+File operations are called as ``os.<name>`` at call time (in the directory backend), so tests
+inject faults by patching ``os`` functions;
 :attr:`MoveSettings.hook` (``Mover.hook``) is called with each step's name (tests SIGKILL there).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 
 from tiering.catalog import Catalog, FileRecord, FileState, Migration, MigrationPhase
@@ -40,6 +43,7 @@ from tiering.catalog.journal import Journal
 from tiering.errors import (
     AlreadyExists,
     FileBusy,
+    FileChanged,
     FileNotFound,
     InsufficientSpace,
     IntegrityError,
@@ -56,14 +60,7 @@ from tiering.moves.failures import (
     retry_busy,
     storage_error,
 )
-from tiering.moves.fsops import (
-    AtomicWriter,
-    Published,
-    identity,
-    lstat_file,
-    unlink_if_same,
-)
-from tiering.tiers import Tier, Tiers
+from tiering.tiers import Published, Source, Stat, Tier, Tiers, Writer
 
 __all__ = ["CHUNK", "STEPS", "MoveRunner", "MoveSettings"]
 
@@ -147,21 +144,30 @@ class MoveRunner:
         """
         intent, rec = claim.intent, claim.record
         src, dst = self.tiers.get(intent.src_tier), self.tiers.get(intent.dst_tier)
-        writer: AtomicWriter | None = None
+        writer: Writer | None = None
         published: Published | None = None
-        src_fd = -1
+        source: Source | None = None
         copied = 0
         try:
             try:
                 # -- 2. open the source, record its identity, check space ----------------------
                 try:
-                    src_fd, st0 = src.open_read(rec.relpath)
+                    source = src.open(rec.relpath, etag=rec.etag)
                 except (FileNotFound, InvalidPath) as exc:
                     raise Abort(
                         FileNotFound(f"{rec.relpath!r} vanished from tier {src.name}: {exc}"),
                         FileState.MISSING,
                     ) from exc
-                if st0.st_size != rec.size or st0.st_mtime_ns != rec.mtime_ns:
+                except FileChanged as exc:
+                    raise Abort(
+                        IntegrityError(
+                            f"{rec.relpath!r} on tier {src.name} changed since it was cataloged "
+                            f"({exc.message}); a scan will pick up the new content"
+                        ),
+                        FileState.QUARANTINED,
+                    ) from exc
+                st0 = source.stat
+                if st0.size != rec.size or st0.mtime_ns != rec.mtime_ns:
                     raise Abort(
                         IntegrityError(
                             f"{rec.relpath!r} on tier {src.name} changed since it was cataloged "
@@ -171,20 +177,20 @@ class MoveRunner:
                     )
                 self.settings.at("source_opened")
                 room = self.settings.room(dst)
-                if st0.st_size > room:
+                if st0.size > room:
                     raise InsufficientSpace(
                         f"tier {dst.name} has room for {room} bytes; {rec.relpath!r} needs "
-                        f"{st0.st_size}",
+                        f"{st0.size}",
                         tier=dst.name,
                         free=room,
                     )
                 # -- 3. temp file in the destination's final directory -------------------------
                 try:
-                    writer = AtomicWriter(
-                        dst,
+                    writer = dst.writer(
                         rec.relpath,
                         limit=room,
-                        temp_stem=intent.temp_name.removeprefix(".").removesuffix(".tierd-tmp"),
+                        temp_stem=temp_stem(intent.temp_name),
+                        checksum=rec.checksum,
                     )
                 except AlreadyExists as exc:
                     raise Abort(
@@ -199,16 +205,14 @@ class MoveRunner:
                     ) from exc
                 self.settings.at("temp_created")
                 # -- 4. copy and hash in one pass ----------------------------------------------
-                copied = self._copy(claim, src_fd, writer, st0.st_size, progress, cancel)
+                copied = self._copy(claim, source, writer, st0.size, progress, cancel)
                 self.settings.at("copied")
-                # -- 5. fsync (with the source's mode and times, so scan sees it unchanged) ---
-                writer.sync(
-                    mode=stat.S_IMODE(st0.st_mode), times_ns=(st0.st_atime_ns, st0.st_mtime_ns)
-                )
+                # -- 5. sync (with the source's mode and times, so scan sees it unchanged) ----
+                writer.sync(mode=st0.mode, times_ns=(st0.atime_ns or st0.mtime_ns, st0.mtime_ns))
                 self.settings.at("fsynced")
                 # -- 6. verify -----------------------------------------------------------------
                 checksum = writer.checksum
-                self._verify_source(src, rec, src_fd, st0, copied)
+                self._verify_source(src, rec, source, copied)
                 if rec.checksum is not None and checksum != rec.checksum:
                     raise Abort(
                         IntegrityError(
@@ -234,19 +238,19 @@ class MoveRunner:
                     ) from exc
                 except BaseException:
                     # A failure after link() (the directory fsync) leaves the final name;
-                    # remove it if it is our inode.
+                    # remove it if it is our file.
                     synced = writer.synced
                     if synced is not None:
-                        unlink_if_same(dst, rec.relpath, synced)
+                        dst.remove(rec.relpath, version=synced.version)
                     raise
                 self.settings.at("published")
             finally:
-                if src_fd >= 0:
-                    os.close(src_fd)
+                if source is not None:
+                    source.close()
                 if writer is not None:
                     writer.abort()
             # -- 8. switch: the commit point -------------------------------------------------
-            committed = self._switch(claim, checksum, copied, st0.st_mtime_ns)
+            committed = self._switch(claim, checksum, published)
             if not committed:
                 raise Abort(
                     FileBusy(f"file {rec.id} changed during the move; the move was dropped")
@@ -277,54 +281,47 @@ class MoveRunner:
     def _copy(
         self,
         claim: Claim,
-        src_fd: int,
-        writer: AtomicWriter,
+        source: Source,
+        writer: Writer,
         size: int,
         progress: Progress | None,
         cancel: threading.Event | None,
     ) -> int:
-        with suppress(OSError):
-            os.posix_fadvise(src_fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        buf = bytearray(self.settings.chunk_size)
-        view = memoryview(buf)
         off = 0
         iid = claim.intent.id
         first = True
-        while True:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("the engine is stopping; the move was abandoned")
-            try:
-                n = os.preadv(src_fd, [view], off)
-            except OSError as exc:
-                raise storage_error(exc, f"reading {claim.record.relpath!r}") from exc
-            if n == 0:
-                break
-            try:
-                writer.write(view[:n])
-            except OSError as exc:
-                raise storage_error(exc, f"writing to tier {writer.tier.name}") from exc
-            off += n
-            self.board.set(iid, off)
-            if progress is not None:
-                progress(off, size)
-            if first:
-                first = False
-                self.settings.at("copying")
-            self.limiter.acquire(n, cancel)
+        chunks = source.chunks(self.settings.chunk_size)
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("the engine is stopping; the move was abandoned")
+                try:
+                    chunk = next(chunks, None)
+                except OSError as exc:
+                    raise storage_error(exc, f"reading {claim.record.relpath!r}") from exc
+                if chunk is None:
+                    break
+                n = len(chunk)
+                try:
+                    writer.write(chunk)
+                except OSError as exc:
+                    raise storage_error(exc, f"writing to tier {writer.tier.name}") from exc
+                off += n
+                self.board.set(iid, off)
+                if progress is not None:
+                    progress(off, size)
+                if first:
+                    first = False
+                    self.settings.at("copying")
+                self.limiter.acquire(n, cancel)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # stops a read-ahead source's GETs now, not at garbage collection
         return off
 
-    def _verify_source(
-        self, src: Tier, rec: FileRecord, fd: int, st0: os.stat_result, copied: int
-    ) -> None:
-        st_fd = os.fstat(fd)
-        st_path = lstat_file(src, rec.relpath)
-        same = (
-            copied == st0.st_size
-            and identity(st_fd) == identity(st0)
-            and st_path is not None
-            and identity(st_path) == identity(st0)
-        )
-        if not same:
+    def _verify_source(self, src: Tier, rec: FileRecord, source: Source, copied: int) -> None:
+        if not (copied == source.stat.size and source.unchanged()):
             raise Abort(
                 FileBusy(
                     f"{rec.relpath!r} on tier {src.name} was changed, replaced or removed during "
@@ -333,11 +330,16 @@ class MoveRunner:
                 FileState.QUARANTINED,
             )
 
-    def _switch(self, claim: Claim, checksum: str, size: int, mtime_ns: int) -> bool:
+    def _switch(self, claim: Claim, checksum: str, published: Published | None) -> bool:
         intent = claim.intent
+        assert published is not None  # the copy was published before the commit point
         try:
             return self.journal.switch(
-                intent, checksum=checksum, size=size, mtime_ns=mtime_ns
+                intent,
+                checksum=checksum,
+                size=published.size,
+                mtime_ns=published.mtime_ns,
+                etag=published.etag,
             ).committed
         except BaseException:
             # The commit may or may not have happened: look before deleting anything.
@@ -353,6 +355,13 @@ class MoveRunner:
                 return True
             raise
 
-    def _remove_source(self, src: Tier, relpath: str, st0: os.stat_result) -> None:
-        if unlink_if_same(src, relpath, st0, lambda: self.settings.at("source_unlinked")):
+    def _remove_source(self, src: Tier, relpath: str, st0: Stat) -> None:
+        if src.remove(
+            relpath, version=st0.version, between=lambda: self.settings.at("source_unlinked")
+        ):
             self.settings.at("source_removed")
+
+
+def temp_stem(temp_name: str) -> str:
+    """The stem of an intent's temp name (``.<stem>.tierd-tmp``), which names its writer."""
+    return temp_name.removeprefix(".").removesuffix(".tierd-tmp")

@@ -19,6 +19,7 @@ class TierInfo:
 
     name: str
     rank: int
+    kind: str
     path: str
     quota_bytes: int | None
     space: Space
@@ -36,7 +37,8 @@ def tier_infos(catalog: Catalog, tiers: Tiers) -> list[TierInfo]:
             TierInfo(
                 t.name,
                 t.rank,
-                str(t.root),
+                t.kind,
+                t.location,
                 t.quota_bytes,
                 t.space(),
                 u.files if u else 0,

@@ -1,6 +1,8 @@
-"""Reconcile the catalog with what is on disk in the tier roots.
+"""Reconcile the catalog with what is in the tiers.
 
-Adopts files placed in a tier from outside, notices files changed in place or moved by hand
+Adopts files placed in a tier from outside (an existing bucket prefix becomes tierd-managed
+in one pass: objects are adopted from the listing, by size, time and ETag, without reading
+their bytes; local files are hashed), notices files changed in place or moved by hand
 between tiers, marks records whose bytes vanished as ``missing``, and reports a relpath present
 in two tiers as a ``conflict``. It never deletes a user's file. With ``check=True`` it only
 reports the drift.
@@ -9,7 +11,6 @@ reports the drift.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -78,12 +79,26 @@ RENAME_WINDOW_S = 120.0
 
 
 def _hash(tier: Tier, relpath: str) -> NewFile:
-    fd, st = tier.open_read(relpath)
-    try:
-        checksum = hash_fd(fd, st.st_size)
-    finally:
-        os.close(fd)
-    return NewFile(relpath, tier.name, st.st_size, st.st_mtime_ns, checksum)
+    """What the catalog records of a file found in ``tier``.
+
+    A local file is hashed. An object is not read: its ETag names the version, a checksum
+    stored by tierd in its metadata is taken as is, and otherwise the first move that reads
+    its bytes records their checksum (the move hashes as it copies).
+    """
+    with tier.open(relpath) as src:
+        if src.fd >= 0:
+            checksum: str | None = hash_fd(src.fd, src.size)
+        else:
+            checksum = src.stat.checksum
+        st = src.stat
+    return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag)
+
+
+def _listed(tier: Tier, entry: WalkEntry) -> NewFile | None:
+    """The record of an object adopted straight from its listing (no request per object)."""
+    if entry.etag is None:
+        return None
+    return NewFile(entry.relpath, tier.name, entry.size, entry.mtime_ns, None, entry.etag)
 
 
 class _Pacer:
@@ -136,7 +151,12 @@ class _Reconciler:
             report.adopted.append(relpath)
         elif rec.tier != tier.name:
             report.moved.append(relpath)
-        elif rec.size != entry.size or rec.mtime_ns != entry.mtime_ns or rec.checksum is None:
+        elif (
+            rec.size != entry.size
+            or rec.mtime_ns != entry.mtime_ns
+            or rec.etag != entry.etag
+            or (rec.checksum is None and entry.etag is None)
+        ):
             report.changed.append(relpath)
         elif rec.state != FileState.STABLE:
             report.changed.append(relpath)  # back from missing or conflict
@@ -172,6 +192,10 @@ class _Reconciler:
     def _hash_all(places: list[Place]) -> list[NewFile]:
         news = []
         for tier, entry in places:
+            listed = _listed(tier, entry)
+            if listed is not None:
+                news.append(listed)
+                continue
             try:
                 news.append(_hash(tier, entry.relpath))
             except (TierdError, OSError) as exc:
@@ -245,6 +269,7 @@ class _Reconciler:
                 successor.size,
                 successor.mtime_ns,
                 successor.checksum,
+                successor.etag,
             )
             if self.catalog.reassign(rec.id, new) is not None:
                 gone.pop(rec.id)
@@ -308,7 +333,7 @@ def reconcile_paths(
         for tier in tiers:
             st = tier.stat(relpath)
             if st is not None:
-                entry = WalkEntry(relpath, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+                entry = WalkEntry(relpath, st.size, st.mtime_ns, etag=st.etag)
                 places.append((tier, entry))
         reconcile(relpath, places, records.get(relpath))
     return reconcile.finish()

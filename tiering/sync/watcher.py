@@ -118,7 +118,10 @@ class TierWatcher:
     poll_interval_s:
         Interval of the polling backend.
     reconcile_files_per_s:
-        Pace of full reconciles (after an overflow or a restart).
+        Pace of full reconciles (after an overflow or a restart, and the periodic ones).
+    remote_reconcile_s:
+        Interval of the full reconcile that stands in for events on tiers that have none
+        (object stores have no inotify), paced like the others. Only when such a tier exists.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class TierWatcher:
         backend: str = "auto",
         poll_interval_s: float = 1.0,
         reconcile_files_per_s: float | None = 20_000,
+        remote_reconcile_s: float = 300.0,
     ) -> None:
         if backend not in ("auto", "inotify", "polling"):
             raise ValueError(f"unknown watch backend {backend!r}")
@@ -149,9 +153,13 @@ class TierWatcher:
         self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
         self._spy = _OverflowSpy(self)
+        self._local = [(t, t.local_root) for t in tiers if t.local_root is not None]
         self._roots = sorted(
-            ((str(t.root.resolve()), t) for t in tiers), key=lambda rt: -len(rt[0])
+            ((str(root.resolve()), t) for t, root in self._local), key=lambda rt: -len(rt[0])
         )
+        self.remote_reconcile_s = remote_reconcile_s
+        self._has_remote = len(self._local) < len(tiers)
+        self._next_remote = time.monotonic() + remote_reconcile_s
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,8 +201,8 @@ class TierWatcher:
                 observer, name = PollingObserver(timeout=self.poll_interval_s), "polling"
         handler = _Handler(self)
         try:
-            for tier in self.tiers:
-                observer.schedule(handler, str(tier.root), recursive=True, event_filter=_EVENTS)
+            for _tier, root in self._local:
+                observer.schedule(handler, str(root), recursive=True, event_filter=_EVENTS)
             observer.start()
         except OSError as exc:
             # e.g. fs.inotify.max_user_watches too low for the tree: fall back, say why.
@@ -204,8 +212,8 @@ class TierWatcher:
             reason = f"inotify failed to watch the tiers ({exc}); polling instead"
             log.warning("file watcher: %s", reason)
             observer, name = PollingObserver(timeout=self.poll_interval_s), "polling"
-            for tier in self.tiers:
-                observer.schedule(handler, str(tier.root), recursive=True, event_filter=_EVENTS)
+            for _tier, root in self._local:
+                observer.schedule(handler, str(root), recursive=True, event_filter=_EVENTS)
             observer.start()
         self._observer = observer
         self._status.backend, self._status.reason, self._status.healthy = name, reason, True
@@ -284,6 +292,10 @@ class TierWatcher:
                     if self._full_reason is not None:
                         break
                     now = time.monotonic()
+                    if self._has_remote and now >= self._next_remote:
+                        self._next_remote = now + self.remote_reconcile_s
+                        self._full_reason = "periodic reconcile of the object-store tiers"
+                        break
                     dues = list(self._dirty.values()) + list(self._prefixes.values())
                     if dues and min(dues) <= now:
                         break
@@ -373,7 +385,7 @@ class TierWatcher:
     def _mtime_after(self, relpath: str, when: float) -> bool:
         for tier in self.tiers:
             st = tier.stat(relpath) if relpath else None
-            if st is not None and st.st_mtime > when:
+            if st is not None and st.mtime_ns / 1e9 > when:
                 return True
         return False
 

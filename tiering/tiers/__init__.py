@@ -1,9 +1,39 @@
-"""Tiers: named storage roots ranked fastest first, and the rules for the relpaths inside them.
+"""Tiers: named storage ranked fastest first, and the rules for the relpaths inside them.
 
-Today every tier is a local directory (:class:`Tier`); the object-store and memory tiers will be
-further implementations of the same few primitives (open, stat, walk, publish, delete, space).
+A tier is one implementation of :class:`Tier`'s few primitives (open for ranged reads, stat,
+walk, write then publish, remove, space): :class:`DirectoryTier` for a local directory,
+``ObjectTier`` for an S3-protocol bucket prefix. Moves, recovery, scan, uploads and loads use
+only those primitives.
 """
 
-from tiering.tiers._directory import Space, Tier, Tiers, WalkEntry
+from tiering.tiers._base import (
+    UNBOUNDED,
+    Published,
+    Source,
+    Space,
+    Stat,
+    Tier,
+    WalkEntry,
+    Writer,
+)
+from tiering.tiers._directory import DirectorySource, DirectoryTier
+from tiering.tiers._dirwriter import DirectoryWriter, write_all
+from tiering.tiers._tiers import KINDS, Tiers, make_tier
 
-__all__ = ["Space", "Tier", "Tiers", "WalkEntry"]
+__all__ = [
+    "KINDS",
+    "UNBOUNDED",
+    "DirectorySource",
+    "DirectoryTier",
+    "DirectoryWriter",
+    "Published",
+    "Source",
+    "Space",
+    "Stat",
+    "Tier",
+    "Tiers",
+    "WalkEntry",
+    "Writer",
+    "make_tier",
+    "write_all",
+]

@@ -1,4 +1,4 @@
-"""Tier roots: opening files beneath a root without following symlinks, space, and walking.
+"""Directory tiers: a local root. Files are opened beneath it without following symlinks.
 
 Paths are never checked and then reopened. Every open walks from the root's directory fd one
 component at a time with ``O_NOFOLLOW``, so a symlink inside a tier (or one swapped in
@@ -7,41 +7,27 @@ mid-request) can never lead outside it; the caller serves from the fd it got.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tiering.config import TierConfig
-from tiering.errors import FileNotFound, InvalidPath, TierNotFound
-from tiering.tiers.paths import is_temp_name, split_relpath, validate_relpath
+from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
+from tiering.tiers._base import Source, Space, Stat, Tier, WalkEntry
+from tiering.tiers._dirwriter import DirectoryWriter, stat_of
+from tiering.tiers.paths import TEMP_SUFFIX, is_temp_name, split_relpath, validate_relpath
 
-__all__ = ["Space", "Tier", "Tiers", "WalkEntry"]
+__all__ = ["DirectorySource", "DirectoryTier"]
 
 log = logging.getLogger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@dataclass(frozen=True)
-class Space:
-    total: int
-    used: int
-    free: int
-
-
-@dataclass(frozen=True)
-class WalkEntry:
-    relpath: str
-    size: int
-    mtime_ns: int
-    dev: int
-    ino: int
 
 
 def _beneath_error(exc: OSError, relpath: str) -> Exception:
@@ -52,17 +38,80 @@ def _beneath_error(exc: OSError, relpath: str) -> Exception:
     return exc
 
 
-class Tier:
-    """One tier root. ``rank`` 0 is the fastest."""
+class DirectorySource(Source):
+    """A file opened beneath a directory tier; reads go through its fd."""
+
+    def __init__(self, tier: DirectoryTier, relpath: str, fd: int, st: os.stat_result) -> None:
+        self.tier = tier
+        self.relpath = relpath
+        self.fd = fd
+        self.st = st
+        self.stat = stat_of(st)
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        total = 0
+        while total < len(buf):
+            n = os.preadv(self.fd, [buf[total:]], offset + total)
+            if n == 0:
+                break
+            total += n
+        return total
+
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        return super().chunks(chunk_size)
+
+    def unchanged(self) -> bool:
+        """The fd's file is unchanged and the path still names it."""
+        if self.fd < 0:
+            return False
+        now = stat_of(os.fstat(self.fd))
+        at_path = self.tier.lstat(self.relpath)
+        return now.same_file(self.stat) and at_path is not None and at_path.same_file(self.stat)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class DirectoryTier(Tier):
+    """A tier rooted at a local directory."""
+
+    kind = "directory"
 
     def __init__(self, config: TierConfig, rank: int) -> None:
-        self.name = config.name
+        super().__init__(config, rank)
+        if config.path is None:
+            raise ValueError(f"tier {config.name!r} is a directory tier and needs a path")
         self.root = Path(config.path)
-        self.quota_bytes = config.quota_bytes
-        self.rank = rank
 
-    def __repr__(self) -> str:
-        return f"Tier({self.name!r}, {str(self.root)!r}, rank={self.rank})"
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def local_root(self) -> Path:
+        return self.root
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TierUnavailable(
+                f"tier {self.name}: cannot create its directory {self.root}: {exc.strerror}",
+                tier=self.name,
+            ) from exc
+        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+            raise TierUnavailable(
+                f"tier {self.name}: its directory {self.root} is not readable and writable "
+                "by this process",
+                tier=self.name,
+            )
+
+    def reachable(self) -> bool:
+        return self.root.is_dir() and os.access(self.root, os.R_OK | os.W_OK | os.X_OK)
 
     def ensure_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -126,29 +175,92 @@ class Tier:
             raise InvalidPath(f"path {relpath!r} is not a regular file")
         return fd, st
 
-    def stat(self, relpath: str) -> os.stat_result | None:
-        """``lstat`` of a regular file beneath the root, or None when it is not there."""
+    def open(self, relpath: str, *, etag: str | None = None) -> DirectorySource:
+        fd, st = self.open_read(relpath)
+        return DirectorySource(self, relpath, fd, st)
+
+    def stat(self, relpath: str) -> Stat | None:
+        """The regular file beneath the root (opened, never followed), or None."""
         try:
             fd, st = self.open_read(relpath)
         except (FileNotFound, InvalidPath):
             return None
         os.close(fd)
-        return st
+        return stat_of(st)
 
-    def unlink(self, relpath: str, *, name: str | None = None) -> bool:
-        """Remove a file and fsync its directory; False when it was already gone.
+    def lstat(self, relpath: str) -> Stat | None:
+        """``lstat`` of the name ``relpath``: None if absent or not a regular file."""
+        dirs, name = split_relpath(relpath)
+        try:
+            dfd = self.open_dir(dirs)
+        except OSError:
+            return None
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(dfd)
+        return stat_of(st) if stat.S_ISREG(st.st_mode) else None
 
-        With ``name``, remove that entry of ``relpath``'s directory instead (a temp file).
-        """
-        dirs, own = split_relpath(relpath)
-        name = name or own
+    def writer(
+        self,
+        relpath: str,
+        *,
+        overwrite: bool = False,
+        limit: int | None = None,
+        temp_stem: str | None = None,
+        checksum: str | None = None,
+    ) -> DirectoryWriter:
+        return DirectoryWriter(self, relpath, overwrite=overwrite, limit=limit, temp_stem=temp_stem)
+
+    def remove(
+        self,
+        relpath: str,
+        *,
+        version: str | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> bool:
+        """Unlink and fsync the directory; with ``version``, only if it is still that inode."""
+        dirs, name = split_relpath(relpath)
+        try:
+            dfd = self.open_dir(dirs)
+        except OSError:
+            return False
+        try:
+            if version is not None:
+                try:
+                    cur = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return False
+                if f"{cur.st_dev}:{cur.st_ino}" != version:
+                    log.warning(
+                        "not removing %r on tier %s: it is not the file that was moved",
+                        relpath,
+                        self.name,
+                    )
+                    return False
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                return False
+            if between is not None:
+                between()
+            os.fsync(dfd)
+            return True
+        finally:
+            os.close(dfd)
+
+    def remove_temp(self, relpath: str, temp_stem: str) -> bool:
+        """Unlink the temp file ``.<temp_stem>.tierd-tmp`` in ``relpath``'s directory."""
+        dirs, _ = split_relpath(relpath)
         try:
             dfd = self.open_dir(dirs)
         except OSError:
             return False
         try:
             try:
-                os.unlink(name, dir_fd=dfd)
+                os.unlink(f".{temp_stem}{TEMP_SUFFIX}", dir_fd=dfd)
             except FileNotFoundError:
                 return False
             os.fsync(dfd)
@@ -183,43 +295,15 @@ class Tier:
                         continue
                     yield WalkEntry(rel, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
-    def temp_files(self) -> Iterator[str]:
-        """Relpaths of tierd's own temp files under the root (for recovery)."""
+    def temps(self) -> Iterator[tuple[str, str]]:
+        """``(relpath, stem)`` of tierd's temp files under the root.
+
+        ``relpath`` names a file in the temp's directory (the final name is not recorded in a
+        temp's name), which is all :meth:`remove_temp` needs.
+        """
         for dirpath, _dirs, files in os.walk(self.root, followlinks=False):
             for name in files:
                 if is_temp_name(name):
-                    yield os.path.relpath(os.path.join(dirpath, name), self.root)
-
-
-class Tiers:
-    """The ordered tiers of one engine."""
-
-    def __init__(self, configs: tuple[TierConfig, ...] | list[TierConfig]) -> None:
-        names = [c.name for c in configs]
-        if not configs:
-            raise ValueError("at least one tier is required")
-        if len(set(names)) != len(names):
-            raise ValueError(f"tier names must be unique: {names}")
-        self._tiers = [Tier(c, rank) for rank, c in enumerate(configs)]
-        self._by_name = {t.name: t for t in self._tiers}
-
-    def __iter__(self) -> Iterator[Tier]:
-        return iter(self._tiers)
-
-    def __len__(self) -> int:
-        return len(self._tiers)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def get(self, name: str) -> Tier:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise TierNotFound(
-                f"no tier named {name!r}; tiers are {', '.join(self._by_name)}", tier=name
-            ) from None
-
-    @property
-    def fastest(self) -> Tier:
-        return self._tiers[0]
+                    rel = os.path.relpath(dirpath, self.root)
+                    stem = name[1 : -len(TEMP_SUFFIX)]
+                    yield (stem if rel == "." else f"{rel}/{stem}"), stem

@@ -1,53 +1,45 @@
-"""Crash-safe file operations: temp file in the final directory, fsync, no-clobber publish,
-dir fsync; and the guarded removals a move and its recovery make.
+"""Writing into a directory tier: a temp file in the final directory, fsync, a no-clobber
+publish (``link``) or an atomic replace (``rename``), then an fsync of the directory.
 
-Every byte tierd writes into a tier goes through :class:`AtomicWriter`, and every file a move
-removes goes through :func:`unlink_if_same` or :func:`unlink_published`, so the durability rules
-of RELIABILITY.md live in one place and fault tests have one place to aim at. File operations
-are called as ``os.<name>`` at call time so tests can patch ``os`` functions to inject faults.
+Every byte tierd writes into a directory tier goes through :class:`DirectoryWriter`, so the
+durability rules of RELIABILITY.md live in one place and fault tests have one place to aim at.
+File operations are called as ``os.<name>`` at call time so tests can patch ``os`` functions to
+inject faults.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import secrets
-import stat
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol, cast
 
-from tiering.checksum import Hasher, hash_fd
-from tiering.errors import AlreadyExists, FileNotFound, InsufficientSpace, InvalidPath, TierdError
-from tiering.tiers import Tier
+from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
+from tiering.tiers._base import Published, Stat, Tier, Writer
 from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
 
-__all__ = [
-    "AtomicWriter",
-    "Published",
-    "identity",
-    "lstat_file",
-    "probe",
-    "unlink_if_same",
-    "unlink_published",
-    "write_all",
-]
 
-log = logging.getLogger(__name__)
+class _Root(Protocol):
+    """What a writer needs of its directory tier (a Protocol: the tier module imports this one)."""
+
+    def open_dir(self, parts: list[str], *, create: bool = False) -> int: ...
+
+__all__ = ["DirectoryWriter", "stat_of", "write_all"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-@dataclass(frozen=True)
-class Published:
-    relpath: str
-    size: int
-    mtime_ns: int
-    checksum: str
-    dev: int = 0
-    ino: int = 0
+def stat_of(st: os.stat_result) -> Stat:
+    """A :class:`Stat` of a local file; its version is the inode."""
+    return Stat(
+        st.st_size,
+        st.st_mtime_ns,
+        f"{st.st_dev}:{st.st_ino}",
+        mode=st.st_mode & 0o7777,
+        atime_ns=st.st_atime_ns,
+    )
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -58,7 +50,7 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
-class AtomicWriter:
+class DirectoryWriter(Writer):
     """Write one file into a tier so that readers and crashes only ever see old or new bytes.
 
     Use as a context manager: leaving the block without :meth:`publish` removes the temp file.
@@ -74,6 +66,8 @@ class AtomicWriter:
         Most bytes accepted; a write past it raises :class:`InsufficientSpace` (quota).
     temp_stem:
         Distinguishes temp names (``.<stem>.tierd-tmp``); random when not given.
+    checksum:
+        Not stored: a directory keeps no metadata, and the catalog holds the checksum.
     """
 
     def __init__(
@@ -84,6 +78,7 @@ class AtomicWriter:
         overwrite: bool = False,
         limit: int | None = None,
         temp_stem: str | None = None,
+        checksum: str | None = None,
     ) -> None:
         self.tier = tier
         self.relpath = relpath
@@ -92,8 +87,10 @@ class AtomicWriter:
         dirs, self.name = split_relpath(relpath)
         self.temp_name = f".{temp_stem or 'w-' + secrets.token_hex(8)}{TEMP_SUFFIX}"
         self.size = 0
+        from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
+
         self._hasher = Hasher()
-        self._dirfd = tier.open_dir(dirs, create=True)
+        self._dirfd = cast(_Root, tier).open_dir(dirs, create=True)
         self._fd: int | None = None
         self._synced: os.stat_result | None = None
         try:
@@ -119,7 +116,7 @@ class AtomicWriter:
             return False
         return True
 
-    def __enter__(self) -> AtomicWriter:
+    def __enter__(self) -> DirectoryWriter:
         return self
 
     def __exit__(
@@ -136,13 +133,13 @@ class AtomicWriter:
         return self._hasher.value()
 
     @property
-    def synced(self) -> os.stat_result | None:
+    def synced(self) -> Stat | None:
         """The temp file's ``fstat`` once :meth:`sync` succeeded, else None.
 
         After a failed :meth:`publish` a caller uses it to tell whether the name now at the
         final path is this writer's inode (``link`` done, directory fsync failed).
         """
-        return self._synced
+        return None if self._synced is None else stat_of(self._synced)
 
     def write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
@@ -164,16 +161,14 @@ class AtomicWriter:
         self._hasher.update(data)
         self.size += len(data)
 
-    def sync(
-        self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None
-    ) -> os.stat_result:
+    def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
         """fsync the temp file (after setting its mode and times, when given); idempotent.
 
         A failed fsync may have dropped the dirty pages already, so it is never retried: the
         temp is discarded and the error raised.
         """
         if self._synced is not None:
-            return self._synced
+            return stat_of(self._synced)
         if self._fd is None:
             raise TierdError("sync after publish or abort")
         try:
@@ -188,7 +183,7 @@ class AtomicWriter:
             os.close(fd)
             self._unlink_temp()
             raise
-        return self._synced
+        return stat_of(self._synced)
 
     def publish(self) -> Published:
         """fsync, publish under the final name without clobbering, fsync the directory."""
@@ -221,9 +216,7 @@ class AtomicWriter:
             raise
         finally:
             self._close_dir()
-        return Published(
-            self.relpath, self.size, st.st_mtime_ns, self._hasher.value(), st.st_dev, st.st_ino
-        )
+        return Published(self.relpath, self.size, st.mtime_ns, self._hasher.value(), st)
 
     def abort(self) -> None:
         """Discard the temp file (idempotent)."""
@@ -243,94 +236,3 @@ class AtomicWriter:
         if self._dirfd >= 0:
             os.close(self._dirfd)
             self._dirfd = -1
-
-
-# -- guarded removals: a move and its recovery delete only what they can prove is theirs ------
-def identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What makes two stats "the same file, unchanged": device, inode, size and mtime."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def lstat_file(tier: Tier, relpath: str) -> os.stat_result | None:
-    """``lstat`` of the regular file at ``relpath`` on ``tier``; None if absent or not regular."""
-    dirs, name = split_relpath(relpath)
-    try:
-        dfd = tier.open_dir(dirs)
-    except OSError:
-        return None
-    try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(dfd)
-    return st if stat.S_ISREG(st.st_mode) else None
-
-
-def unlink_if_same(
-    tier: Tier,
-    relpath: str,
-    st: os.stat_result,
-    between: Callable[[], None] | None = None,
-) -> bool:
-    """Unlink ``relpath`` and fsync its directory, only if it is the inode ``st``.
-
-    ``between`` runs after the unlink and before the directory fsync (a test hook's step).
-    Returns False, removing nothing, when the name is gone or now names another file.
-    """
-    dirs, name = split_relpath(relpath)
-    try:
-        dfd = tier.open_dir(dirs)
-    except OSError:
-        return False
-    try:
-        try:
-            cur = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        if (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
-            log.warning(
-                "not removing %r on tier %s: it is not the file that was moved",
-                relpath,
-                tier.name,
-            )
-            return False
-        os.unlink(name, dir_fd=dfd)
-        if between is not None:
-            between()
-        os.fsync(dfd)
-        return True
-    finally:
-        os.close(dfd)
-
-
-def unlink_published(tier: Tier, relpath: str, pub: Published) -> None:
-    """Remove an aborted move's published copy, if ``relpath`` is still that inode.
-
-    Runs while an abort is already under way, so a failure is logged, not raised: the abort
-    must still be recorded, and the source is untouched either way.
-    """
-    try:
-        dirs, name = split_relpath(relpath)
-        dfd = tier.open_dir(dirs)
-        try:
-            cur = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if (cur.st_dev, cur.st_ino) == (pub.dev, pub.ino):
-                os.unlink(name, dir_fd=dfd)
-                os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as exc:
-        log.error("could not remove the aborted copy of %r on %s: %s", relpath, tier.name, exc)
-
-
-def probe(tier: Tier, relpath: str) -> tuple[str, os.stat_result] | None:
-    """Checksum and stat of the regular file at ``relpath`` on ``tier``, or None."""
-    try:
-        fd, st = tier.open_read(relpath)
-    except (FileNotFound, InvalidPath):
-        return None
-    try:
-        return hash_fd(fd), st
-    finally:
-        os.close(fd)

@@ -1,0 +1,350 @@
+"""The tier interface: the few primitives every kind of storage gives, and what tierd builds on
+them.
+
+Like fsspec's ``AbstractFileSystem``, a backend implements a handful of operations (open for
+ranged reads, stat, walk, write-then-publish, remove, space) and everything else (moves,
+recovery, scan, uploads, loads) is written once on top of them. Two backends exist:
+:class:`~tiering.tiers.DirectoryTier` (a local directory) and
+:class:`~tiering.tiers.ObjectTier` (an S3-protocol bucket prefix).
+
+Every backend keeps the same promises, which the shared test suite (``tests/tiers``) checks:
+
+- a :class:`Writer` is invisible until :meth:`Writer.publish`, and publishing never clobbers a
+  file it was not told to replace;
+- a removal with ``version`` removes nothing unless the name still holds that version, so a
+  move or its recovery only deletes what it can prove is the copy it made or moved;
+- a :class:`Stat`'s ``version`` tells two files at one name apart.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar
+
+from tiering.config import TierConfig
+from tiering.errors import FileNotFound, InvalidPath
+
+__all__ = [
+    "UNBOUNDED",
+    "Published",
+    "Source",
+    "Space",
+    "Stat",
+    "Tier",
+    "WalkEntry",
+    "Writer",
+]
+
+#: ``Space.free`` of a backend that sets no limit of its own (an object store): a quota, when
+#: configured, is then the only bound.
+UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True)
+class Space:
+    """Capacity of a tier's storage. ``total`` and ``used`` are None when the backend cannot
+    say (an object store has no capacity); ``free`` is then :data:`UNBOUNDED`."""
+
+    total: int | None
+    used: int | None
+    free: int
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A file as its tier sees it now.
+
+    ``version`` tells two files at one name apart: ``"<dev>:<ino>"`` in a directory, the ETag
+    in an object store. ``etag`` is the ETag where the backend has one (what the catalog
+    records to notice a change behind tierd's back), else None. ``checksum`` is tierd's
+    content checksum when the backend stores it with the file (object metadata), else None.
+    ``mode`` and ``atime_ns`` are what a directory copy restores; other backends give
+    defaults.
+    """
+
+    size: int
+    mtime_ns: int
+    version: str
+    checksum: str | None = None
+    etag: str | None = None
+    mode: int = 0o644
+    atime_ns: int = 0
+
+    def same_file(self, other: Stat) -> bool:
+        """The same file (inode or object version), unchanged in size and time."""
+        return (self.version, self.size, self.mtime_ns) == (
+            other.version,
+            other.size,
+            other.mtime_ns,
+        )
+
+
+@dataclass(frozen=True)
+class WalkEntry:
+    """One file found by :meth:`Tier.walk`. ``dev``/``ino`` are 0 where there are no inodes;
+    ``etag`` is set by backends that have one."""
+
+    relpath: str
+    size: int
+    mtime_ns: int
+    dev: int = 0
+    ino: int = 0
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """A file a :class:`Writer` made visible, with the checksum of the bytes it wrote."""
+
+    relpath: str
+    size: int
+    mtime_ns: int
+    checksum: str
+    stat: Stat
+
+    @property
+    def etag(self) -> str | None:
+        return self.stat.etag
+
+
+class Source(abc.ABC):
+    """A file opened for ranged reads; it keeps reading the bytes it opened.
+
+    A directory source reads through its fd (``fd`` >= 0), so a rename or unlink of the path
+    does not change what it serves. An object source reads with ``If-Match`` on the ETag it
+    opened, so it never mixes two versions.
+    """
+
+    relpath: str
+    stat: Stat
+    #: A local file descriptor, or -1 when the bytes are not in a local file.
+    fd: int = -1
+
+    @property
+    def size(self) -> int:
+        return self.stat.size
+
+    @abc.abstractmethod
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        """Read up to ``len(buf)`` bytes at ``offset``; fewer only at the end of the file."""
+
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
+        """The file's bytes from the start, in order. A view is valid until the next one.
+
+        Backends override it to read ahead (an object source keeps several ranged GETs in
+        flight); the default reads one chunk at a time.
+        """
+        buf = bytearray(chunk_size)
+        view = memoryview(buf)
+        off = 0
+        while True:
+            n = self.readinto(view, off)
+            if n == 0:
+                return
+            yield view[:n]
+            off += n
+
+    @abc.abstractmethod
+    def unchanged(self) -> bool:
+        """The name still holds the file that was opened, unchanged (checked before a switch)."""
+
+    def close(self) -> None:  # noqa: B027 - a source with nothing to release keeps the default
+        pass
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Writer(abc.ABC):
+    """Writes one new file into a tier, invisible to readers until :meth:`publish`.
+
+    Use as a context manager: leaving the block without publishing discards what was written.
+    ``limit`` (bytes) is enforced on every write with :class:`~tiering.errors.InsufficientSpace`.
+    """
+
+    tier: Tier
+    relpath: str
+    size: int = 0
+
+    @property
+    @abc.abstractmethod
+    def checksum(self) -> str:
+        """Checksum of the bytes written so far."""
+
+    @property
+    @abc.abstractmethod
+    def synced(self) -> Stat | None:
+        """What :meth:`sync` made durable, once it succeeded.
+
+        After a failed :meth:`publish` the caller uses it to tell whether the name now at the
+        final path is this writer's file.
+        """
+
+    @abc.abstractmethod
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
+        """Make the written bytes durable (still unpublished); idempotent.
+
+        A failed sync discards the temp (it is never retried). ``mode`` and ``times_ns`` are
+        restored by backends that keep them.
+        """
+
+    @abc.abstractmethod
+    def publish(self) -> Published:
+        """Sync, then make the file visible under its final name, durably."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Discard everything written (idempotent; a no-op after publish)."""
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+
+class Tier(abc.ABC):
+    """One tier. ``rank`` 0 is the fastest.
+
+    Subclasses set :attr:`kind` and implement the abstract primitives; :meth:`probe` is built
+    on them.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, config: TierConfig, rank: int) -> None:
+        self.name = config.name
+        self.quota_bytes = config.quota_bytes
+        self.rank = rank
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.location!r}, rank={self.rank})"
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the tier is, for people: a path or a URL, never a credential."""
+
+    @property
+    def local_root(self) -> Path | None:
+        """The directory the tier's files are in, for backends that are one (watcher, GDS)."""
+        return None
+
+    # -- life --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Make sure the tier is usable (create a directory root; reach and write a bucket).
+
+        Raises :class:`~tiering.errors.TierUnavailable` naming the tier and the reason.
+        """
+
+    def close(self) -> None:  # noqa: B027 - a tier with no connections keeps the default
+        """Release connections and threads."""
+
+    @abc.abstractmethod
+    def reachable(self) -> bool:
+        """A cheap readiness probe (no writes): can the tier be used right now?"""
+
+    @abc.abstractmethod
+    def space(self) -> Space: ...
+
+    # -- files -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def open(self, relpath: str, *, etag: str | None = None) -> Source:
+        """Open a file for ranged reads.
+
+        ``etag``: the version the catalog recorded; a file whose version differs raises
+        :class:`~tiering.errors.FileChanged` (backends without ETags ignore it).
+        Raises :class:`~tiering.errors.FileNotFound` or :class:`~tiering.errors.InvalidPath`.
+        """
+
+    @abc.abstractmethod
+    def stat(self, relpath: str) -> Stat | None:
+        """The file at ``relpath``, or None when there is none."""
+
+    @abc.abstractmethod
+    def walk(self) -> Iterator[WalkEntry]:
+        """Every file of the tier, skipping tierd's temp names and names it cannot serve."""
+
+    @abc.abstractmethod
+    def writer(
+        self,
+        relpath: str,
+        *,
+        overwrite: bool = False,
+        limit: int | None = None,
+        temp_stem: str | None = None,
+        checksum: str | None = None,
+    ) -> Writer:
+        """A :class:`Writer` for ``relpath``.
+
+        ``overwrite``: replace an existing file on publish (else publishing onto an existing
+        name raises :class:`~tiering.errors.AlreadyExists`, as does opening the writer when
+        the name exists already). ``temp_stem`` names the temp (a move's intent), so
+        :meth:`remove_temp` can find it after a crash. ``checksum``: the content checksum the
+        bytes must have, stored with the file where the backend can (object metadata).
+        """
+
+    @abc.abstractmethod
+    def remove(
+        self,
+        relpath: str,
+        *,
+        version: str | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> bool:
+        """Remove the file durably; False (removing nothing) when it is gone, or when
+        ``version`` is given and the name now holds another version.
+
+        ``between`` runs after the removal and before it is made durable (a test hook's step).
+        """
+
+    @abc.abstractmethod
+    def remove_temp(self, relpath: str, temp_stem: str) -> bool:
+        """Remove what a writer for ``relpath`` with ``temp_stem`` left unpublished."""
+
+    @abc.abstractmethod
+    def temps(self) -> Iterator[tuple[str, str]]:
+        """``(relpath, temp_stem)`` of everything unpublished that tierd's writers left, such
+        that ``remove_temp(relpath, temp_stem)`` removes it."""
+
+    # -- built on the primitives ---------------------------------------------------------------
+    def probe(self, relpath: str) -> tuple[str, Stat] | None:
+        """Checksum of the file's bytes (read in full) and its stat, or None if absent."""
+        try:
+            src = self.open(relpath)
+        except (FileNotFound, InvalidPath):
+            return None
+        from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
+
+        with src:
+            h = Hasher()
+            for chunk in src.chunks(4 << 20):
+                h.update(chunk)
+            return h.value(), src.stat
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """The whole file (small files: tests, metadata)."""
+        with self.open(relpath) as src:
+            return b"".join(bytes(c) for c in src.chunks(4 << 20))
