@@ -29,9 +29,59 @@ DEFAULT_TIER_NAMES = ("nvme", "ssd", "hdd")
 
 
 class TierSettings(BaseModel):
+    """One tier: a directory (``path``) or an S3-protocol bucket prefix (``url``).
+
+    Credentials of an object-store tier come from the standard AWS chain (environment, shared
+    config and credentials files, instance role), never from tierd's configuration.
+    """
+
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Tier name, e.g. nvme")
-    path: Path = Field(description="Directory root of the tier")
+    path: Path | None = Field(default=None, description="Directory root of a directory tier")
+    url: str | None = Field(
+        default=None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="s3://bucket/prefix of an object-store tier",
+    )
+    endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint (MinIO, Ceph RGW, GCS...); AWS when not set"
+    )
+    region: str | None = Field(default=None, description="Region of the bucket")
+    part_size_bytes: int | None = Field(
+        default=None,
+        ge=5 << 20,
+        le=5 << 30,
+        description="Object tiers: bytes of one multipart part and of one ranged GET",
+    )
+    connections: int | None = Field(
+        default=None, ge=1, le=1024, description="Object tiers: requests in flight"
+    )
     quota_bytes: int | None = Field(default=None, ge=0, description="Most bytes tierd places here")
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> TierSettings:
+        if (self.path is None) == (self.url is None):
+            raise ValueError(f"tier {self.name!r} needs exactly one of path (a directory) or url")
+        remote = (self.endpoint_url, self.region, self.part_size_bytes, self.connections)
+        if self.url is None and any(v is not None for v in remote):
+            raise ValueError(
+                f"tier {self.name!r}: endpoint_url, region, part_size_bytes and connections "
+                "are for object-store (url) tiers"
+            )
+        return self
+
+    def config(self) -> TierConfig:
+        if self.url is not None:
+            return TierConfig(
+                self.name,
+                quota_bytes=self.quota_bytes,
+                kind="object",
+                url=self.url,
+                endpoint_url=self.endpoint_url,
+                region=self.region,
+                part_size=self.part_size_bytes,
+                connections=self.connections,
+            )
+        return TierConfig(self.name, self.path, self.quota_bytes)
 
 
 class BufferSettings(BaseModel):
@@ -162,7 +212,8 @@ class Settings(BaseSettings):
         # Absolute, so that a later chdir (or a daemon manager) cannot move the data.
         self.data_dir = self.data_dir.absolute()
         for t in self.tiers:
-            t.path = t.path.absolute()
+            if t.path is not None:
+                t.path = t.path.absolute()
         if not self.tiers:
             self.tiers = [TierSettings(name=n, path=self.data_dir / n) for n in DEFAULT_TIER_NAMES]
         if not self.catalog_url:
@@ -197,7 +248,7 @@ class Settings(BaseSettings):
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
-            tiers=tuple(TierConfig(t.name, t.path, t.quota_bytes) for t in self.tiers),
+            tiers=tuple(t.config() for t in self.tiers),
             catalog_url=self.catalog_url,
             half_life_s=self.half_life_s,
             access_flush_interval_s=self.access_flush_interval_s,

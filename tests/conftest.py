@@ -20,6 +20,9 @@ import uvicorn
 from app.main import create_app
 from app.settings import Settings, get_settings
 from tests.helpers import SHM, engine_settings
+
+# The S3-protocol server (moto on loopback) and object-tier fixtures, for every test folder.
+pytest_plugins = ["tests.s3"]
 from tiering.engine import Engine
 
 

@@ -47,16 +47,25 @@ def checksum(data: bytes) -> str:
 
 
 def tier_files(engine: Engine) -> dict[str, list[str]]:
-    """relpath -> tiers holding it, temp files under the key ``"<temp>"``."""
+    """relpath -> tiers holding it; temps (temp files, unfinished multipart uploads) under the
+    key ``"<temp>"``. Through the tier interface, so it sees every backend alike."""
     out: dict[str, list[str]] = {}
     for tier in engine.tiers:
-        for dirpath, _dirs, files in os.walk(tier.root):
-            for name in files:
-                rel = os.path.relpath(os.path.join(dirpath, name), tier.root)
-                key = "<temp>" if is_temp_name(name) else rel
-                out.setdefault(key, []).append(
-                    tier.name if key != "<temp>" else f"{tier.name}:{rel}"
-                )
+        root = tier.local_root
+        if root is not None:
+            # A directory is walked raw: anything at all left there must show up.
+            for dirpath, _dirs, files in os.walk(root):
+                for name in files:
+                    rel = os.path.relpath(os.path.join(dirpath, name), root)
+                    key = "<temp>" if is_temp_name(name) else rel
+                    out.setdefault(key, []).append(
+                        tier.name if key != "<temp>" else f"{tier.name}:{rel}"
+                    )
+            continue
+        for entry in tier.walk():
+            out.setdefault(entry.relpath, []).append(tier.name)
+        for rel, _stem in tier.temps():
+            out.setdefault("<temp>", []).append(f"{tier.name}:{rel}")
     return out
 
 
@@ -69,7 +78,7 @@ def assert_invariants(engine: Engine, expected: dict[str, bytes], *, idle: bool 
         rec = engine.catalog.lookup(relpath)
         assert rec.state == FileState.STABLE, (relpath, rec.state, rec.detail)
         assert placed.get(relpath) == [rec.tier], (relpath, placed.get(relpath), rec.tier)
-        on_disk = (engine.tiers.get(rec.tier).root / relpath).read_bytes()
+        on_disk = engine.tiers.get(rec.tier).read_bytes(relpath)
         assert on_disk == data, f"{relpath}: wrong bytes on {rec.tier}"
         assert rec.checksum == checksum(data)
         assert rec.size == len(data)

@@ -19,6 +19,8 @@ class TierConfig:
     ``kind`` picks the backend: ``"directory"`` (a local root at ``path``) or ``"object"`` (an
     S3-protocol bucket prefix at ``url``, ``s3://bucket/prefix``, reached at ``endpoint_url``
     in ``region``; credentials come from the standard AWS chain, never from here).
+    ``part_size`` (bytes of one multipart part and of one ranged GET) and ``connections``
+    (requests in flight) tune an object tier; None keeps the backend's defaults.
     """
 
     name: str
@@ -28,6 +30,8 @@ class TierConfig:
     url: str | None = None
     endpoint_url: str | None = None
     region: str | None = None
+    part_size: int | None = None
+    connections: int | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,13 @@ def make_tier(config: TierConfig, rank: int) -> Tier:
         # boto3 is imported only by deployments that have an object-store tier.
         from tiering.tiers._object import ObjectTier
 
-        tier: Tier = ObjectTier(config, rank)
+        tuning: dict[str, int] = {}
+        if config.part_size is not None:
+            tuning["part_size"] = tuning["read_size"] = config.part_size
+            tuning["readahead_bytes"] = 8 * config.part_size
+        if config.connections is not None:
+            tuning["workers"] = config.connections
+        tier: Tier = ObjectTier(config, rank, **tuning)
         return tier
     raise ValueError(f"tier {config.name!r}: unknown kind {config.kind!r}; one of {KINDS}")
 
