@@ -131,10 +131,32 @@ def serve(
     except UnsafeBind as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+    _check_tiers(settings)
     # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
     )
+
+
+def _check_tiers(settings: Settings) -> None:
+    """Refuse to start, with one clear line, when a tier cannot be used (a bucket that is not
+    there, refuses the credentials, denies a write or cannot be reached); the server's start
+    would fail the same way, buried in a traceback."""
+    from tiering.tiers import Tiers
+
+    try:
+        tiers = Tiers(settings.engine_config().tiers)
+    except ValueError as exc:
+        err.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        for tier in tiers:
+            tier.check()
+    except TierdError as exc:
+        err.print(f"[red]cannot start:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        tiers.close()
 
 
 @db_cli.command("upgrade")
@@ -205,17 +227,21 @@ def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOp
     if as_json:
         _print_json([r.model_dump(mode="json") for r in rows])
         return
-    table = Table("rank", "tier", "path", "files", "file bytes", "quota", "free", "capacity", "GDS")
+    table = Table(
+        "rank", "tier", "kind", "path", "files", "file bytes", "quota", "free", "capacity", "GDS"
+    )
     for r in rows:
+        # An object store has no capacity and no free space of its own: shown as "unknown".
         table.add_row(
             str(r.rank),
             r.name,
+            r.kind,
             r.path,
             str(r.files),
             _size(r.file_bytes),
             _size(r.quota_bytes),
-            _size(r.free_bytes),
-            _size(r.capacity_bytes),
+            _size(r.free_bytes) if r.free_bytes is not None else "unknown",
+            _size(r.capacity_bytes) if r.capacity_bytes is not None else "unknown",
             "yes" if r.gds else "no",
         )
     out.print(table)

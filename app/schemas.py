@@ -11,6 +11,7 @@ from app.api.responses import MAX_ID
 from tiering.catalog import FileRecord
 from tiering.engine import MigrationInfo, PolicyInfo, TierInfo
 from tiering.placement import Decision, PlannedMove
+from tiering.tiers import UNBOUNDED
 
 __all__ = [
     "DecisionOut",
@@ -83,10 +84,13 @@ class FileList(BaseModel):
 class TierOut(BaseModel):
     name: str
     rank: int
-    path: str
-    capacity_bytes: int
-    used_bytes: int = Field(description="Bytes in use on the filesystem, by anyone")
-    free_bytes: int
+    kind: str = Field(description="The backend: `directory` (a local root) or `object` (S3)")
+    path: str = Field(description="Where the tier is: a directory, or `s3://bucket/prefix`")
+    capacity_bytes: int | None = Field(description="Null where the backend has no capacity")
+    used_bytes: int | None = Field(
+        description="Bytes in use on the filesystem, by anyone; null for an object store"
+    )
+    free_bytes: int | None = Field(description="Null where the backend sets no limit")
     quota_bytes: int | None
     files: int = Field(description="Files the catalog places on this tier")
     file_bytes: int = Field(description="Bytes of those files")
@@ -99,15 +103,16 @@ class TierOut(BaseModel):
         return cls(
             name=t.name,
             rank=t.rank,
+            kind=t.kind,
             path=t.path,
             capacity_bytes=t.space.total,
             used_bytes=t.space.used,
-            free_bytes=t.space.free,
+            free_bytes=None if t.space.free >= UNBOUNDED else t.space.free,
             quota_bytes=t.quota_bytes,
             files=t.files,
             file_bytes=t.used_bytes,
             # The direct path is for the fastest tier; slower tiers go through bounce buffers.
-            gds=gds_host and t.rank == 0,
+            gds=gds_host and t.rank == 0 and t.kind == "directory",
         )
 
 

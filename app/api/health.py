@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import os
+from datetime import datetime
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from app.api.deps import EngineDep
 from app.schemas import iso
 
 router = APIRouter(tags=["health"])
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready", "not_ready"]
+    started_at: datetime | None
+    checks: dict[str, Any] = Field(description="catalog, tiers, watcher and last_scan")
 
 
 @router.get("/healthz")
@@ -20,7 +28,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "Not ready: a check failed"}},
+)
 def readyz(engine: EngineDep) -> JSONResponse:
     """Ready when the catalog answers and every tier root is a usable directory."""
     checks: dict[str, object] = {}
@@ -32,9 +44,9 @@ def readyz(engine: EngineDep) -> JSONResponse:
         checks["catalog"] = {"ok": False, "error": str(exc)}
     tiers = {}
     for tier in engine.tiers:
-        usable = tier.root.is_dir() and os.access(tier.root, os.R_OK | os.W_OK | os.X_OK)
+        usable = tier.reachable()
         ok = ok and usable
-        tiers[tier.name] = {"ok": usable, "path": str(tier.root)}
+        tiers[tier.name] = {"ok": usable, "kind": tier.kind, "location": tier.location}
     checks["tiers"] = tiers
     # The watcher's health is reported, not required: without it the catalog can drift from
     # the disk, but what it serves is still read from the disk, so tierd can still serve.
