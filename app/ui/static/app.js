@@ -355,7 +355,13 @@
       // The quota's place on the disk, where it is far enough from the left to be seen.
       const marks = hasQuota && t.quota_bytes / cap >= 0.02
         ? [{ frac: t.quota_bytes / cap, title: `quota ${fmtBytes(t.quota_bytes)}` }] : [];
-      const meters = [
+      // An object store has no capacity: its line says so instead of drawing a bar.
+      const meters = t.capacity_bytes === null ? [
+        h("span", { class: "meter-label", text: "store" }),
+        h("span", { class: "meter-none muted", text: "capacity unknown" }),
+        h("span", { class: "meter-text" },
+          h("b", { text: fmtBytes(t.file_bytes) }), ` in ${t.files} objects`),
+      ] : [
         h("span", { class: "meter-label", text: "disk" }),
         bar([
           { frac: t.file_bytes / cap, color, title: `tierd's files: ${fmtBytes(t.file_bytes)}` },
