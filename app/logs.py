@@ -132,6 +132,11 @@ def configure_logging(level: str = "info", fmt: Literal["text", "json"] = "text"
         lg.propagate = True
         lg.setLevel(numeric)
     quiet_alembic(numeric)
+    # boto's INFO lines ("Found credentials in environment variables.") are noise at every
+    # start, and at DEBUG botocore logs the access key id: an object tier's client stays at
+    # WARNING whatever tierd's level.
+    for name in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # -- middleware ------------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""The ``tier`` fixture: each shared test runs on every backend, the way fsspec's abstract tests
+run on every filesystem. The S3-protocol server and object-tier fixtures come from
+``tests.s3``, a plugin of the root conftest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiering.config import TierConfig
+
+BACKENDS = ["directory", "object"]
+
+
+@pytest.fixture(params=BACKENDS)
+def tier(request: pytest.FixtureRequest, tmp_path: Path, moto_server: str | None) -> Any:
+    """A checked, empty tier of each kind. (``moto_server`` is asked for here, not lazily, so
+    its session threads start before the leak check counts.)"""
+    if request.param == "object":
+        make: Callable[..., Any] = request.getfixturevalue("make_object_tier")
+        t = make()
+    else:
+        try:
+            from tiering.tiers import DirectoryTier
+        except ImportError:
+            pytest.skip("tiering.tiers.DirectoryTier does not exist yet")
+        t = DirectoryTier(TierConfig("dir", path=tmp_path / "tier"), rank=0)
+        request.addfinalizer(t.close)
+    t.check()
+    return t

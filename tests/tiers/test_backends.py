@@ -1,0 +1,259 @@
+"""One suite, every backend: what the :class:`~tiering.tiers.Tier` interface promises holds for a
+local directory and for an S3-protocol bucket alike (the ``tier`` fixture runs each test on
+both, the way fsspec's ``tests/abstract`` runs on every filesystem)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from tiering.checksum import Hasher
+from tiering.errors import (
+    AlreadyExists,
+    FileNotFound,
+    InsufficientSpace,
+    InvalidPath,
+    TierdError,
+)
+
+KiB = 1 << 10
+
+
+def checksum(data: bytes) -> str:
+    h = Hasher()
+    h.update(data)
+    return h.value()
+
+
+def put(tier: Any, relpath: str, data: bytes, **kwargs: Any) -> Any:
+    with tier.writer(relpath, **kwargs) as w:
+        # Uneven writes, so part and chunk boundaries fall mid-write.
+        for i in range(0, len(data), 50_000):
+            w.write(data[i : i + 50_000])
+        return w.publish()
+
+
+def test_publish_then_read_back(tier: Any) -> None:
+    data = os.urandom(200 * KiB + 7)
+    pub = put(tier, "models/a/weights.bin", data)
+    assert (pub.relpath, pub.size, pub.checksum) == (
+        "models/a/weights.bin",
+        len(data),
+        checksum(data),
+    )
+    st = tier.stat("models/a/weights.bin")
+    assert st is not None and st.size == len(data)
+    assert st.version == pub.stat.version and st.mtime_ns == pub.stat.mtime_ns > 0
+    assert tier.read_bytes("models/a/weights.bin") == data
+    assert tier.kind in ("directory", "object") and tier.name in repr(tier)
+
+
+def test_readinto_ranges_and_eof(tier: Any) -> None:
+    data = os.urandom(300 * KiB + 11)
+    put(tier, "r.bin", data)
+    with tier.open("r.bin") as src:
+        assert src.size == len(data)
+        for offset, length in [(0, 10), (64 * KiB - 5, 20), (100, 250 * KiB), (0, len(data))]:
+            buf = bytearray(length)
+            assert src.readinto(memoryview(buf), offset) == length
+            assert bytes(buf) == data[offset : offset + length]
+        buf = bytearray(100)
+        assert src.readinto(memoryview(buf), len(data) - 5) == 5
+        assert bytes(buf[:5]) == data[-5:]
+        assert src.readinto(memoryview(buf), len(data)) == 0
+        assert src.readinto(memoryview(buf), len(data) + 10) == 0
+        # A buffer longer than the rest of the file, read in parallel parts.
+        big = bytearray(len(data) + 1000)
+        assert src.readinto(memoryview(big), 3) == len(data) - 3
+        assert bytes(big[: len(data) - 3]) == data[3:]
+
+
+@pytest.mark.parametrize("chunk_size", [10_000, 64 * KiB, 1 << 20])
+def test_chunks_in_order(tier: Any, chunk_size: int) -> None:
+    data = os.urandom(330 * KiB + 1)
+    put(tier, "c.bin", data)
+    with tier.open("c.bin") as src:
+        sizes, parts = [], []
+        for chunk in src.chunks(chunk_size):
+            sizes.append(len(chunk))
+            parts.append(bytes(chunk))
+    assert b"".join(parts) == data
+    assert all(s == chunk_size for s in sizes[:-1]) and 0 < sizes[-1] <= chunk_size
+
+
+def test_chunks_stopped_early(tier: Any) -> None:
+    data = os.urandom(400 * KiB)
+    put(tier, "c.bin", data)
+    with tier.open("c.bin") as src:
+        it = src.chunks(16 * KiB)
+        assert bytes(next(it)) == data[: 16 * KiB]
+        it.close()  # in-flight read-ahead is settled, nothing leaks
+
+
+def test_empty_file(tier: Any) -> None:
+    pub = put(tier, "empty", b"")
+    assert pub.size == 0 and pub.checksum == checksum(b"")
+    assert tier.read_bytes("empty") == b""
+    with tier.open("empty") as src:
+        assert list(src.chunks(4096)) == []
+        assert src.readinto(memoryview(bytearray(10)), 0) == 0
+
+
+def test_stat_and_open_of_missing_and_invalid(tier: Any) -> None:
+    assert tier.stat("nope") is None
+    assert tier.stat("a/../b") is None
+    with pytest.raises(FileNotFound):
+        tier.open("nope")
+    for bad in ["/abs", "../up", "a//b", "x.tierd-tmp"]:
+        with pytest.raises(InvalidPath):
+            tier.open(bad)
+        with pytest.raises(InvalidPath):
+            tier.writer(bad)
+
+
+def test_walk_lists_published_files_and_skips_temps(tier: Any) -> None:
+    put(tier, "a/b/one.bin", b"1" * 100)
+    put(tier, "two.bin", b"22")
+    with tier.writer("a/three.bin", temp_stem="f3.i1") as open_writer:
+        open_writer.write(b"333")
+        open_writer.sync()
+        entries = {e.relpath: e for e in tier.walk()}
+    assert set(entries) == {"a/b/one.bin", "two.bin"}
+    assert entries["a/b/one.bin"].size == 100 and entries["two.bin"].size == 2
+    assert all(e.mtime_ns > 0 for e in entries.values())
+    st = tier.stat("two.bin")
+    if tier.kind == "object":
+        assert entries["two.bin"].etag == st.version
+    assert entries["two.bin"].mtime_ns == st.mtime_ns
+
+
+def test_abort_and_unpublished_writers_leave_nothing(tier: Any) -> None:
+    w = tier.writer("gone.bin")
+    w.write(b"x" * 1000)
+    w.abort()
+    w.abort()  # idempotent
+    with tier.writer("gone2.bin") as w2:
+        w2.write(b"y" * 1000)  # leaving the block without publish discards it
+    assert tier.stat("gone.bin") is None and tier.stat("gone2.bin") is None
+    assert list(tier.walk()) == [] and list(tier.temps()) == []
+    with pytest.raises(TierdError):
+        w.write(b"z")
+
+
+def test_sync_then_publish(tier: Any) -> None:
+    with tier.writer("s.bin") as w:
+        assert w.synced is None
+        w.write(b"abc" * 1000)
+        st = w.sync()
+        assert st.size == 3000 and w.synced == st
+        assert w.sync() == st  # idempotent
+        pub = w.publish()
+    assert pub.size == 3000 and tier.read_bytes("s.bin") == b"abc" * 1000
+    with pytest.raises(TierdError):
+        w.write(b"more")
+
+
+def test_no_clobber(tier: Any) -> None:
+    put(tier, "x.bin", b"first")
+    with pytest.raises(AlreadyExists):
+        tier.writer("x.bin")
+    # A name that appears while a writer is open is not clobbered at publish.
+    with tier.writer("y.bin") as w:
+        w.write(b"mine")
+        put(tier, "y.bin", b"theirs")
+        with pytest.raises(AlreadyExists):
+            w.publish()
+    assert tier.read_bytes("y.bin") == b"theirs"
+    assert tier.read_bytes("x.bin") == b"first"
+    assert list(tier.temps()) == []
+
+
+def test_overwrite_replaces(tier: Any) -> None:
+    old = put(tier, "o.bin", b"old" * 100)
+    new = put(tier, "o.bin", b"new" * 200, overwrite=True)
+    assert tier.read_bytes("o.bin") == b"new" * 200
+    assert new.stat.version != old.stat.version
+    assert tier.stat("o.bin").version == new.stat.version
+
+
+def test_limit_is_enforced(tier: Any) -> None:
+    with tier.writer("l.bin", limit=100) as w:
+        w.write(b"x" * 60)
+        with pytest.raises(InsufficientSpace):
+            w.write(b"x" * 50)
+    assert tier.stat("l.bin") is None
+
+
+def test_remove_only_the_version_given(tier: Any) -> None:
+    first = put(tier, "m.bin", b"one")
+    second = put(tier, "m.bin", b"two!", overwrite=True)
+    assert not tier.remove("m.bin", version=first.stat.version)
+    assert tier.read_bytes("m.bin") == b"two!"
+    calls: list[bool] = []
+    assert tier.remove("m.bin", version=second.stat.version, between=lambda: calls.append(True))
+    assert calls == [True] and tier.stat("m.bin") is None
+    assert not tier.remove("m.bin")
+    put(tier, "n.bin", b"n")
+    assert tier.remove("n.bin") and tier.stat("n.bin") is None
+
+
+def test_remove_temp_after_an_unfinished_writer(tier: Any) -> None:
+    """A writer that never finished (its process died) leaves a temp that recovery finds and
+    removes by the final name and the stem; the final name never appears."""
+    w = tier.writer("x/y.bin", temp_stem="f1.i1")
+    w.write(os.urandom(150 * KiB))
+    w.sync()
+    found = list(tier.temps())
+    assert len(found) == 1 and found[0][0].rsplit("/", 1)[0] == "x"
+    assert found[0][1] in ("f1.i1", "")
+    assert tier.remove_temp("x/y.bin", "f1.i1")
+    assert list(tier.temps()) == []
+    assert not tier.remove_temp("x/y.bin", "f1.i1")
+    assert tier.stat("x/y.bin") is None
+    w.abort()  # what the dead writer would have done: harmless now
+
+
+def test_temps_feed_remove_temp(tier: Any) -> None:
+    """The orphan sweep: every (relpath, stem) that temps() gives can be passed to
+    remove_temp(), after which none is left."""
+    writers: list[Any] = []
+    for name in ("p/one.bin", "two.bin"):
+        w = tier.writer(name, temp_stem=f"s-{len(writers)}")
+        w.write(b"t" * 5000)
+        w.sync()
+        writers.append(w)
+    found = list(tier.temps())
+    assert len(found) == 2
+    for relpath, stem in found:
+        assert tier.remove_temp(relpath, stem)
+    assert list(tier.temps()) == []
+    for w in writers:
+        w.abort()
+
+
+def test_probe(tier: Any) -> None:
+    data = os.urandom(90 * KiB)
+    pub = put(tier, "p.bin", data)
+    got = tier.probe("p.bin")
+    assert got is not None
+    assert got[0] == checksum(data) and got[1].version == pub.stat.version
+    assert tier.probe("missing.bin") is None
+
+
+def test_unchanged_after_replace(tier: Any) -> None:
+    put(tier, "u.bin", b"version one")
+    with tier.open("u.bin") as src:
+        assert src.unchanged()
+        put(tier, "u.bin", b"version two", overwrite=True)
+        assert not src.unchanged()
+    with tier.open("u.bin") as src:
+        tier.remove("u.bin")
+        assert not src.unchanged()
+
+
+def test_space_and_location(tier: Any) -> None:
+    space = tier.space()
+    assert space.free > 0
+    assert tier.location and isinstance(tier.location, str)

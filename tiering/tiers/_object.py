@@ -1,0 +1,280 @@
+"""Object-store tiers: a prefix of an S3-protocol bucket (AWS S3, MinIO, Ceph RGW, GCS's S3 API).
+
+The file ``relpath`` is the object ``<prefix>/<relpath>``. Its version is the ETag: every read
+is pinned to the ETag it opened (``If-Match``), a removal with a version is conditional on it,
+and a change of ETag or size is how scan notices a file changed behind tierd's back.
+
+**Ownership.** A tier's prefix belongs to tierd. The key of a file being moved or uploaded is
+written only by that move or upload (the catalog's claim serialises them), so an unfinished
+multipart upload under the prefix is always tierd's own, and aborting every unfinished upload
+of a key (:meth:`ObjectTier.remove_temp`) discards only that move's temp. The orphan sweep
+(:meth:`ObjectTier.temps`) must therefore run only when no writer of this tier is active: at
+start, before serving.
+
+The requests themselves (clients, pool, retries, error mapping) live in
+:mod:`tiering.tiers._store`; readers and writers in :mod:`tiering.tiers._object_io`. boto3 is
+imported only by deployments that have an object-store tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.config import TierConfig
+from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
+from tiering.tiers._base import UNBOUNDED, Space, Stat, Tier, WalkEntry
+from tiering.tiers._object_io import ObjectSource, ObjectWriter
+from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
+from tiering.tiers._store import MiB, S3Store
+from tiering.tiers.paths import TEMP_SUFFIX, validate_relpath
+
+__all__ = ["ObjectTier"]
+
+log = logging.getLogger(__name__)
+
+_PROBE = ".tierd-probe-"
+
+
+class ObjectTier(Tier):
+    """A tier in an S3-protocol bucket under ``url = "s3://bucket/prefix"``.
+
+    Keyword arguments beyond the config (the defaults suit S3 and large model files):
+
+    - ``part_size``: bytes per uploaded part (S3 wants at least 5 MiB for all but the last).
+      It doubles every 1,000 parts, so any object fits in S3's 10,000 parts.
+    - ``parts_in_flight``: parts one writer may have uploading at once; a writer holds at most
+      ``(parts_in_flight + 1) * part_size`` bytes (72 MiB by default).
+    - ``read_size``: bytes per ranged GET; a longer read is split into parallel GETs. Large
+      GETs amortise the per-request cost (S3's first-byte latency; moto copies the whole
+      object for every range).
+    - ``readahead_bytes``: how far :meth:`ObjectSource.chunks` reads ahead of its consumer (a
+      promotion): ``readahead_bytes // read_size`` GETs in flight, that many buffers plus one.
+    - ``workers``: threads of the tier's one pool, shared by every reader and writer of the
+      tier; the connection pool has room for them and for the callers' own requests.
+    - ``max_attempts``: tries per request (botocore's standard retry mode; ours for a GET body
+      that breaks after its headers).
+    - ``connect_timeout``, ``read_timeout``: seconds, per attempt; ``check_timeout``: both, for
+      :meth:`check` and :meth:`reachable`, which try twice at most.
+    """
+
+    kind = "object"
+
+    def __init__(
+        self,
+        config: TierConfig,
+        rank: int,
+        *,
+        part_size: int = 8 * MiB,
+        parts_in_flight: int = 8,
+        read_size: int = 16 * MiB,
+        readahead_bytes: int = 128 * MiB,
+        workers: int = 32,
+        max_attempts: int = 8,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        check_timeout: float = 3.0,
+    ) -> None:
+        super().__init__(config, rank)
+        self.store = S3Store(
+            config,
+            part_size=part_size,
+            parts_in_flight=parts_in_flight,
+            read_size=read_size,
+            readahead_bytes=readahead_bytes,
+            workers=workers,
+            max_attempts=max_attempts,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            check_timeout=check_timeout,
+        )
+        self.bucket = self.store.bucket
+        self.prefix = self.store.prefix
+        self.endpoint_url = self.store.endpoint_url
+        self._reachable = True
+
+    @property
+    def location(self) -> str:
+        url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        return f"{url} at {self.endpoint_url}" if self.endpoint_url else url
+
+    # -- life --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Write and delete a probe object under the prefix, so a bad configuration fails at
+        start with the bucket and the reason named."""
+        client = self.store.quick()
+        pfx = self.store.key_prefix()
+        probe = f"{pfx}{_PROBE}{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        try:
+            client.put_object(Bucket=self.bucket, Key=probe, Body=b"tierd probe")
+            client.delete_object(Bucket=self.bucket, Key=probe)
+            # Probes of checks that crashed between their put and delete.
+            old = client.list_objects_v2(Bucket=self.bucket, Prefix=f"{pfx}{_PROBE}")
+            for obj in old.get("Contents", []):
+                if obj["Key"].endswith(TEMP_SUFFIX):
+                    client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+        except (ClientError, BotoCoreError) as exc:
+            raise unavailable(self.name, self.bucket, self.endpoint_url, exc) from exc
+
+    def reachable(self) -> bool:
+        """One quick listing of at most one key under the prefix (reads only). A change of
+        state is logged once, not on every poll."""
+        try:
+            self.store.quick().list_objects_v2(
+                Bucket=self.bucket, Prefix=self.store.key_prefix(), MaxKeys=1
+            )
+        except (ClientError, BotoCoreError) as exc:
+            if self._reachable:
+                self._reachable = False
+                why = unavailable(self.name, self.bucket, self.endpoint_url, exc)
+                log.warning("tier %s is unreachable: %s", self.name, why)
+            return False
+        if not self._reachable:
+            self._reachable = True
+            log.warning("tier %s is reachable again", self.name)
+        return True
+
+    def close(self) -> None:
+        self.store.close()
+
+    def space(self) -> Space:
+        """A bucket has no capacity to report; a configured quota is the only bound."""
+        return Space(None, None, UNBOUNDED)
+
+    # -- files -------------------------------------------------------------------------------
+    def open(self, relpath: str, *, etag: str | None = None) -> ObjectSource:
+        key = self.store.key(relpath)
+        head = self.store.head(key)
+        if head is None:
+            raise FileNotFound(f"no object {relpath!r} in tier {self.name}", path=relpath)
+        st = self.store.stat_of(head)
+        if etag is not None and strip_etag(etag) != st.version:
+            raise FileChanged(
+                f"{relpath!r} in tier {self.name} changed behind tierd's back: its ETag is "
+                f"{st.version}, the catalog has {strip_etag(etag)}",
+                path=relpath,
+                etag=st.version,
+                expected=strip_etag(etag),
+            )
+        return ObjectSource(self, self.store, relpath, key, st)
+
+    def stat(self, relpath: str) -> Stat | None:
+        try:
+            key = self.store.key(relpath)
+        except InvalidPath:
+            return None
+        head = self.store.head(key)
+        return None if head is None else self.store.stat_of(head)
+
+    def walk(self) -> Iterator[WalkEntry]:
+        """Every object under the prefix, skipping directory markers, tierd's temp and probe
+        names, and keys that are not valid relpaths (with a warning)."""
+        pfx = self.store.key_prefix()
+        pages = self.store.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=pfx
+        )
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    rel = obj["Key"][len(pfx) :]
+                    if not rel or rel.endswith("/") or rel.endswith(TEMP_SUFFIX):
+                        continue
+                    try:
+                        validate_relpath(rel)
+                    except InvalidPath as exc:
+                        log.warning("skipping %r in tier %s: %s", rel, self.name, exc)
+                        continue
+                    yield WalkEntry(
+                        rel,
+                        int(obj["Size"]),
+                        mtime_ns(obj["LastModified"]),
+                        etag=strip_etag(obj["ETag"]),
+                    )
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(self.name, "list", self.store.url_of(pfx), exc) from exc
+
+    def writer(
+        self,
+        relpath: str,
+        *,
+        overwrite: bool = False,
+        limit: int | None = None,
+        temp_stem: str | None = None,
+        checksum: str | None = None,
+    ) -> ObjectWriter:
+        return ObjectWriter(
+            self,
+            self.store,
+            relpath,
+            overwrite=overwrite,
+            limit=limit,
+            temp_stem=temp_stem,
+            checksum=checksum,
+        )
+
+    def remove(
+        self,
+        relpath: str,
+        *,
+        version: str | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> bool:
+        """Delete the object; with ``version``, only while it still has that ETag (checked by
+        HEAD and again by the conditional delete). A delete is durable when it returns, so
+        ``between`` runs right after it."""
+        key = self.store.key(relpath)
+        head = self.store.head(key)
+        if head is None:
+            return False
+        current = strip_etag(head["ETag"])
+        if version is not None and strip_etag(version) != current:
+            log.warning(
+                "not removing %r on tier %s: it is not the object that was moved "
+                "(ETag %s, expected %s)",
+                relpath,
+                self.name,
+                current,
+                strip_etag(version),
+            )
+            return False
+        if version is None:
+            where = self.store.url_of(key)
+            self.store.call(
+                "remove", where, self.store.client.delete_object, Bucket=self.bucket, Key=key
+            )
+        elif not self.store.delete_exact(key, current):
+            log.warning("not removing %r on tier %s: it changed during removal", relpath, self.name)
+            return False
+        if between is not None:
+            between()
+        return True
+
+    def remove_temp(self, relpath: str, temp_stem: str) -> bool:
+        """Abort every unfinished upload of ``relpath``'s key. By the ownership rule (module
+        docstring) they are all the temp of the one move that writes that key, so
+        ``temp_stem`` (not listed by S3) need not be matched."""
+        key = self.store.key(relpath)
+        found = False
+        for up in list(self.store.uploads(key)):
+            if up["Key"] == key:
+                self.store.abort_upload(key, up["UploadId"])
+                found = True
+        return found
+
+    def temps(self) -> Iterator[tuple[str, str]]:
+        """``(relpath, "")`` for each key under the prefix with unfinished uploads."""
+        last = None
+        for up in self.store.uploads(self.store.key_prefix()):
+            rel = self.store.relpath_of(up["Key"])
+            if rel == last:
+                continue
+            last = rel
+            try:
+                validate_relpath(rel)
+            except TierdError:
+                log.warning("unfinished upload %r in tier %s is not a relpath", rel, self.name)
+                continue
+            yield rel, ""

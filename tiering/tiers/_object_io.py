@@ -1,0 +1,395 @@
+"""Reading and writing one object: parallel ranged GETs pinned to an ETag, and multipart uploads
+that stay invisible until they are completed and verified.
+
+A multipart upload is an object store's temp file: nothing at the key changes until
+CompleteMultipartUpload, and AbortMultipartUpload discards every part. So a writer uploads
+straight to the final key, and the "publish" of RELIABILITY.md is the completion (conditional
+on the key being absent unless asked to overwrite), followed by a HEAD that must show the size
+written and tierd's checksum in the metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, wait
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.checksum import Hasher
+from tiering.errors import (
+    AlreadyExists,
+    InsufficientSpace,
+    IntegrityError,
+    TierdError,
+)
+from tiering.tiers._base import Published, Source, Stat, Tier, Writer
+from tiering.tiers._s3 import error_code, error_status, translate
+from tiering.tiers._store import META_CHECKSUM, S3Store
+
+__all__ = ["ObjectSource", "ObjectWriter"]
+
+log = logging.getLogger(__name__)
+
+#: Metadata a writer stores with the object besides :data:`META_CHECKSUM` (what the HEAD after
+#: publish must show): the temp stem (the move that wrote it) and a token unique to the writer
+#: (so a writer can tell its own completed upload from anyone else's after an ambiguous
+#: failure).
+META_TEMP = "tierd-temp"
+META_WRITER = "tierd-writer"
+#: S3 allows 10,000 parts; the part size doubles every 1,000 parts so any size fits.
+_PARTS_PER_SIZE = 1000
+_MAX_PART = 5 << 30
+
+
+def _flat(buf: memoryview) -> memoryview:
+    return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
+
+
+class ObjectSource(Source):
+    """An object opened at one ETag. Every read sends ``If-Match`` with it, so a replaced
+    object raises :class:`~tiering.errors.FileChanged` instead of mixing two versions."""
+
+    def __init__(self, tier: Tier, store: S3Store, relpath: str, key: str, stat: Stat) -> None:
+        self.tier = tier
+        self.store = store
+        self.relpath = relpath
+        self.key = key
+        self.stat = stat
+        self.fd = -1
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        """Read into ``buf`` from ``offset``; ranges longer than a read part go out as parallel
+        ranged GETs, each streaming into its own slice of ``buf``."""
+        view = _flat(memoryview(buf))
+        n = max(0, min(len(view), self.stat.size - offset))
+        if n == 0:
+            return 0
+        step = self.store.read_size
+        if n <= step:
+            self.store.get_into(self.key, self.stat.version, view[:n], offset)
+            return n
+        futures = [
+            self.store.pool.submit(
+                self.store.get_into,
+                self.key,
+                self.stat.version,
+                view[start : min(n, start + step)],
+                offset + start,
+            )
+            for start in range(0, n, step)
+        ]
+        _settle(futures)
+        return n
+
+    def read_parallel(self, buf: memoryview, offset: int) -> int:
+        """The same as :meth:`readinto`, which is already parallel (for loaders that ask)."""
+        return self.readinto(buf, offset)
+
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
+        """The object in order, with a window of ranged GETs in flight ahead of the reader.
+
+        Blocks are a whole number of chunks (at least one read part), fetched into a ring of
+        ``window + 1`` buffers: while the caller holds a chunk of block ``i``, blocks ``i+1``
+        to ``i+window`` are being fetched into the other buffers.
+        """
+        size = self.stat.size
+        if size == 0:
+            return
+        block = chunk_size * max(1, -(-self.store.read_size // chunk_size))
+        nblocks = -(-size // block)
+        window = min(nblocks, max(2, self.store.readahead_bytes // block))
+        ring = [bytearray(min(block, size)) for _ in range(min(nblocks, window + 1))]
+        inflight: deque[Future[None]] = deque()
+
+        def fetch(i: int) -> None:
+            start = i * block
+            view = memoryview(ring[i % len(ring)])[: min(block, size - start)]
+            inflight.append(
+                self.store.pool.submit(
+                    self.store.get_into, self.key, self.stat.version, view, start
+                )
+            )
+
+        try:
+            for i in range(window):
+                fetch(i)
+            for i in range(nblocks):
+                inflight.popleft().result()
+                if i + window < nblocks:
+                    fetch(i + window)
+                length = min(block, size - i * block)
+                view = memoryview(ring[i % len(ring)])[:length]
+                for off in range(0, length, chunk_size):
+                    yield view[off : off + chunk_size]
+        finally:
+            # No fetch may still be writing into a buffer once the generator is gone.
+            for fut in inflight:
+                fut.cancel()
+            wait(inflight)
+
+    def unchanged(self) -> bool:
+        """The key still holds the ETag and size that were opened."""
+        head = self.store.head(self.key)
+        if head is None:
+            return False
+        now = self.store.stat_of(head)
+        return (now.version, now.size) == (self.stat.version, self.stat.size)
+
+
+def _settle(futures: list[Future[Any]]) -> list[Any]:
+    """Results of every future, in order; on a failure the others are cancelled or waited for
+    (none may still write into a caller's buffer) and the first error is raised."""
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    failed = next((f for f in futures if f in done and f.exception() is not None), None)
+    if failed is not None:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        exc = failed.exception()
+        assert exc is not None
+        raise exc
+    return [f.result() for f in futures]
+
+
+class ObjectWriter(Writer):
+    """A multipart upload to the final key, invisible until :meth:`publish`.
+
+    Parts are uploaded from the tier's pool while the caller keeps writing; at most
+    ``store.parts_in_flight`` parts (plus the one being filled) are held in memory, and
+    :meth:`write` waits for the oldest part when that many are out. Each part carries a CRC32
+    that the store checks on receipt. ``upload_id`` is known from construction on, so a move
+    can journal it and recovery can abort it.
+    """
+
+    def __init__(
+        self,
+        tier: Tier,
+        store: S3Store,
+        relpath: str,
+        *,
+        overwrite: bool = False,
+        limit: int | None = None,
+        temp_stem: str | None = None,
+        checksum: str | None = None,
+    ) -> None:
+        self.tier = tier
+        self.store = store
+        self.relpath = relpath
+        self.key = store.key(relpath)
+        self.where = store.url_of(self.key)
+        self.overwrite = overwrite
+        self.limit = limit
+        self.expected = checksum
+        self.temp_stem = temp_stem or f"w-{secrets.token_hex(8)}"
+        self.size = 0
+        self._token = secrets.token_hex(12)
+        self._hasher = Hasher()
+        self._state = "open"  # -> "published" | "aborted"
+        self._synced: Stat | None = None
+        self._buf = bytearray(store.part_size)
+        self._fill = 0
+        self._next_part = 1
+        self._inflight: deque[Future[dict[str, Any]]] = deque()
+        self._parts: list[dict[str, Any]] = []
+        if not overwrite and store.head(self.key) is not None:
+            raise AlreadyExists(
+                f"{relpath!r} already exists in tier {tier.name}; pass overwrite=true",
+                path=relpath,
+            )
+        meta = {META_TEMP: self.temp_stem, META_WRITER: self._token}
+        if checksum:
+            meta[META_CHECKSUM] = checksum
+        resp = store.call(
+            "start an upload to",
+            self.where,
+            store.client.create_multipart_upload,
+            Bucket=store.bucket,
+            Key=self.key,
+            Metadata=meta,
+            ChecksumAlgorithm="CRC32",
+        )
+        self.upload_id: str = resp["UploadId"]
+
+    # -- the Writer interface --------------------------------------------------------------
+    @property
+    def checksum(self) -> str:
+        return self._hasher.value()
+
+    @property
+    def synced(self) -> Stat | None:
+        """After :meth:`sync`: the size, with version ``upload:<id>`` (no ETag exists yet)."""
+        return self._synced
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._require_open("write")
+        view = _flat(memoryview(data))
+        if self.limit is not None and self.size + len(view) > self.limit:
+            raise InsufficientSpace(
+                f"tier {self.tier.name} has room for {self.limit} more bytes only",
+                tier=self.tier.name,
+                limit=self.limit,
+            )
+        self._hasher.update(view)
+        self.size += len(view)
+        while view:
+            take = min(len(view), len(self._buf) - self._fill)
+            self._buf[self._fill : self._fill + take] = view[:take]
+            self._fill += take
+            view = view[take:]
+            if self._fill == len(self._buf):
+                self._send_part()
+
+    def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
+        """Upload the last part and wait for every part: durable in the store, still invisible.
+
+        A failed part discards the whole upload (as a failed fsync discards a temp file).
+        ``mode`` and ``times_ns`` are ignored: objects keep neither.
+        """
+        if self._synced is not None:
+            return self._synced
+        self._require_open("sync")
+        try:
+            if self._fill or self._next_part == 1:
+                self._send_part()  # the last part (an empty object is one empty part)
+            while self._inflight:
+                self._parts.append(self._inflight.popleft().result())
+        except BaseException:
+            self.abort()
+            raise
+        self._synced = Stat(
+            self.size, time.time_ns(), f"upload:{self.upload_id}", checksum=self.expected
+        )
+        return self._synced
+
+    def publish(self) -> Published:
+        """Complete the upload (no clobber unless ``overwrite``), then HEAD to verify it."""
+        self._require_open("publish")
+        if self.expected is not None and self.checksum != self.expected:
+            self.abort()
+            raise IntegrityError(
+                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
+                f"not {self.expected}; nothing was published",
+                path=self.relpath,
+            )
+        self.sync()
+        self._complete()
+        self._state = "published"
+        head = self.store.head(self.key)
+        if head is None or head.get("Metadata", {}).get(META_WRITER) != self._token:
+            raise IntegrityError(
+                f"{self.relpath!r} in tier {self.tier.name} was replaced by another writer "
+                "before it could be verified",
+                path=self.relpath,
+            )
+        st = self.store.stat_of(head)
+        problems = []
+        if st.size != self.size:
+            problems.append(f"size {st.size} != {self.size} written")
+        if self.expected is not None and st.checksum != self.expected:
+            problems.append(f"metadata checksum {st.checksum} != {self.expected}")
+        if problems:
+            # It is this writer's object (the token says so), and it is wrong: take it back.
+            try:
+                self.store.delete_exact(self.key, st.version)
+            except TierdError as exc:
+                log.error("could not remove the unverified %s: %s", self.where, exc)
+            raise IntegrityError(
+                f"{self.relpath!r} in tier {self.tier.name} failed verification after upload "
+                f"({'; '.join(problems)}); it was removed",
+                path=self.relpath,
+            )
+        return Published(self.relpath, self.size, st.mtime_ns, self.checksum, st)
+
+    def abort(self) -> None:
+        """Discard the upload and its parts (idempotent; a no-op after publish).
+
+        A failed AbortMultipartUpload is logged, not raised (it would hide the error that
+        led here): the upload stays listed by the tier's ``temps`` for the orphan sweep.
+        """
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        for fut in self._inflight:
+            fut.cancel()
+        # A part still being sent could land after the abort and be kept: wait for them first.
+        wait(self._inflight)
+        self._inflight.clear()
+        self._buf = bytearray()
+        try:
+            self.store.abort_upload(self.key, self.upload_id)
+        except TierdError as exc:
+            log.warning("could not abort the upload of %s: %s", self.where, exc)
+
+    # -- parts -------------------------------------------------------------------------------
+    def _require_open(self, what: str) -> None:
+        if self._state != "open":
+            raise TierdError(f"{what} after publish or abort")
+
+    def _send_part(self) -> None:
+        """Hand the filled buffer to the pool as the next part, waiting while too many parts
+        are out; a part that failed is raised here."""
+        while len(self._inflight) >= self.store.parts_in_flight:
+            done, _ = wait(self._inflight, return_when=FIRST_COMPLETED)
+            for fut in list(self._inflight):
+                if fut in done:
+                    self._parts.append(fut.result())
+                    self._inflight.remove(fut)
+        body, number = self._buf, self._next_part
+        del body[self._fill :]  # the last part is short: shrink in place, no copy
+        self._next_part += 1
+        self._inflight.append(self.store.pool.submit(self._upload_part, number, body))
+        grow = 1 << ((self._next_part - 1) // _PARTS_PER_SIZE)
+        self._buf = bytearray(min(_MAX_PART, self.store.part_size * grow))
+        self._fill = 0
+
+    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        resp = self.store.call(
+            f"upload part {number} of",
+            self.where,
+            self.store.client.upload_part,
+            Bucket=self.store.bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            PartNumber=number,
+            Body=body,
+            ChecksumAlgorithm="CRC32",
+        )
+        part = {"PartNumber": number, "ETag": resp["ETag"]}
+        if resp.get("ChecksumCRC32"):
+            part["ChecksumCRC32"] = resp["ChecksumCRC32"]
+        return part
+
+    def _complete(self) -> None:
+        """CompleteMultipartUpload; when its outcome is unclear (a 412 or NoSuchUpload after a
+        retried request, a connection lost after retries), the HEAD decides: the key holds
+        this writer's object (its token) or the upload is aborted and the error raised."""
+        parts = sorted(self._parts, key=lambda p: int(p["PartNumber"]))
+        cond = {} if self.overwrite else {"IfNoneMatch": "*"}
+        try:
+            self.store.client.complete_multipart_upload(
+                Bucket=self.store.bucket,
+                Key=self.key,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": parts},
+                **cond,
+            )
+            return
+        except (ClientError, BotoCoreError) as exc:
+            failure: BaseException = exc
+        with contextlib.suppress(TierdError):
+            head = self.store.head(self.key)
+            if head is not None and head.get("Metadata", {}).get(META_WRITER) == self._token:
+                return
+        self.abort()
+        if error_status(failure) == 412 or error_code(failure) == "PreconditionFailed":
+            raise AlreadyExists(
+                f"{self.relpath!r} appeared in tier {self.tier.name} during the write",
+                path=self.relpath,
+            ) from None
+        raise translate(self.tier.name, "complete the upload of", self.where, failure) from failure

@@ -1,0 +1,250 @@
+"""The connection to one bucket prefix: the boto3 clients, the thread pool, and the requests an
+object-store tier and its readers and writers make, with botocore's errors turned into tierd's.
+
+:class:`S3Store` knows keys and ETags, not tiers: :mod:`tiering.tiers._object` builds the
+:class:`~tiering.tiers.Tier` on it, and :mod:`tiering.tiers._object_io` its readers and writers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.config import TierConfig
+from tiering.errors import FileChanged, TierUnavailable
+from tiering.tiers._base import Stat
+from tiering.tiers._s3 import (
+    STREAM_ERRORS,
+    backoff,
+    error_code,
+    error_status,
+    make_client,
+    mtime_ns,
+    parse_endpoint,
+    parse_url,
+    quote_etag,
+    strip_etag,
+    translate,
+)
+from tiering.tiers.paths import validate_relpath
+
+__all__ = ["META_CHECKSUM", "MiB", "S3Store"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+#: The object metadata that holds tierd's content checksum (``x-amz-meta-tierd-checksum``).
+META_CHECKSUM = "tierd-checksum"
+# A GET body is read in steps of this size: urllib3 allocates each step before copying it into
+# the caller's buffer, so a step bounds that extra memory per request.
+_READ_STEP = 1 * MiB
+
+
+class S3Store:
+    """A bucket prefix and the means to reach it (see :class:`~tiering.tiers.ObjectTier` for
+    the tuning arguments). ``name`` is the tier's, for messages."""
+
+    def __init__(
+        self,
+        config: TierConfig,
+        *,
+        part_size: int,
+        parts_in_flight: int,
+        read_size: int,
+        readahead_bytes: int,
+        workers: int,
+        max_attempts: int,
+        connect_timeout: float,
+        read_timeout: float,
+        check_timeout: float,
+    ) -> None:
+        self.name = config.name
+        self.bucket, self.prefix = parse_url(config.name, config.url)
+        self.endpoint_url = parse_endpoint(config.name, config.endpoint_url)
+        self.region = config.region
+        if min(part_size, read_size, parts_in_flight, workers, max_attempts) < 1:
+            raise ValueError(f"tier {config.name!r}: sizes and counts must be positive")
+        self.part_size = part_size
+        self.parts_in_flight = parts_in_flight
+        self.read_size = read_size
+        self.readahead_bytes = readahead_bytes
+        self.max_attempts = max_attempts
+        self.check_timeout = check_timeout
+        self.client: Any = make_client(
+            self.endpoint_url,
+            self.region,
+            pool=workers + 16,
+            max_attempts=max_attempts,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"tierd-s3-{config.name}")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._quick_client: Any = None
+
+    # -- keys --------------------------------------------------------------------------------
+    def key(self, relpath: str) -> str:
+        """The object key of ``relpath`` (validated)."""
+        validate_relpath(relpath)
+        return f"{self.prefix}/{relpath}" if self.prefix else relpath
+
+    def key_prefix(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def relpath_of(self, key: str) -> str:
+        return key[len(self.key_prefix()) :]
+
+    def url_of(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # -- requests ----------------------------------------------------------------------------
+    def call(self, action: str, where: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """``fn(**kwargs)`` with botocore's errors (after its retries) as tierd's."""
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(self.name, action, where, exc) from exc
+
+    def head(self, key: str) -> dict[str, Any] | None:
+        """HEAD of ``key``, or None when there is no such object."""
+        try:
+            return dict(self.client.head_object(Bucket=self.bucket, Key=key))
+        except ClientError as exc:
+            if error_status(exc) == 404 or error_code(exc) in ("404", "NoSuchKey"):
+                return None
+            raise translate(self.name, "stat", self.url_of(key), exc) from exc
+        except BotoCoreError as exc:
+            raise translate(self.name, "stat", self.url_of(key), exc) from exc
+
+    def stat_of(self, head: dict[str, Any]) -> Stat:
+        etag = strip_etag(head["ETag"])
+        return Stat(
+            int(head["ContentLength"]),
+            mtime_ns(head["LastModified"]),
+            etag,
+            checksum=head.get("Metadata", {}).get(META_CHECKSUM),
+            etag=etag,
+        )
+
+    def get_into(self, key: str, version: str, view: memoryview, start: int) -> None:
+        """Fill ``view`` with the bytes at ``start`` of ``key`` at ETag ``version``.
+
+        botocore retries the request until the headers arrive; a body that breaks or stalls
+        after that is resumed here from the last byte received, with backoff and jitter.
+        """
+        n, pos, attempt = len(view), 0, 0
+        where = self.url_of(key)
+        while pos < n:
+            try:
+                resp = self.client.get_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Range=f"bytes={start + pos}-{start + n - 1}",
+                    IfMatch=quote_etag(version),
+                )
+            except ClientError as exc:
+                # (Not any 404: a vanished bucket is NoSuchBucket, and the tier's problem.)
+                if error_status(exc) == 412 or error_code(exc) in (
+                    "NoSuchKey",
+                    "PreconditionFailed",
+                ):
+                    raise self._changed(key, version) from None
+                raise translate(self.name, "read", where, exc) from exc
+            except BotoCoreError as exc:
+                raise translate(self.name, "read", where, exc) from exc
+            body = resp["Body"]
+            try:
+                while pos < n:
+                    got = body.readinto(view[pos : min(n, pos + _READ_STEP)])
+                    if not got:
+                        raise ConnectionError("the body ended early")
+                    pos += got
+            except STREAM_ERRORS as exc:
+                attempt += 1
+                if attempt >= self.max_attempts:
+                    raise TierUnavailable(
+                        f"tier {self.name}: read {where} failed {attempt} times, last with "
+                        f"{type(exc).__name__}",
+                        tier=self.name,
+                    ) from exc
+                log.info("tier %s: resuming a read of %s after %s", self.name, where, exc)
+                time.sleep(backoff(attempt))
+            finally:
+                body.close()
+
+    def _changed(self, key: str, version: str) -> FileChanged:
+        relpath = self.relpath_of(key)
+        return FileChanged(
+            f"{relpath!r} in tier {self.name} was replaced or removed behind tierd's back: "
+            f"it no longer has ETag {version}",
+            path=relpath,
+            etag=version,
+        )
+
+    def delete_exact(self, key: str, version: str) -> bool:
+        """Delete ``key`` only while it holds ETag ``version``; False if it did not."""
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=quote_etag(version))
+        except ClientError as exc:
+            if error_status(exc) in (404, 412):
+                return False
+            if error_code(exc) != "NotImplemented":
+                raise translate(self.name, "remove", self.url_of(key), exc) from exc
+            # A store without conditional deletes: the HEAD just before must do.
+            where = self.url_of(key)
+            self.call("remove", where, self.client.delete_object, Bucket=self.bucket, Key=key)
+        except BotoCoreError as exc:
+            raise translate(self.name, "remove", self.url_of(key), exc) from exc
+        return True
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if error_status(exc) != 404 and error_code(exc) != "NoSuchUpload":
+                raise translate(self.name, "abort the upload of", self.url_of(key), exc) from exc
+        except BotoCoreError as exc:
+            raise translate(self.name, "abort the upload of", self.url_of(key), exc) from exc
+
+    def uploads(self, prefix: str) -> Iterator[dict[str, Any]]:
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        )
+        try:
+            for page in pages:
+                yield from page.get("Uploads", [])
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(self.name, "list the uploads of", self.url_of(prefix), exc) from exc
+
+    def quick(self) -> Any:
+        """A client with short timeouts and one retry, for the tier's ``check`` and
+        ``reachable``: a misconfigured or unreachable store must fail fast, not after a minute
+        of retries."""
+        with self._lock:
+            if self._quick_client is None:
+                self._quick_client = make_client(
+                    self.endpoint_url,
+                    self.region,
+                    pool=2,
+                    max_attempts=2,
+                    connect_timeout=self.check_timeout,
+                    read_timeout=self.check_timeout * 2,
+                )
+            return self._quick_client
+
+    def close(self) -> None:
+        """Stop the pool (waiting for its requests) and close the connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.client.close()
+        if self._quick_client is not None:
+            self._quick_client.close()
