@@ -20,10 +20,10 @@ import uvicorn
 from app.main import create_app
 from app.settings import Settings, get_settings
 from tests.helpers import SHM, engine_settings
+from tiering.engine import Engine
 
 # The S3-protocol server (moto on loopback) and object-tier fixtures, for every test folder.
 pytest_plugins = ["tests.s3"]
-from tiering.engine import Engine
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -36,7 +36,15 @@ from ._config import BackendName
 from ._device import Device, import_cupy
 from ._stats import IoPath
 
-__all__ = ["Backend", "Chosen", "HostBackend", "KvikioBackend", "choose_backend", "pread_full"]
+__all__ = [
+    "Backend",
+    "Chosen",
+    "HostBackend",
+    "KvikioBackend",
+    "Staging",
+    "choose_backend",
+    "pread_full",
+]
 
 log = logging.getLogger("tiering.io")
 
@@ -89,15 +97,45 @@ def _host_view(arr: Any) -> memoryview:
     return memoryview(arr).cast("B")
 
 
-class _Staging:
-    """Per-thread pinned double buffer, stream and events for host → device copies."""
+class Staging:
+    """Pinned host buffers (``slots`` of ``size`` bytes), a stream and one event per buffer,
+    for pipelined host → device copies: the event of a slot says when the copy out of it is
+    done, so the slot may be filled again. HostBackend keeps a double buffer per thread;
+    remote loads (:mod:`tiering.io._remote`) borrow deeper ones from a pool."""
 
-    def __init__(self, cp: ModuleType, size: int) -> None:
+    def __init__(self, cp: ModuleType, size: int, slots: int = 2) -> None:
         self.size = size
-        self.bufs = [cp.cuda.alloc_pinned_memory(size) for _ in range(2)]
+        self.bufs = [cp.cuda.alloc_pinned_memory(size) for _ in range(slots)]
         self.views = [np.frombuffer(b, dtype=np.uint8, count=size) for b in self.bufs]
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.events: list[Any] = [None, None]
+        self.events: list[Any] = [None] * slots
+
+    def wait_slot(self, slot: int) -> None:
+        """Wait until the last copy out of ``slot`` has finished."""
+        ev = self.events[slot]
+        if ev is not None:
+            ev.synchronize()
+
+    def copy_out(self, cp: ModuleType, slot: int, dst_ptr: int, start: int, nbytes: int) -> None:
+        """Queue a copy of ``slot``'s bytes ``[start, start + nbytes)`` to device ``dst_ptr``."""
+        cp.cuda.runtime.memcpyAsync(
+            dst_ptr,
+            self.views[slot].ctypes.data + start,
+            nbytes,
+            cp.cuda.runtime.memcpyHostToDevice,
+            self.stream.ptr,
+        )
+
+    def mark(self, cp: ModuleType, slot: int) -> None:
+        """Record that the copies queued so far read ``slot``."""
+        ev = cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(self.stream)
+        self.events[slot] = ev
+
+    def drain(self) -> None:
+        """Wait for every queued copy; every slot is free again."""
+        self.stream.synchronize()
+        self.events = [None] * len(self.events)
 
 
 class HostBackend:
@@ -122,11 +160,11 @@ class HostBackend:
             return
         self._read_to_device(fd, dst, dst_offset, nbytes, file_offset)
 
-    def _staging(self, cp: ModuleType, nbytes: int) -> _Staging:
-        staging: _Staging | None = getattr(self._tls, "staging", None)
+    def _staging(self, cp: ModuleType, nbytes: int) -> Staging:
+        staging: Staging | None = getattr(self._tls, "staging", None)
         if staging is None or staging.size < nbytes:
             # Thread-local and reused: cudaHostAlloc costs milliseconds per call.
-            staging = _Staging(cp, max(nbytes, 1 << 20))
+            staging = Staging(cp, max(nbytes, 1 << 20))
             self._tls.staging = staging
         return staging
 
@@ -154,24 +192,13 @@ class HostBackend:
         while done < nbytes:
             n = min(piece, nbytes - done)
             slot = i % 2
-            ev = st.events[slot]
-            if ev is not None:
-                ev.synchronize()  # the copy that last read this buffer has finished
+            st.wait_slot(slot)  # the copy that last read this buffer has finished
             pread_full(fd, st.views[slot].data[:n], file_offset + done)
-            cp.cuda.runtime.memcpyAsync(
-                base + done,
-                st.views[slot].ctypes.data,
-                n,
-                cp.cuda.runtime.memcpyHostToDevice,
-                st.stream.ptr,
-            )
-            ev = cp.cuda.Event(block=False, disable_timing=True)
-            ev.record(st.stream)
-            st.events[slot] = ev
+            st.copy_out(cp, slot, base + done, 0, n)
+            st.mark(cp, slot)
             done += n
             i += 1
-        st.stream.synchronize()
-        st.events = [None, None]
+        st.drain()
 
     def write(self, fd: int, path: str, src: Any) -> None:
         if not isinstance(src, np.ndarray):

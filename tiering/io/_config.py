@@ -98,6 +98,18 @@ class GdsConfig:
         Threads that copy scattered rows into the staging buffer.
     cold_threshold:
         Fraction of the range resident in the page cache below which ``cold_io`` is used.
+    remote_threads:
+        Ranges of remote files (object-store tiers) read at once by one storage: tensors of a
+        shard, row ranges of a gather, staging pieces of a GPU load. Each range may fan out
+        further on its tier's own connections (the tier's ``connections``).
+    remote_piece_size:
+        Bytes of one pinned staging piece of a remote load into GPU memory.
+    remote_pieces:
+        Staging pieces per remote GPU load: while one piece is copied to the device, the
+        others are being fetched (2 is double buffering).
+    remote_stagings:
+        Remote GPU loads that may hold staging at once (each holds ``remote_pieces`` pieces
+        of pinned memory); more wait for one to finish.
     """
 
     enabled: bool = True
@@ -113,11 +125,21 @@ class GdsConfig:
     tier_io: Mapping[str, TierIo] = field(default_factory=_default_tier_io)
     gather_threads: int = 16
     cold_threshold: float = 0.5
+    remote_threads: int = 16
+    remote_piece_size: int = 32 * MiB
+    remote_pieces: int = 4
+    remote_stagings: int = 4
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             raise InvalidInput(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
-        for name in ("max_concurrent_ops", "thread_pool_size", "gather_threads"):
+        for name in (
+            "max_concurrent_ops",
+            "thread_pool_size",
+            "gather_threads",
+            "remote_threads",
+            "remote_stagings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
@@ -127,6 +149,8 @@ class GdsConfig:
             raise InvalidInput("prefetch_batch_size must be at least one alignment unit")
         if not 0.0 <= self.cold_threshold <= 1.0:
             raise InvalidInput("cold_threshold must be in [0, 1]")
+        if self.remote_pieces < 2 or self.remote_piece_size < 4096:
+            raise InvalidInput("remote_pieces must be at least 2, remote_piece_size 4096 bytes")
         # Freeze the mapping so a shared config cannot change under a running storage.
         object.__setattr__(self, "tier_io", MappingProxyType(dict(self.tier_io)))
 

@@ -137,7 +137,24 @@ class GdsFile:
             with contextlib.suppress(BufferError):
                 # Arrays handed out still view it; the map then closes when they are freed.
                 mapping.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Free what the file reads through (its descriptor), once no read is in flight."""
         os.close(self._fd)
+
+    def read_bytes(self, n: int, offset: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end), for small metadata reads
+        such as a safetensors header. Call it inside ``_use()``."""
+        chunks = []
+        while n > 0:
+            b = os.pread(self._fd, n, offset)
+            if not b:
+                break
+            chunks.append(b)
+            n -= len(b)
+            offset += len(b)
+        return b"".join(chunks)
 
     def __enter__(self) -> GdsFile:
         return self

@@ -10,7 +10,9 @@ Two ways to fetch rows, chosen by the shape of the request:
 
 Rows land in host memory: the caller's array for ``cpu``, or a reused pinned staging buffer
 for a GPU, copied to the device in one ``memcpyAsync`` per batch while the next batch is
-being gathered.
+being gathered. How a batch's rows are fetched is a *fill* function: :func:`local_fill` (the
+two ways above, for a local file) or a remote file's coalesced ranged reads
+(:meth:`tiering.io._remote.RemoteReads.row_filler`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import numpy as np
 from ._backends import pread_full
 from ._device import Device, import_cupy
 
-__all__ = ["PinnedPool", "gather_rows", "plan_runs"]
+__all__ = ["Fill", "PinnedPool", "gather_rows", "local_fill", "plan_runs"]
 
 # A request whose mean run is at least this many rows is read run by run.
 _RUNS_MIN_MEAN = 8
+
+Fill = Callable[[np.ndarray, np.ndarray], None]
+"""``fill(idx, out)``: rows ``idx`` of a matrix file, in order, into host ``out`` (n x row)."""
 
 
 def plan_runs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,23 +127,27 @@ def _fill_host(
             raise err
 
 
+def local_fill(
+    fd: int, rows: Callable[[], np.ndarray], row_bytes: int, pool: Executor, threads: int
+) -> Fill:
+    """The :data:`Fill` of a local file: runs by ``preadv``, scattered rows from its map."""
+    return lambda idx, out: _fill_host(fd, rows, idx, row_bytes, out, pool, threads)
+
+
 def gather_rows(
     *,
-    fd: int,
-    rows: Callable[[], np.ndarray],
+    fill: Fill,
     idx: np.ndarray,
     row_bytes: int,
     out: Any,
     device: Device,
-    pool: Executor,
-    threads: int,
     batch_bytes: int,
     pinned: PinnedPool | None,
 ) -> None:
     """Gather rows ``idx`` of the matrix into flat ``uint8`` ``out`` on ``device``."""
     n = idx.size
     if not device.is_cuda:
-        _fill_host(fd, rows, idx, row_bytes, out.reshape(n, row_bytes), pool, threads)
+        fill(idx, out.reshape(n, row_bytes))
         return
     assert pinned is not None
     cp = import_cupy()
@@ -156,7 +165,7 @@ def gather_rows(
             if events[slot] is not None:
                 events[slot].synchronize()  # the previous copy out of this buffer is done
             view = staged[slot][1][: (b - a) * row_bytes].reshape(b - a, row_bytes)
-            _fill_host(fd, rows, idx[a:b], row_bytes, view, pool, threads)
+            fill(idx[a:b], view)
             cp.cuda.runtime.memcpyAsync(
                 base + a * row_bytes,
                 view.ctypes.data,

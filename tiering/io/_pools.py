@@ -2,8 +2,9 @@
 
 Each :class:`TierIo` setting gets its own pool (its thread count is that tier's concurrency);
 a few auxiliary pools run whole calls: ``batch`` (files of one batch, shards of one load),
-``async`` (the ``a``-prefixed twins) and ``gather`` (vector gathers). Every pool is created on
-first use and stopped by :meth:`Pools.close`, after which no new work is accepted.
+``async`` (the ``a``-prefixed twins), ``gather`` (vector gathers) and ``remote`` (ranged reads
+of remote files; each may fan out further on its tier's own connections). Every pool is
+created on first use and stopped by :meth:`Pools.close`, after which no new work is accepted.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["AuxKind", "Pools"]
 
 R = TypeVar("R")
 
-AuxKind = Literal["batch", "async", "gather"]
+AuxKind = Literal["batch", "async", "gather", "remote"]
 
 
 class Pools:
@@ -61,6 +62,7 @@ class Pools:
             "batch": self._config.max_concurrent_ops,
             "async": self._config.thread_pool_size,
             "gather": self._config.gather_threads,
+            "remote": self._config.remote_threads,
         }[kind]
         with self._lock:
             self.check_open()

@@ -20,7 +20,14 @@ from tiering.errors import InvalidInput
 from ._device import Device
 from ._file import GdsFile
 from ._stats import IoReport
-from .safetensors import DTYPES, LoadedTensors, SafetensorsHeader, TensorInfo, convert, read_header
+from .safetensors import (
+    DTYPES,
+    LoadedTensors,
+    SafetensorsHeader,
+    TensorInfo,
+    convert,
+    parse_header,
+)
 
 __all__ = ["Allocate", "ShardLayout", "ShardStorage", "load_shards", "load_shards_raw"]
 
@@ -44,18 +51,21 @@ class ShardStorage(Protocol):
         """``[fn(*args) for args in calls]``, concurrently."""
         ...
 
-    def _transfer(
-        self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+    def _transfer_ranges(
+        self, file: GdsFile, fd: int, dst: Any, reads: Sequence[tuple[int, int, int]]
     ) -> IoReport:
-        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
+        """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
         ...
 
 
 # Slot alignment inside a packed shard allocation: enough for any dtype and for coalescing.
 _SLOT = 256
 # Read the whole span between the first and last selected tensor when the selection fills at
-# least this much of it: one large read beats many small ones, even with some waste.
+# least this much of it: one large read beats many small ones, even with some waste. A remote
+# file reads only the selected tensors (a gap costs network bytes, and its ranges are fetched
+# concurrently anyway): its span is read whole only when nothing lies between them.
 _SPAN_FILL = 0.5
+_SPAN_FILL_REMOTE = 1.0
 
 
 def _framework(storage: ShardStorage, framework: str) -> str:
@@ -75,14 +85,16 @@ def _framework(storage: ShardStorage, framework: str) -> str:
     return framework
 
 
-def _plan(tensors: list[TensorInfo]) -> tuple[list[tuple[int, int, int]], dict[str, int], int]:
+def _plan(
+    tensors: list[TensorInfo], span_fill: float = _SPAN_FILL
+) -> tuple[list[tuple[int, int, int]], dict[str, int], int]:
     """Reads ``(file_offset, nbytes, dst_offset)``, tensor → dst offset, allocation size."""
     if not tensors:
         return [], {}, 0
     tensors = sorted(tensors, key=lambda t: t.begin)
     lo, hi = tensors[0].begin, max(t.end for t in tensors)
     wanted = sum(t.nbytes for t in tensors)
-    if hi - lo == 0 or wanted / (hi - lo) >= _SPAN_FILL:
+    if hi - lo == 0 or wanted / (hi - lo) >= span_fill:
         return [(lo, hi - lo, 0)], {t.name: t.begin - lo for t in tensors}, hi - lo
     reads: list[tuple[int, int, int]] = []
     where: dict[str, int] = {}
@@ -152,8 +164,8 @@ def load_shards_raw(
                 f = storage.open_file(p)
                 owned.append(f)
             files.append(f)
-            with f._use() as fd:
-                headers.append(read_header(f.path, fd))
+            with f._use():
+                headers.append(parse_header(f.path, f.size(), f.read_bytes))
         owner: dict[str, Path] = {}
         for h in headers:
             for name in h.tensors:
@@ -203,13 +215,12 @@ def _loader(storage: ShardStorage, allocate: Allocate) -> Any:
 
     def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> ShardLayout:
         f, h, selected = job
-        reads, where, total = _plan(selected)
+        reads, where, total = _plan(
+            selected, _SPAN_FILL_REMOTE if f.io_path == "remote" else _SPAN_FILL
+        )
         buf = allocate(total)
         with f._use() as fd:
-            parts = [storage._transfer(f, fd, buf, d, off, n) for off, n, d in reads]
-        seconds = sum(r.seconds for r in parts)
-        nbytes = sum(r.nbytes for r in parts)
-        report = IoReport(nbytes, f.io_path, f.tier_key, seconds, any(r.cold for r in parts))
+            report = storage._transfer_ranges(f, fd, buf, reads)
         return ShardLayout(h.path, buf, {t.name: (where[t.name], t) for t in selected}, report)
 
     return load_one

@@ -13,12 +13,14 @@ from typing import Any, Literal
 
 __all__ = ["GdsStatsSnapshot", "IoPath", "IoReport", "PathStats", "Stats", "UNTIERED"]
 
-IoPath = Literal["gds", "compat", "host"]
+IoPath = Literal["gds", "compat", "host", "remote"]
 """Which path moved the bytes.
 
 ``gds``: cuFile direct storage → GPU DMA (KvikIO, nvidia-fs). ``compat``: KvikIO's POSIX path
 through pinned bounce buffers. ``host``: tierd's own parallel ``preadv`` into host memory,
-followed by one host → device copy when the target is a GPU.
+followed by one host → device copy when the target is a GPU. ``remote``: ranged reads of a file
+that is not on a local disk (an object-store tier): straight into host memory, or through
+pinned staging pieces copied to the GPU (see :mod:`tiering.io._remote`).
 """
 
 UNTIERED = "untiered"

@@ -2,9 +2,9 @@
 
 The class is a façade: it owns the storage's parts and their lifecycle, checks that each file
 is its own, and hands the work to the modules beside it: :mod:`._open` (opening files),
-:mod:`._checks` (callers' arguments), :mod:`._transfer` (every read of a byte range),
-:mod:`._vectors` (rows and gathers), :mod:`._shards` (safetensors), :mod:`._write` (writes)
-and :mod:`._pools` (its threads).
+:mod:`._checks` (callers' arguments), :mod:`._transfer` (every read of a byte range; those of
+remote files go on to :mod:`._remote`), :mod:`._vectors` (rows and gathers), :mod:`._shards`
+(safetensors), :mod:`._write` (writes) and :mod:`._pools` (its threads).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 
 from tiering.config import TierConfig
 from tiering.errors import InvalidDtype, InvalidInput, TierdError
+from tiering.tiers import Source
 
 from . import _write
 from ._backends import Backend, Chosen, choose_backend
@@ -32,6 +33,7 @@ from ._file import GdsFile
 from ._gather import PinnedPool
 from ._open import open_gds_file
 from ._pools import Pools
+from ._remote import RemoteFile
 from ._results import BatchResult, ReadResult
 from ._shards import ShardLayout, load_shards, load_shards_raw
 from ._stats import GdsStatsSnapshot, IoReport, Stats
@@ -88,7 +90,9 @@ class GpuDirectStorage:
         self._chosen: Chosen = choose_backend(self.config.backend, self.device, self.config.enabled)
         self._backend: Backend = self._chosen.backend
         self._tiers = [
-            (t.name, rank, Path(os.path.realpath(t.path))) for rank, t in enumerate(tiers or ())
+            (t.name, rank, Path(os.path.realpath(t.path)))
+            for rank, t in enumerate(tiers or ())
+            if t.path is not None
         ]
         # Storages of several devices may share one Stats, for one snapshot of them all.
         self._stats = stats if stats is not None else Stats()
@@ -148,6 +152,7 @@ class GpuDirectStorage:
     def close(self) -> None:
         """Stop the storage's threads and free its staging memory. Idempotent."""
         self._pools.close()
+        self._engine.close()
         if self._pinned is not None:
             self._pinned.clear()
 
@@ -199,13 +204,31 @@ class GpuDirectStorage:
         if file._owner is not self:
             raise InvalidInput("this GdsFile was opened by another GpuDirectStorage")
 
+    def open_source(self, source: Source, *, tier: str | None, rank: int | None) -> GdsFile:
+        """Open a file that has no local descriptor (an object-store tier's
+        :class:`~tiering.tiers.Source`) for every read :meth:`open_file` files get.
+
+        Its reads take the ``remote`` I/O path (:mod:`tiering.io._remote`): ranged reads
+        straight into host memory, or through pinned staging pieces into GPU memory; they
+        are counted under ``tier``. The file owns ``source`` and closes it when closed.
+        """
+        self._check_open()
+        return RemoteFile(
+            source,
+            name=source.relpath,
+            tier=tier,
+            rank=rank,
+            alignment=self.config.alignment,
+            owner=self,
+        )
+
     # -- the transfer primitive, for _shards (see ShardStorage) -----------------------------
 
-    def _transfer(
-        self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+    def _transfer_ranges(
+        self, file: GdsFile, fd: int, dst: Any, reads: Sequence[tuple[int, int, int]]
     ) -> IoReport:
-        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
-        return self._engine.transfer(file, fd, dst, dst_offset, file_offset, nbytes)
+        """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
+        return self._engine.transfer_ranges(file, fd, dst, reads)
 
     def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
         return self._pools.fan_out(fn, calls)

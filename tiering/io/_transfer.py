@@ -8,11 +8,14 @@ Every read of a storage (whole files, ranges, contiguous rows, safetensors shard
 - up to a task size (or with one thread) the read is issued inline, chunk after chunk;
 - anything larger is split at task-size boundaries over the tier's thread pool.
 
-Each transfer is counted once in the stats, under the file's I/O path and tier.
+Each transfer is counted once in the stats, under the file's I/O path and tier. A remote file
+(:class:`~tiering.io._remote.RemoteFile`: no descriptor, an object-store tier's source) takes
+none of these ways: its reads go to :class:`~tiering.io._remote.RemoteReads` whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -22,6 +25,7 @@ from ._config import GdsConfig, TierIo
 from ._device import Device
 from ._file import GdsFile
 from ._pools import Pools
+from ._remote import RemoteFile, RemoteReads, Segment
 from ._stats import IoReport, Stats
 
 __all__ = ["Transfer"]
@@ -46,6 +50,7 @@ class Transfer:
         self._backend = backend
         self._stats = stats
         self._pools = pools
+        self.remote = RemoteReads(device, config, stats, pools)
         # Hot GPU loads go through KvikIO's C++ thread pool (see KvikioBackend.read_pooled);
         # cold ones through tierd's threads with cold_io's few large requests.
         self._pooled = device.is_cuda and hasattr(backend, "read_pooled")
@@ -53,10 +58,15 @@ class Transfer:
             hot = [config.fast_tier_io, config.slow_tier_io, *config.tier_io.values()]
             backend.ensure_pool(max(io.threads for io in hot))  # type: ignore[attr-defined]
 
+    def close(self) -> None:
+        self.remote.close()
+
     def transfer(
         self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
     ) -> IoReport:
         """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
+        if isinstance(file, RemoteFile):
+            return self.remote.read(file, dst, [(file_offset, nbytes, dst_offset)])
         io = self._config.io_for(file.tier, file.rank)
         cold = False
         if nbytes >= _PROBE_MIN:
@@ -82,6 +92,25 @@ class Transfer:
         finally:
             seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
         return IoReport(nbytes, file.io_path, file.tier_key, seconds, cold)
+
+    def transfer_ranges(
+        self, file: GdsFile, fd: int, dst: Any, segments: Sequence[Segment]
+    ) -> IoReport:
+        """Read every ``(file_offset, nbytes, dst_offset)`` of ``segments`` into ``dst``.
+
+        A local file reads them one after the other (each a transfer); a remote one hands
+        them all to :meth:`RemoteReads.read`, which fetches them concurrently.
+        """
+        if isinstance(file, RemoteFile):
+            return self.remote.read(file, dst, segments)
+        parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
+        return IoReport(
+            sum(r.nbytes for r in parts),
+            file.io_path,
+            file.tier_key,
+            sum(r.seconds for r in parts),
+            any(r.cold for r in parts),
+        )
 
     def _chunks(
         self,

@@ -2,7 +2,8 @@
 
 A slice of rows is one contiguous read through the storage's :class:`Transfer`. A gather
 (rows in any order, duplicates allowed) is tierd's own I/O whatever the backend: see
-:mod:`tiering.io._gather` for how rows are fetched and staged.
+:mod:`tiering.io._gather` for how rows are fetched and staged, and
+:mod:`tiering.io._remote` for how a remote file's rows are (coalesced ranged reads, no map).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from ._checks import flat_target, parse_dtype
 from ._config import GdsConfig
 from ._device import Device, import_cupy
 from ._file import GdsFile
-from ._gather import PinnedPool, gather_rows
+from ._gather import Fill, PinnedPool, gather_rows, local_fill
 from ._pools import Pools
+from ._remote import RemoteFile
 from ._results import ReadResult
-from ._stats import IoReport, Stats
+from ._stats import IoPath, IoReport, Stats
 from ._transfer import Transfer
 
 __all__ = ["Vectors"]
@@ -119,35 +121,40 @@ class Vectors:
         return ReadResult(out.view(dt).reshape(idx.size, int(dim)), report)
 
     def _gather(self, file: GdsFile, fd: int, idx: np.ndarray, row: int, flat: Any) -> IoReport:
-        # The gather's I/O is tierd's own (memory map or preadv), whatever the backend.
-        started = self._stats.begin("host", file.tier_key)
+        # The gather's I/O is tierd's own (memory map or preadv, or a remote file's ranged
+        # reads), whatever the backend.
+        io_path: IoPath = "host"
+        if isinstance(file, RemoteFile):
+            io_path = file.io_path
+            fill = self._transfer.remote.row_filler(file, row)
+        else:
+            fill = self._local_fill(file, fd, row)
+        started = self._stats.begin(io_path, file.tier_key)
         ok = False
         try:
             if idx.size:
-                hot = None
-
-                def rows() -> np.ndarray:
-                    nonlocal hot
-                    if hot is None and file._map is None:
-                        hot = (
-                            _pagecache.residency(fd, 0, file.size()) >= self._config.cold_threshold
-                        )
-                    return file._rows(populate=bool(hot))
-
                 gather_rows(
-                    fd=fd,
-                    rows=rows,
+                    fill=fill,
                     idx=idx,
                     row_bytes=row,
                     out=flat,
                     device=self._device,
-                    pool=self._pools.aux("gather"),
-                    threads=self._config.gather_threads,
                     batch_bytes=self._config.prefetch_batch_size,
                     pinned=self._pinned,
                 )
             ok = True
         finally:
             nbytes = idx.size * row
-            seconds = self._stats.end("host", file.tier_key, started, nbytes, ok)
-        return IoReport(nbytes, "host", file.tier_key, seconds)
+            seconds = self._stats.end(io_path, file.tier_key, started, nbytes, ok)
+        return IoReport(nbytes, io_path, file.tier_key, seconds)
+
+    def _local_fill(self, file: GdsFile, fd: int, row: int) -> Fill:
+        hot = None
+
+        def rows() -> np.ndarray:
+            nonlocal hot
+            if hot is None and file._map is None:
+                hot = _pagecache.residency(fd, 0, file.size()) >= self._config.cold_threshold
+            return file._rows(populate=bool(hot))
+
+        return local_fill(fd, rows, row, self._pools.aux("gather"), self._config.gather_threads)

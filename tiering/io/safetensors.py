@@ -13,11 +13,12 @@ NumPy output when the ``ml_dtypes`` package is installed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ __all__ = [
     "LoadedTensors",
     "SafetensorsHeader",
     "TensorInfo",
+    "parse_header",
     "read_header",
 ]
 
@@ -113,8 +115,16 @@ def _read_exact(fd: int, n: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+#: The first read of a header takes this much, so a typical header (a few KiB to a few hundred
+#: KiB of JSON) costs one request on a remote file, not two.
+_FIRST_READ = 256 << 10
+
+ReadAt = Callable[[int, int], bytes]
+"""``read(n, offset)``: up to ``n`` bytes at ``offset``, fewer only at the end of the file."""
+
+
 def read_header(path: str | os.PathLike[str], fd: int | None = None) -> SafetensorsHeader:
-    """Read and validate the header of a safetensors file.
+    """Read and validate the header of a safetensors file (by path, or through ``fd``).
 
     Raises
     ------
@@ -123,24 +133,32 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Safetens
     InvalidDtype
         A dtype tierd does not know.
     """
-    p = Path(path)
     own = fd is None
     if fd is None:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        head = _read_exact(fd, 8, 0)
-        if len(head) < 8:
-            raise _fail(p, f"{size} bytes is too short for the 8-byte header length")
-        n = int.from_bytes(head, "little")
-        if n > MAX_HEADER_BYTES:
-            raise _fail(p, f"header length {n} is over the {MAX_HEADER_BYTES} byte limit")
-        if 8 + n > size:
-            raise _fail(p, f"header of {n} bytes runs past the end of the {size} byte file")
-        raw = _read_exact(fd, n, 8)
+        return parse_header(path, size, functools.partial(_read_exact, fd))
     finally:
         if own:
             os.close(fd)
+
+
+def parse_header(path: str | os.PathLike[str], size: int, read: ReadAt) -> SafetensorsHeader:
+    """Read and validate the header of a ``size`` byte safetensors file through ``read``
+    (a local file's ``pread``, or ranged reads of a remote one); see :func:`read_header`."""
+    p = Path(path)
+    head = read(min(size, _FIRST_READ), 0)
+    if len(head) < 8:
+        raise _fail(p, f"{size} bytes is too short for the 8-byte header length")
+    n = int.from_bytes(head[:8], "little")
+    if n > MAX_HEADER_BYTES:
+        raise _fail(p, f"header length {n} is over the {MAX_HEADER_BYTES} byte limit")
+    if 8 + n > size:
+        raise _fail(p, f"header of {n} bytes runs past the end of the {size} byte file")
+    raw = head[8 : 8 + n]
+    if len(raw) < n:
+        raw += read(n - len(raw), len(head))
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

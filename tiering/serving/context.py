@@ -111,7 +111,14 @@ class LoadContext:
 
     @contextlib.contextmanager
     def open(self, ref: FileRef, storage: GpuDirectStorage) -> Iterator[tuple[GdsFile, int]]:
-        """Open a catalog file beneath its tier root for ``storage``; counts one access."""
+        """Open a catalog file for ``storage``; counts one access.
+
+        A file in a local directory is opened through the descriptor its tier opened beneath
+        the root (its reads get the tier's I/O path: GDS, KvikIO, host). Any other source
+        (an object-store tier's object, pinned to the ETag the catalog recorded) becomes a
+        remote file, read by ranged reads without a local copy; a changed object raises
+        :class:`~tiering.errors.FileChanged` here or at its first read, never stale bytes.
+        """
         if isinstance(ref, int) and not isinstance(ref, bool):
             file_id = ref
         elif isinstance(ref, str):
@@ -119,12 +126,18 @@ class LoadContext:
         else:
             file_id = self.record(ref).id  # raises the clear error for a bad reference
         content = self.engine.open_content(file_id)
+        rec = content.record
         try:
-            rec = content.record
-            path = self.engine.tiers.get(rec.tier).root / rec.relpath
-            f = storage.open_file(path, fd=content.fd)
-        finally:
+            tier = self.engine.tiers.get(rec.tier)
+            root = tier.local_root
+            if root is not None and content.fd >= 0:
+                f = storage.open_file(root / rec.relpath, fd=content.fd)
+                content.close()  # the file keeps a duplicate of the descriptor
+            else:
+                f = storage.open_source(content.source, tier=tier.name, rank=tier.rank)
+        except BaseException:
             content.close()
+            raise
         with f:
             yield f, rec.id
 

@@ -80,7 +80,7 @@ def gather_rows(
         with ctx.leases.reserve(dev, alloc_size(dev, n)) as res:
             buf = res.attach(ctx.leases.pool.get(dev, n))
             if n == 0:
-                report = IoReport(0, "host", f.tier_key, 0.0)
+                report = IoReport(0, "remote" if f.io_path == "remote" else "host", f.tier_key, 0.0)
             elif idx is not None:
                 storage.device.make_current()
                 report = storage.prefetch_vectors(f, idx, dim, dt, buf.array()[:n])

@@ -2,7 +2,8 @@
 
 The service's side of DESIGN.md's "Buffers" section. A :class:`Loader` resolves files through
 the engine's catalog (by id or relpath; never a filesystem path from a client), opens them
-beneath their tier root (which counts one access each), reserves the device's lease budget,
+beneath their tier root, or as objects of an object-store tier at the ETag the catalog
+recorded (either counts one access), reserves the device's lease budget,
 allocates a dedicated buffer (:mod:`tiering.io.buffers`), fills it with :mod:`tiering.io`, and
 hands it out as a :class:`~tiering.serving.leases.Lease`. On any error everything reserved or
 allocated for the request is given back before the error propagates.
@@ -215,7 +216,9 @@ class Loader:
 
         Targets: ``gpu`` loads each file into a lease on ``device`` (default ``cuda:0``) and
         keeps it for ``ttl_s``; ``nvme`` promotes each file to the fastest tier through the
-        mover; ``page_cache`` reads each file through, so the next load is hot.
+        mover; ``page_cache`` reads each file through, so the next load is hot. A file on an
+        object-store tier has no page cache: ``page_cache`` promotes it to the nearest faster
+        local tier instead (a file with none is reported as the job's error for that file).
 
         Raises
         ------

@@ -1,5 +1,11 @@
 """Prefetch: background jobs that warm files up into GPU leases, the fastest tier or the page
-cache, with progress in bytes and files and cancellation between chunks."""
+cache, with progress in bytes and files and cancellation between chunks.
+
+Files on an object-store tier load into GPU leases like any other (ranged reads, no local
+copy). ``nvme`` promotes them to the fastest tier through the mover (parallel ranged GETs into
+a temp file, hashed, published). ``page_cache`` has no cache to warm for an object: such a
+file is promoted to the nearest faster local tier instead (see :func:`_prefetch_page_cache`).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from tiering.moves import Cancelled
 from tiering.serving.config import FileRef, MiB
 from tiering.serving.context import LoadContext
 from tiering.serving.jobs import Job, JobCancelled, JobTable
+from tiering.tiers import Tier
 
 __all__ = ["PREFETCH_TARGETS", "start_prefetch"]
 
@@ -132,41 +139,69 @@ def _prefetch_gpu(
         ctx.observe("prefetch", dev, report)
 
 
+def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
+    """Move ``rec`` to ``to_tier`` through the mover (one access counted), its copied bytes
+    reported as the job's progress; a file already there is done at once."""
+    base = job.bytes_done
+    try:
+        if ctx.engine.access is not None:
+            ctx.engine.access.record(rec.id)
+        if ctx.engine.get(rec.id).tier != to_tier:
+
+            def progress(done: int, _total: int, base: int = base) -> None:
+                with job.lock:
+                    job.bytes_done = base + done
+
+            ctx.engine.mover.migrate(
+                rec.id, to_tier, reason="prefetch", progress=progress, cancel=job.cancel
+            )
+    except Cancelled as exc:
+        if job.cancel.is_set():
+            raise JobCancelled from exc
+        _file_error(job, rec, exc)
+    except TierdError as exc:
+        _file_error(job, rec, exc)
+    with job.lock:
+        job.bytes_done = base + rec.size
+        job.files_done += 1
+
+
 def _prefetch_nvme(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
     fastest = ctx.engine.tiers.fastest.name
     for rec in recs:
         job.check()
-        base = job.bytes_done
-        try:
-            if ctx.engine.access is not None:
-                ctx.engine.access.record(rec.id)
-            current = ctx.engine.get(rec.id)
-            if current.tier != fastest:
+        _promote(ctx, job, rec, fastest)
 
-                def progress(done: int, _total: int, base: int = base) -> None:
-                    with job.lock:
-                        job.bytes_done = base + done
 
-                ctx.engine.mover.migrate(
-                    rec.id, fastest, reason="prefetch", progress=progress, cancel=job.cancel
-                )
-        except Cancelled as exc:
-            if job.cancel.is_set():
-                raise JobCancelled from exc
-            _file_error(job, rec, exc)
-        except TierdError as exc:
-            _file_error(job, rec, exc)
-        with job.lock:
-            job.bytes_done = base + rec.size
-            job.files_done += 1
+def _local_cache_tier(ctx: LoadContext, tier: Tier) -> str | None:
+    """The slowest local (directory) tier faster than ``tier``: where a file of a remote tier
+    is warmed to, or None when no local tier is faster."""
+    faster = [t for t in ctx.engine.tiers if t.local_root is not None and t.rank < tier.rank]
+    return max(faster, key=lambda t: t.rank).name if faster else None
 
 
 def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
+    """Read local files through the page cache. A file on a remote tier (an object store)
+    has no page cache to warm: it is promoted to the nearest faster local tier instead, so the
+    next load reads a local disk (whose page cache the copy has just filled)."""
     chunk = min(ctx.config.prefetch_chunk_bytes, 8 * MiB)
     buf = bytearray(chunk)
     view = memoryview(buf)
     for rec in recs:
         job.check()
+        tier = ctx.engine.tiers.get(rec.tier)
+        if tier.local_root is None:
+            dest = _local_cache_tier(ctx, tier)
+            if dest is None:
+                msg = (
+                    f"{rec.relpath!r} is on {tier.kind} tier {tier.name}, which has no page "
+                    "cache, and no local tier is faster to warm it to"
+                )
+                _file_error(job, rec, InvalidInput(msg, path=rec.relpath))
+                job.add(nbytes=rec.size, files=1)
+            else:
+                _promote(ctx, job, rec, dest)
+            continue
         try:
             content = ctx.engine.open_content(rec.id)
         except TierdError as exc:

@@ -26,6 +26,7 @@ class _Root(Protocol):
 
     def open_dir(self, parts: list[str], *, create: bool = False) -> int: ...
 
+
 __all__ = ["DirectoryWriter", "stat_of", "write_all"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

@@ -9,7 +9,7 @@
   const HOT_TOP = 12;
   const RECENT_MOVES = 12;
   const TIER_COLORS = ["#6d4bd8", "#1a9c8c", "#d98b1e", "#3d63dd", "#c2417a", "#5b8c2a"];
-  const PATH_COLORS = { gds: "#2f9e44", compat: "#3d63dd", host: "#e8590c" };
+  const PATH_COLORS = { gds: "#2f9e44", compat: "#3d63dd", host: "#e8590c", remote: "#ae3ec9" };
   const OTHER_COLOR = "#98a1b3";
   const SVG_NS = "http://www.w3.org/2000/svg";
 

@@ -1,0 +1,318 @@
+"""Remote files: loads of files that are not on a local disk (an object-store tier), without a
+local copy first.
+
+A :class:`RemoteFile` is a :class:`~tiering.io.GdsFile` over a tier's
+:class:`~tiering.tiers.Source` instead of a descriptor: it has no fd, no backend handle and no
+memory map, and every read is a ranged read of the source (for an object, parallel ranged
+GETs with ``If-Match`` on the ETag it was opened at, so a changed object raises
+:class:`~tiering.errors.FileChanged` rather than mixing two versions). The storage's one
+transfer primitive hands every read of such a file to :class:`RemoteReads`:
+
+- **into host memory** the bytes go straight into the destination, range by range
+  (``source.readinto(dst[a:b], offset)``); ranges longer than a staging piece are split so
+  that several run at once on the storage's ``remote`` pool, each fanning out further on the
+  tier's own connections;
+- **into GPU memory** they go through a ring of pinned staging pieces (a
+  :class:`~tiering.io._backends.Staging` borrowed from a bounded pool): while piece ``i`` is
+  copied to the device with ``cudaMemcpyAsync``, pieces ``i+1 .. i+k-1`` are being fetched, so
+  the network never waits for the copy, nor the copy for more than one piece;
+- **rows of a gather** are fetched by coalesced ranged reads of only the rows asked for (runs
+  of nearby rows become one range while the bytes read in between stay below the bytes
+  wanted), then put in request order in host memory; nothing is memory-mapped and the
+  object is never downloaded whole.
+
+Every read is counted under the I/O path ``remote`` and the file's tier. The place to plug in
+a faster engine for objects (KvikIO's ``RemoteFile``, libcurl with its own threads) is
+:meth:`RemoteReads.read`: it gets the whole list of ranges of a call at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tiering.errors import IntegrityError, InvalidInput
+from tiering.tiers import Source
+
+from ._backends import Staging, _host_view
+from ._config import GdsConfig
+from ._device import Device, import_cupy
+from ._file import GdsFile
+from ._pools import Pools
+from ._stats import IoReport, Stats
+
+__all__ = ["Fill", "RemoteFile", "RemoteReads", "Segment", "coalesce_rows"]
+
+Segment = tuple[int, int, int]
+"""``(file_offset, nbytes, dst_offset)``: one range of a file into a flat destination."""
+
+Fill = Callable[[np.ndarray, np.ndarray], None]
+"""``fill(idx, out)``: rows ``idx`` of a matrix file, in order, into host ``out`` (n x row)."""
+
+#: Gaps between wanted rows up to this many bytes are read through rather than split into
+#: another request (a request costs a round trip; a connection moves ~1 MiB in that time).
+GAP_BYTES = 256 << 10
+
+
+class RemoteFile(GdsFile):
+    """A file read through a tier's :class:`~tiering.tiers.Source` (no local descriptor).
+
+    Made by :meth:`GpuDirectStorage.open_source <tiering.io.GpuDirectStorage.open_source>`; it
+    owns the source and closes it when closed.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        name: str,
+        tier: str | None,
+        rank: int | None,
+        alignment: int,
+        owner: object,
+    ) -> None:
+        super().__init__(
+            Path(name),
+            -1,
+            source.size,
+            tier=tier,
+            rank=rank,
+            alignment=alignment,
+            handle=None,
+            io_path="remote",
+            owner=owner,
+        )
+        self.source = source
+
+    def _rows(self, populate: bool) -> np.ndarray:
+        raise InvalidInput(f"{self.path} is remote: it has no memory map")
+
+    def _release(self) -> None:
+        self.source.close()
+
+    def read_bytes(self, n: int, offset: int) -> bytes:
+        buf = bytearray(max(0, min(n, self.size() - offset)))
+        got = self.source.readinto(memoryview(buf), offset) if buf else 0
+        return bytes(buf[:got])
+
+
+def _read_exact(file: RemoteFile, view: memoryview, offset: int) -> None:
+    got = file.source.readinto(view, offset)
+    if got != len(view):
+        raise IntegrityError(
+            f"{file.path}: only {got} of {len(view)} bytes at offset {offset} could be read; "
+            f"the file is shorter than the {file.size()} bytes it had when opened",
+            offset=offset,
+        )
+
+
+def _settle(futures: Sequence[Future[None]]) -> None:
+    """Wait for every future; on a failure cancel the rest and wait for those already running
+    (none may still write into the caller's memory), then raise the first error."""
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    failed = next((f for f in futures if f in done and f.exception() is not None), None)
+    if failed is None:
+        return
+    for f in futures:
+        f.cancel()
+    wait(futures)
+    exc = failed.exception()
+    assert exc is not None
+    raise exc
+
+
+def _split(segments: Sequence[Segment], piece: int) -> list[Segment]:
+    """``segments`` with every one longer than ``piece`` cut into pieces of at most that."""
+    out: list[Segment] = []
+    for off, n, at in segments:
+        for k in range(0, n, piece) if n > piece else (0,):
+            out.append((off + k, min(piece, n - k), at + k))
+    return [s for s in out if s[1] > 0]
+
+
+def coalesce_rows(
+    rows: np.ndarray, row_bytes: int, gap_bytes: int = GAP_BYTES
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges ``[first, end)`` of sorted unique ``rows`` that cover them with few requests.
+
+    Neighbouring rows are merged into one range when the gap between them is at most
+    ``gap_bytes``, smallest gaps first, while the bytes read in gaps stay below the bytes
+    wanted: at most twice the wanted bytes are ever read.
+    """
+    if rows.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    gaps = np.diff(rows) - 1  # rows skipped between neighbours
+    merge = np.zeros(gaps.size, dtype=bool)
+    cand = np.flatnonzero(gaps * row_bytes <= gap_bytes)
+    if cand.size:
+        order = cand[np.argsort(gaps[cand], kind="stable")]
+        spent = np.cumsum(gaps[order] * row_bytes)
+        merge[order[spent <= rows.size * row_bytes]] = True
+    breaks = np.flatnonzero(~merge) + 1
+    first = rows[np.concatenate(([0], breaks))].astype(np.int64)
+    last = rows[np.concatenate((breaks - 1, [rows.size - 1]))].astype(np.int64)
+    return first, last + 1
+
+
+class _StagingPool:
+    """At most ``limit`` :class:`Staging` rings, made at first need and kept for reuse
+    (``cudaHostAlloc`` costs milliseconds); a load that finds none free waits for one."""
+
+    def __init__(self, piece: int, slots: int, limit: int) -> None:
+        self._piece, self._slots = piece, slots
+        self._sem = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self._free: list[Staging] = []
+
+    def acquire(self, cp: Any) -> Staging:
+        self._sem.acquire()
+        try:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
+            return Staging(cp, self._piece, self._slots)
+        except BaseException:
+            self._sem.release()
+            raise
+
+    def release(self, staging: Staging) -> None:
+        with self._lock:
+            self._free.append(staging)
+        self._sem.release()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+class RemoteReads:
+    """The reads of remote files for one storage (one device); see the module docstring."""
+
+    def __init__(self, device: Device, config: GdsConfig, stats: Stats, pools: Pools) -> None:
+        self._device = device
+        self._piece = config.remote_piece_size
+        self._stats = stats
+        self._pools = pools
+        self._staging = _StagingPool(
+            config.remote_piece_size, config.remote_pieces, config.remote_stagings
+        )
+
+    def close(self) -> None:
+        """Free the pinned staging kept for reuse."""
+        self._staging.clear()
+
+    def read(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> IoReport:
+        """Read ``segments`` of ``file`` into flat uint8 ``dst``; counted as one operation."""
+        nbytes = sum(n for _, n, _ in segments)
+        started = self._stats.begin(file.io_path, file.tier_key)
+        ok = False
+        try:
+            if nbytes:
+                if isinstance(dst, np.ndarray):
+                    self.to_host(file, dst, segments)
+                else:
+                    self._to_device(file, dst, segments)
+            ok = True
+        finally:
+            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds)
+
+    def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
+        """Ranges straight into host array ``dst``, several at once (not counted)."""
+        view = _host_view(dst)
+        parts = _split(segments, self._piece)
+        if len(parts) == 1:
+            off, n, at = parts[0]
+            _read_exact(file, view[at : at + n], off)
+            return
+        pool = self._pools.aux("remote")
+        _settle([pool.submit(_read_exact, file, view[at : at + n], off) for off, n, at in parts])
+
+    def _to_device(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> None:
+        """Ranges into device array ``dst`` through a ring of pinned pieces."""
+        cp = import_cupy()
+        self._device.make_current()
+        base = int(dst.data.ptr)
+        pieces = _pack(_split(segments, self._piece), self._piece)
+        pool = self._pools.aux("remote")
+        st = self._staging.acquire(cp)
+        slots = len(st.bufs)
+        inflight: deque[list[Future[None]]] = deque()
+
+        def fetch(i: int) -> None:
+            slot = i % slots
+            st.wait_slot(slot)  # the copy out of this slot (piece i - slots) has finished
+            view = _host_view(st.views[slot])
+            inflight.append(
+                [
+                    pool.submit(_read_exact, file, view[at : at + n], off)
+                    for off, n, _dst, at in pieces[i]
+                ]
+            )
+
+        try:
+            for i in range(min(slots, len(pieces))):
+                fetch(i)
+            for i, piece in enumerate(pieces):
+                _settle(inflight.popleft())
+                slot = i % slots
+                for _off, n, dst_at, at in piece:
+                    st.copy_out(cp, slot, base + dst_at, at, n)
+                st.mark(cp, slot)
+                if i + slots < len(pieces):
+                    fetch(i + slots)
+            st.drain()
+        finally:
+            # Nothing may still write into the staging, nor copy out of it, once it goes back.
+            for futures in inflight:
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+            st.drain()
+            self._staging.release(st)
+
+    def row_filler(self, file: RemoteFile, row_bytes: int) -> Fill:
+        """A :data:`Fill` for gathers from ``file``: coalesced ranged reads of the rows asked
+        for into a host scratch array, then the rows in request order."""
+
+        def fill(idx: np.ndarray, out: np.ndarray) -> None:
+            if idx.size == 0:
+                return
+            rows = np.unique(idx)
+            first, end = coalesce_rows(rows, row_bytes)
+            count = end - first
+            at = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
+            scratch = np.empty((int(count.sum()), row_bytes), dtype=np.uint8)
+            self.to_host(
+                file,
+                scratch.reshape(-1),
+                [
+                    (int(f) * row_bytes, int(c) * row_bytes, int(a) * row_bytes)
+                    for f, c, a in zip(first, count, at, strict=True)
+                ],
+            )
+            k = np.searchsorted(first, idx, side="right") - 1
+            np.take(scratch, at[k] + (idx - first[k]), axis=0, out=out)
+
+        return fill
+
+
+def _pack(parts: Sequence[Segment], piece: int) -> list[list[tuple[int, int, int, int]]]:
+    """Group ``parts`` (each at most ``piece`` bytes) into staging pieces of at most ``piece``
+    bytes: ``(file_offset, nbytes, dst_offset, offset_in_piece)`` each."""
+    pieces: list[list[tuple[int, int, int, int]]] = []
+    fill = piece
+    for off, n, at in parts:
+        if fill + n > piece:
+            pieces.append([])
+            fill = 0
+        pieces[-1].append((off, n, at, fill))
+        fill += n
+    return pieces
