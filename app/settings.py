@@ -184,6 +184,11 @@ class Settings(BaseSettings):
         default=1.0, ge=0, description="Quiet time before a changed file is (re)hashed"
     )
     watch_poll_interval_s: float = Field(default=1.0, gt=0, description="Polling backend period")
+    remote_reconcile_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Period of the full reconcile of object-store tiers (they have no events)",
+    )
     reconcile_files_per_s: float | None = Field(
         default=20_000.0, gt=0, description="Pace of full reconciles (after overflow or restart)"
     )
@@ -261,6 +266,7 @@ class Settings(BaseSettings):
             watch_settle_s=self.watch_settle_s,
             watch_poll_interval_s=self.watch_poll_interval_s,
             reconcile_files_per_s=self.reconcile_files_per_s,
+            remote_reconcile_s=self.remote_reconcile_s,
         )
 
 

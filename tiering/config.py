@@ -51,6 +51,7 @@ class EngineConfig:
     watch_settle_s: float = 1.0
     watch_poll_interval_s: float = 1.0
     reconcile_files_per_s: float | None = 20_000.0
+    remote_reconcile_s: float = 300.0
 
     def tier_names(self) -> list[str]:
         return [t.name for t in self.tiers]

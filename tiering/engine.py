@@ -160,6 +160,7 @@ class Engine:
                     backend=self.config.watch_backend,
                     poll_interval_s=self.config.watch_poll_interval_s,
                     reconcile_files_per_s=self.config.reconcile_files_per_s,
+                    remote_reconcile_s=self.config.remote_reconcile_s,
                 )
                 self.watcher.start()
             if self.config.scan_on_start:
