@@ -1,7 +1,8 @@
 """``tierd bench``: one command for every benchmark; the measuring is :mod:`tiering.bench`.
 
 ``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
-``tierd bench access|mover|rest`` run the others. Each prints the same table to standard
+``tierd bench access|mover|rest|object-store`` run the others (``--access`` and
+``--object-store`` are the same as their sub-commands). Each prints the same table to standard
 output (progress goes to standard error) and, with ``--json``, writes the same JSON document.
 Sub-benchmarks are imported when run, so ``tierd --help`` never loads the data path.
 """
@@ -45,6 +46,22 @@ ColdOpt = Annotated[bool, typer.Option("--cold/--no-cold", help="Measure cold-ca
 SweepOpt = Annotated[
     bool, typer.Option("--sweep", help="Also sweep threads x task size for hot loads.")
 ]
+# -- the object-store bench's ------------------------------------------------------------------
+OriginOpt = Annotated[
+    str,
+    typer.Option(
+        "--origin",
+        help="S3 origin started on loopback: moto, s3like (nginx, --rate per connection), "
+        "open (nginx, no cap), or an endpoint http(s)://host[:port]/bucket (AWS credentials).",
+    ),
+]
+RateOpt = Annotated[
+    str, typer.Option("--rate", help="Per-connection cap of the s3like origin, bytes/s (100MB).")
+]
+ObjectsOpt = Annotated[
+    int, typer.Option("--objects", help="Tiny objects adopted by the adoption figure.", min=1)
+]
+_OBJECT_STORE_ONLY = ("origin", "rate", "objects")
 # The mover's default source: the system temp directory, usually a disk beside /dev/shm.
 _TMP = Path(tempfile.gettempdir())
 
@@ -57,6 +74,26 @@ def _size(text: str, minimum: int = 1) -> int:
     if nbytes < minimum:
         raise typer.BadParameter(f"must be at least {format_size(minimum)}", param_hint="--size")
     return nbytes
+
+
+def _rate(text: str) -> int | None:
+    try:
+        rate = parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rate") from exc
+    return rate or None
+
+
+def _from_command_line(ctx: typer.Context, names: tuple[str, ...] | None = None) -> list[str]:
+    """The options of ``ctx``'s command given on the command line (all, or among ``names``)."""
+    return [
+        param.opts[0]
+        for param in ctx.command.params
+        # By name: typer vendors its own click, whose enum is not click's.
+        if param.name
+        and (names is None or param.name in names)
+        and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+    ]
 
 
 def _finish(report: Report, json_path: Path | None) -> None:
@@ -82,6 +119,16 @@ def bench(
             "--access", help="Measure the access-ingest path instead (tierd bench access)."
         ),
     ] = False,
+    object_store: Annotated[
+        bool,
+        typer.Option(
+            "--object-store",
+            help="Measure the object-store tier instead (tierd bench object-store).",
+        ),
+    ] = False,
+    origin: OriginOpt = "moto",
+    rate: RateOpt = "100MB",
+    objects: ObjectsOpt = 10_000,
     json_path: JsonOpt = None,
 ) -> None:
     """Measure this host's ceilings, the usual baselines and tierd's paths, in one run.
@@ -90,19 +137,19 @@ def bench(
     """
     if ctx.invoked_subcommand is not None:
         # `tierd bench --size 4GiB rest` would silently measure the default size: refuse.
-        given = [
-            param.opts[0]
-            for param in ctx.command.params
-            # By name: typer vendors its own click, whose enum is not click's.
-            if param.name
-            and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
-        ]
+        given = _from_command_line(ctx)
         if given:
             raise typer.BadParameter(
                 f"{', '.join(given)} must come after the sub-command, as its own options "
                 f"(tierd bench {ctx.invoked_subcommand} --help)"
             )
         return
+    if object_store:
+        bench_object_store(size, device, directory, repeats, origin, rate, objects, json_path)
+        return
+    stray = _from_command_line(ctx, _OBJECT_STORE_ONLY)
+    if stray:
+        raise typer.BadParameter(f"{', '.join(stray)}: only for --object-store")
     if access:
         bench_access(json_path=json_path)
         return
@@ -203,4 +250,38 @@ def bench_rest(
     from tiering.bench.rest import run
 
     report = run(_size(size, minimum=4096), device, repeats=repeats, small=small, say=progress())
+    _finish(report, json_path)
+
+
+@bench_cli.command("object-store")
+def bench_object_store(
+    size: Annotated[str, typer.Option("--size", help="Size of the object moved.")] = "1GiB",
+    device: DeviceOpt = "auto",
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Where the nvme tier and the origin's files go (not tmpfs)."),
+    ] = None,
+    repeats: RepeatsOpt = 3,
+    origin: OriginOpt = "moto",
+    rate: RateOpt = "100MB",
+    objects: ObjectsOpt = 10_000,
+    json_path: JsonOpt = None,
+) -> None:
+    """The object-store tier: promotion, demotion, loads and adoption against S3 clients."""
+    from tiering.bench.objectstore import OriginUnavailable, run
+
+    nbytes, cap = _size(size, minimum=1 << 20), _rate(rate)
+    try:
+        report = run(
+            nbytes,
+            device,
+            origin,
+            repeats=repeats,
+            rate=cap,
+            objects=objects,
+            directory=directory,
+            say=progress(),
+        )
+    except OriginUnavailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--origin") from exc
     _finish(report, json_path)

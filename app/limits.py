@@ -1,14 +1,16 @@
 """Load shedding: past ``max_inflight_requests`` at once, answer 429 instead of queueing.
 
 A flood then costs the server a small JSON reply per excess request, and the requests already
-admitted keep their memory and threads. Health probes are always admitted.
+admitted keep their memory and threads. Health probes are always admitted. The 429 is an error
+like any other (``app.errors.error_response``): its body carries the request's id, which
+:class:`app.logs.RequestId`, the outer middleware, has already set.
 """
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import error_response
 
 __all__ = ["InflightLimit"]
 
@@ -26,26 +28,13 @@ class InflightLimit:
             await self.app(scope, receive, send)
             return
         if self.inflight >= self.limit:
-            body = json.dumps(
-                {
-                    "error": {
-                        "code": "too_many_requests",
-                        "message": f"more than {self.limit} requests in flight; retry shortly",
-                    }
-                }
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 429,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"retry-after", b"1"),
-                    ],
-                }
+            response = error_response(
+                429,
+                "too_many_requests",
+                f"more than {self.limit} requests in flight; retry shortly",
+                {"Retry-After": "1"},
             )
-            await send({"type": "http.response.body", "body": body})
+            await response(scope, receive, send)
             return
         self.inflight += 1
         try:

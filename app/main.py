@@ -25,6 +25,7 @@ from app.api import (
     stats,
     tiers,
 )
+from app.api.openapi import install_openapi
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
 from app.logs import RequestId
@@ -107,4 +108,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(heat.router)
     app.include_router(metrics_router)
     app.include_router(ui_router)
+    install_openapi(app, settings)
     return app

@@ -232,7 +232,16 @@ class HttpMetrics:
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", include_in_schema=True)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def metrics(request: Request) -> Response:
     """Prometheus text format (no auth, like the health probes)."""
     m: Metrics = request.app.state.metrics

@@ -34,8 +34,21 @@ _DEVICE = Field(default="cpu", max_length=32, description="cpu or cuda:N")
 _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
 
 
+def _exactly_one(a: str, a_type: str, b: str, b_type: str) -> dict[str, Any]:
+    """JSON Schema for "exactly one of ``a`` and ``b`` is given" (a null counts as not given),
+    which the models check in their ``_one`` validator."""
+    return {
+        "oneOf": [
+            {"required": [a], "properties": {a: {"type": a_type}}},
+            {"required": [b], "properties": {b: {"type": b_type}}},
+        ]
+    }
+
+
 class _OneFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=_exactly_one("file_id", "integer", "path", "string")
+    )
 
     file_id: int | None = Field(default=None, ge=1, le=MAX_ID, description="Catalog id of the file")
     path: str | None = _PATH
@@ -79,7 +92,9 @@ class BatchRequest(BaseModel):
 
 
 class _ManyFiles(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=_exactly_one("file_ids", "array", "paths", "array")
+    )
 
     file_ids: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Field(
         default=None, description="Files by catalog id"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import LoaderDep
-from app.api.responses import DATA, INVALID, NOT_FOUND
+from app.api.responses import DATA, JSON_BODY, NOT_FOUND
 from app.auth import require_data
 from app.schemas_loads import BufferList, LeaseOut, RenewRequest, lease_json
 
@@ -28,7 +28,7 @@ def get_buffer(buffer_id: str, loader: LoaderDep) -> LeaseOut:
     return LeaseOut.of(loader.leases.get(buffer_id))
 
 
-@router.post("/{buffer_id}/renew", response_model=LeaseOut, responses=DATA | NOT_FOUND | INVALID)
+@router.post("/{buffer_id}/renew", response_model=LeaseOut, responses=DATA | NOT_FOUND | JSON_BODY)
 def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> Response:
     """Restart the lease's TTL (``ttl_s``, default the lease's own)."""
     lease = loader.leases.renew(buffer_id, req.ttl_s if req else None)

@@ -6,11 +6,11 @@ import base64
 import binascii
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import EngineDep
+from app.api.deps import BY_ID, EngineDep, FileId
 from app.api.responses import (
     ADMIN,
     BAD_REQUEST,
@@ -18,7 +18,6 @@ from app.api.responses import (
     CONFLICT,
     DATA,
     INVALID,
-    MAX_ID,
     NO_SPACE,
     NOT_FOUND,
     RANGE,
@@ -58,8 +57,33 @@ def _decode_cursor(cursor: str) -> int:
         raise HttpError(422, "invalid_cursor", "cursor is not one this server issued") from None
 
 
-PathQuery = Annotated[str, Query(max_length=MAX_RELPATH_CHARS * 4, description="File relpath")]
-FileId = Annotated[int, Path(ge=1, le=MAX_ID, description="Catalog id of the file")]
+# The engine checks a relpath's rules (and answers ``invalid_path`` with the rule broken); the
+# schema states the length bound it enforces, while pydantic only caps what is read at 4x that.
+PathQuery = Annotated[
+    str,
+    Query(
+        max_length=MAX_RELPATH_CHARS * 4,
+        description="File relpath",
+        json_schema_extra={"minLength": 1, "maxLength": MAX_RELPATH_CHARS},
+    ),
+]
+
+_BYTES = {"schema": {"type": "string", "format": "binary"}}
+_CONTENT_HEADERS = {
+    "Accept-Ranges": {"required": True, "schema": {"type": "string", "enum": ["bytes"]}},
+    "ETag": {
+        "description": "The file's checksum, while the bytes match the catalog's record",
+        "schema": {"type": "string"},
+    },
+}
+_RANGE_416 = {
+    416: RANGE[416]
+    | {
+        "headers": {
+            "Content-Range": {"description": "bytes */<size>", "schema": {"type": "string"}}
+        }
+    }
+}
 
 
 @router.get("", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
@@ -68,7 +92,11 @@ def list_files(
     tier: Annotated[str | None, Query(description="Only files on this tier")] = None,
     prefix: Annotated[str | None, Query(max_length=4096, description="Relpath prefix")] = None,
     state: Annotated[
-        str | None, Query(description="Only files in this state; default all but missing")
+        str | None,
+        Query(
+            description="Only files in this state; default all but missing",
+            json_schema_extra={"enum": list(FileState.ALL)},
+        ),
     ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
@@ -94,7 +122,13 @@ def list_files(
 @router.delete("", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
 def purge(
     engine: EngineDep,
-    state: Annotated[str, Query(description="Only 'missing' may be purged")],
+    state: Annotated[
+        str,
+        Query(
+            description="Only 'missing' may be purged",
+            json_schema_extra={"enum": [FileState.MISSING]},
+        ),
+    ],
 ) -> dict[str, int]:
     """Forget files that are gone from disk (``state=missing``); their bytes are already gone."""
     if state != FileState.MISSING:
@@ -114,7 +148,23 @@ def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
     "/content",
     dependencies=[require_data],
     status_code=201,
-    responses=DATA | BAD_REQUEST | NOT_FOUND | CONFLICT | TOO_LARGE | INVALID | BUSY | NO_SPACE,
+    response_model=FileOut,
+    responses={200: {"model": FileOut, "description": "Replaced (overwrite=true)"}}
+    | DATA
+    | BAD_REQUEST
+    | NOT_FOUND
+    | CONFLICT
+    | TOO_LARGE
+    | INVALID
+    | BUSY
+    | NO_SPACE,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The file's bytes, streamed",
+            "content": {"application/octet-stream": _BYTES},
+        }
+    },
 )
 async def upload(
     request: Request,
@@ -156,16 +206,35 @@ async def upload(
     return JSONResponse(body, status_code=200 if replaced else 201)
 
 
-@router.get("/{file_id}", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
+@router.get(BY_ID, dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
 def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
     """One file by id."""
     return _out(engine, engine.get(file_id))
 
 
 @router.get(
-    "/{file_id}/content",
+    BY_ID + "/content",
     dependencies=[require_data],
-    responses=DATA | NOT_FOUND | CONFLICT | RANGE | INVALID | BUSY,
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The whole file",
+            "content": {"application/octet-stream": _BYTES},
+            "headers": _CONTENT_HEADERS,
+        },
+        206: {
+            "description": "One byte range",
+            "content": {"application/octet-stream": _BYTES},
+            "headers": _CONTENT_HEADERS
+            | {"Content-Range": {"required": True, "schema": {"type": "string"}}},
+        },
+    }
+    | DATA
+    | NOT_FOUND
+    | CONFLICT
+    | _RANGE_416
+    | INVALID
+    | BUSY,
 )
 def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Response:
     """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
@@ -198,7 +267,7 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
 
 
 @router.delete(
-    "/{file_id}",
+    BY_ID,
     dependencies=[require_admin],
     responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY,
 )

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.api.deps import LoaderDep
-from app.api.responses import BUSY, DATA, INVALID, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
+from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
 from app.schemas_loads import JobOut, PrefetchRequest
 
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[require_data])
 @router.post(
     "/prefetch",
     status_code=202,
-    responses=DATA | NOT_FOUND | RANGE | TOO_LARGE | INVALID | BUSY | NO_SPACE,
+    responses=DATA | NOT_FOUND | RANGE | TOO_LARGE | JSON_BODY | BUSY | NO_SPACE,
 )
 def prefetch(req: PrefetchRequest, loader: LoaderDep) -> JSONResponse:
     """Start warming files up (``gpu``, ``nvme`` or ``page_cache``); returns the job at once.

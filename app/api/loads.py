@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import LoaderDep
-from app.api.responses import BUSY, DATA, INVALID, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
+from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
 from app.schemas_loads import (
     BatchOut,
@@ -21,7 +21,7 @@ from tiering.serving import Lease, LoadItem
 
 router = APIRouter(prefix="/v1", tags=["loads"], dependencies=[require_data])
 
-LOAD_ERRORS = DATA | NOT_FOUND | RANGE | TOO_LARGE | INVALID | BUSY | NO_SPACE
+LOAD_ERRORS = DATA | NOT_FOUND | RANGE | TOO_LARGE | JSON_BODY | BUSY | NO_SPACE
 
 
 def _lease(lease: Lease) -> Response:

@@ -10,7 +10,17 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from app.api.deps import EngineDep
-from app.api.responses import ADMIN, BUSY, CONFLICT, DATA, INVALID, MAX_ID, NO_SPACE, NOT_FOUND
+from app.api.responses import (
+    ADMIN,
+    BUSY,
+    CONFLICT,
+    DATA,
+    INVALID,
+    JSON_BODY,
+    MAX_ID,
+    NO_SPACE,
+    NOT_FOUND,
+)
 from app.auth import require_admin, require_data
 from app.errors import HttpError
 from app.schemas import MigrationList, MigrationOut, MigrationsStarted, MoveRequest
@@ -41,7 +51,15 @@ def _uncursor(cursor: str) -> int:
 @router.post(
     "",
     dependencies=[require_admin],
-    responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY | NO_SPACE,
+    status_code=202,
+    response_model=MigrationsStarted,
+    responses={200: {"model": MigrationsStarted, "description": "wait=true: the moves finished"}}
+    | ADMIN
+    | NOT_FOUND
+    | CONFLICT
+    | JSON_BODY
+    | BUSY
+    | NO_SPACE,
 )
 def start_migrations(
     engine: EngineDep,

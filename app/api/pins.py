@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Path
-
-from app.api.deps import EngineDep
-from app.api.responses import ADMIN, BUSY, CONFLICT, INVALID, MAX_ID, NOT_FOUND
+from app.api.deps import BY_ID, EngineDep, FileId
+from app.api.responses import ADMIN, BUSY, CONFLICT, INVALID, JSON_BODY, NOT_FOUND
 from app.auth import require_admin
 from app.schemas import FileOut, PinRequest
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
-FileId = Annotated[int, Path(ge=1, le=MAX_ID, description="Catalog id of the file")]
-
 
 @router.post(
-    "/{file_id}/pin",
+    BY_ID + "/pin",
     dependencies=[require_admin],
-    responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY,
+    responses=ADMIN | NOT_FOUND | CONFLICT | JSON_BODY | BUSY,
 )
 def pin(engine: EngineDep, file_id: FileId, body: PinRequest | None = None) -> FileOut:
     """Pin the file to ``tier`` (default: the tier it is on). Policy then never moves it except
@@ -30,7 +26,7 @@ def pin(engine: EngineDep, file_id: FileId, body: PinRequest | None = None) -> F
 
 
 @router.delete(
-    "/{file_id}/pin",
+    BY_ID + "/pin",
     dependencies=[require_admin],
     responses=ADMIN | NOT_FOUND | CONFLICT | INVALID | BUSY,
 )

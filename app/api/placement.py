@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Path
-
-from app.api.deps import EngineDep
-from app.api.responses import BUSY, DATA, INVALID, MAX_ID, NOT_FOUND
+from app.api.deps import BY_ID, EngineDep, FileId
+from app.api.responses import BUSY, DATA, INVALID, NOT_FOUND
 from app.auth import require_data
 from app.schemas import DecisionOut
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
-FileId = Annotated[int, Path(ge=1, le=MAX_ID, description="Catalog id of the file")]
 
 
 class PlacementOut(DecisionOut):
@@ -21,7 +17,7 @@ class PlacementOut(DecisionOut):
 
 
 @router.get(
-    "/{file_id}/placement",
+    BY_ID + "/placement",
     dependencies=[require_data],
     responses=DATA | NOT_FOUND | INVALID | BUSY,
 )

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query
 
 from app.api.deps import EngineDep
-from app.api.responses import ADMIN, BUSY, DATA, INVALID, MAX_ID
+from app.api.responses import ADMIN, BUSY, DATA, JSON_BODY, MAX_ID
 from app.auth import require_admin, require_data
 from app.schemas import DecisionOut, PlanExplainOut, PlannedMoveOut, PlanOut, PolicyOut, iso
 from tiering.placement import Policy, decide
@@ -20,6 +20,8 @@ PolicyBody = Annotated[
     Any,
     Body(
         description="A policy document: see GET /v1/policy for its shape and current values",
+        # Any, not a model: Policy.parse names every problem of the document in one 422.
+        json_schema_extra={"type": "object"},
         examples=[
             {
                 "tiers": {
@@ -45,7 +47,7 @@ def get_policy(engine: EngineDep) -> PolicyOut:
     return PolicyOut.of(engine.policy_info())
 
 
-@router.put("", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
+@router.put("", dependencies=[require_admin], responses=ADMIN | JSON_BODY | BUSY)
 def put_policy(engine: EngineDep, document: PolicyBody) -> PolicyOut:
     """Replace the policy (stored as the next version, applied at once). Fields left out take
     their defaults. An invalid document is refused with 422 and a message naming each problem;
@@ -53,10 +55,16 @@ def put_policy(engine: EngineDep, document: PolicyBody) -> PolicyOut:
     return PolicyOut.of(engine.set_policy(document, author="admin"))
 
 
-@router.post("/plan", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)
+@router.post("/plan", dependencies=[require_admin], responses=ADMIN | JSON_BODY | BUSY)
 def plan(
     engine: EngineDep,
-    document: Annotated[Any, Body()] = None,
+    document: Annotated[
+        Any,
+        Body(
+            description="A draft policy to plan with; none: the policy in force",
+            json_schema_extra={"anyOf": [{"type": "object"}, {"type": "null"}]},
+        ),
+    ] = None,
     explain: Annotated[
         Literal["all"] | None,
         Query(description="all: also list the files held back and why (paginated)"),

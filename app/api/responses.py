@@ -22,6 +22,7 @@ __all__ = [
     "CONFLICT",
     "DATA",
     "INVALID",
+    "JSON_BODY",
     "MAX_ID",
     "NOT_FOUND",
     "NO_SPACE",
@@ -57,21 +58,36 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def _err(status: int, description: str) -> Responses:
-    return {status: {"model": ErrorBody, "description": description}}
+def _err(status: int, description: str, headers: dict[str, str] | None = None) -> Responses:
+    """``status`` with the error body, and the headers (name: description) it always carries."""
+    out: dict[str, Any] = {"model": ErrorBody, "description": description}
+    if headers:
+        out["headers"] = {
+            name: {"description": text, "required": True, "schema": {"type": "string"}}
+            for name, text in headers.items()
+        }
+    return {status: out}
 
 
 NOT_FOUND = _err(404, "Not found: no such file, tier, buffer or job")
 CONFLICT = _err(409, "Conflict with the current state (exists, busy, migrating, pinned)")
 BUSY = _err(503, "Unavailable for now (catalog busy, backend down); retry later")
-TOO_MANY = _err(429, "Too many requests in flight; retry later")
+TOO_MANY = _err(
+    429,
+    "Too many requests in flight; retry later",
+    {"Retry-After": "Seconds to wait before retrying"},
+)
 NO_SPACE = _err(507, "Not enough space on the tier or budget on the device")
 RANGE = _err(416, "Range not satisfiable")
 TOO_LARGE = _err(413, "Request too large")
-BAD_REQUEST = _err(400, "Malformed request")
+BAD_REQUEST = _err(400, "Malformed request: a body that cannot be decoded, a bad Content-Length")
 INVALID = _err(422, "Invalid parameters or body")
-AUTH = _err(401, "Missing or invalid bearer token")
+AUTH = _err(401, "Missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
 AUTH_ADMIN = AUTH | _err(403, "The route needs the admin token")
+
+JSON_BODY = BAD_REQUEST | INVALID
+"""What every route that takes a JSON body can answer about it: 400 when the body cannot be
+decoded at all (FastAPI's own answer to bytes that are not UTF-8), 422 when it does not validate."""
 
 DATA = AUTH | TOO_MANY
 """What every data-token route can answer before it runs."""

@@ -291,7 +291,8 @@ def test_fsync_failure_discards_the_upload(client, data_dir: Path, monkeypatch) 
         ("get", "/v1/files/999", 404),
         ("get", "/v1/files/999/content", 404),
         ("delete", "/v1/files/999", 404),
-        ("get", "/v1/files/abc", 422),
+        ("get", "/v1/files/abc", 404),  # ids are digits: no route takes "abc"
+        ("delete", "/v1/files/lookup", 405),  # not a file id either
         ("get", "/v1/files/lookup?path=nope", 404),
         ("get", "/v1/files/lookup?path=../x", 422),
         ("get", "/v1/files?tier=nope", 404),
@@ -405,6 +406,11 @@ def test_flood_gets_429_and_server_stays_up(tmp_path: Path) -> None:
             r = c.get("/v1/tiers")
             assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_requests"
             assert r.headers["retry-after"] == "1"
+            # Like every error body, the 429's names the request (the id of X-Request-ID).
+            assert r.json()["error"]["request_id"] == r.headers["x-request-id"]
+            r = c.get("/v1/tiers", headers={"X-Request-ID": "flood-probe-1"})
+            assert r.status_code == 429 and r.json()["error"]["request_id"] == "flood-probe-1"
+            assert r.headers["x-request-id"] == "flood-probe-1"
             assert c.get("/healthz").status_code == 200
         finally:
             release.set()
