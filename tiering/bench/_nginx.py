@@ -30,7 +30,8 @@ from xml.sax.saxutils import escape
 
 __all__ = ["NGINX", "NginxServer", "OriginUnavailable", "nginx_etag", "publish_listing", "serve"]
 
-NGINX = Path("/usr/sbin/nginx")
+# TIERD_NGINX: another nginx binary (e.g. one unpacked with dpkg -x on a machine without apt).
+NGINX = Path(os.environ.get("TIERD_NGINX", "/usr/sbin/nginx"))
 BUCKET = "tierd-bench"
 _PAGE = 1000  # keys per ListObjectsV2 page, as S3 gives
 
