@@ -126,9 +126,9 @@ class GdsConfig:
     gather_threads: int = 16
     cold_threshold: float = 0.5
     remote_threads: int = 16
-    remote_piece_size: int = 32 * MiB
-    remote_pieces: int = 4
-    remote_stagings: int = 4
+    remote_piece_size: int = 64 * MiB
+    remote_pieces: int = 8
+    remote_stagings: int = 2
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:

@@ -26,7 +26,7 @@ def make_tier(config: TierConfig, rank: int) -> Tier:
         tuning: dict[str, int] = {}
         if config.part_size is not None:
             tuning["part_size"] = tuning["read_size"] = config.part_size
-            tuning["readahead_bytes"] = 8 * config.part_size
+            tuning["readahead_bytes"] = (config.connections or 64) * config.part_size
         if config.connections is not None:
             tuning["workers"] = config.connections
         tier: Tier = ObjectTier(config, rank, **tuning)
