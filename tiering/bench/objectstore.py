@@ -227,7 +227,8 @@ def _tierd_load(run: ObjRun, eng: Engine, fid: int) -> None:
 
         def check(lease: Any) -> None:
             if lease.report is not None:
-                paths.add(str(lease.report.io_path))
+                engine = lease.report.engine
+                paths.add(f"{lease.report.io_path}" + (f" by {engine}" if engine else ""))
             arr = lease.buffer.array()
             try:
                 got = checksum_of_array(arr[lease.offset : lease.offset + lease.nbytes])

@@ -21,13 +21,17 @@ transfer primitive hands every read of such a file to :class:`RemoteReads`:
   wanted), then put in request order in host memory; nothing is memory-mapped and the
   object is never downloaded whole.
 
-Every read is counted under the I/O path ``remote`` and the file's tier. The place to plug in
-a faster engine for objects (KvikIO's ``RemoteFile``, libcurl with its own threads) is
-:meth:`RemoteReads.read`: it gets the whole list of ranges of a call at once.
+Every read is counted under the I/O path ``remote`` and the file's tier. A file whose source
+can presign a URL (an object) is read by KvikIO's ``RemoteFile`` instead where KvikIO is
+installed (:mod:`tiering.io._remote_kvikio`: libcurl on KvikIO's C++ threads, straight into
+the destination, the ETag checked by a HEAD after the read); :meth:`RemoteReads.read` gets the
+whole list of ranges of a call at once and picks the engine (``GdsConfig.remote_backend``).
+The report's ``engine`` says which one moved the bytes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from tiering.errors import IntegrityError, InvalidInput
+from tiering.errors import IntegrityError, InvalidInput, StorageError
 from tiering.tiers import Source
 
 from ._backends import Staging, _host_view
@@ -45,6 +49,7 @@ from ._config import GdsConfig
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
+from ._remote_kvikio import KvikioFailed, KvikioHandle, KvikioRemote
 from ._stats import IoReport, Stats
 
 __all__ = ["Fill", "RemoteFile", "RemoteReads", "Segment", "coalesce_rows"]
@@ -54,6 +59,8 @@ Segment = tuple[int, int, int]
 
 Fill = Callable[[np.ndarray, np.ndarray], None]
 """``fill(idx, out)``: rows ``idx`` of a matrix file, in order, into host ``out`` (n x row)."""
+
+log = logging.getLogger("tiering.io")
 
 #: Gaps between wanted rows up to this many bytes are read through rather than split into
 #: another request (a request costs a round trip; a connection moves ~1 MiB in that time).
@@ -89,11 +96,13 @@ class RemoteFile(GdsFile):
             owner=owner,
         )
         self.source = source
+        self.kvikio = KvikioHandle()
 
     def _rows(self, populate: bool) -> np.ndarray:
         raise InvalidInput(f"{self.path} is remote: it has no memory map")
 
     def _release(self) -> None:
+        self.kvikio.drop()
         self.source.close()
 
     def read_bytes(self, n: int, offset: int) -> bytes:
@@ -195,8 +204,16 @@ class _StagingPool:
 class RemoteReads:
     """The reads of remote files for one storage (one device); see the module docstring."""
 
-    def __init__(self, device: Device, config: GdsConfig, stats: Stats, pools: Pools) -> None:
+    def __init__(
+        self,
+        device: Device,
+        config: GdsConfig,
+        stats: Stats,
+        pools: Pools,
+        grow_pool: Callable[[int], None] | None = None,
+    ) -> None:
         self._device = device
+        self._kvikio = KvikioRemote(config, grow_pool)
         self._piece = config.remote_piece_size
         self._stats = stats
         self._pools = pools
@@ -213,19 +230,50 @@ class RemoteReads:
         nbytes = sum(n for _, n, _ in segments)
         started = self._stats.begin(file.io_path, file.tier_key)
         ok = False
+        engine = "python"
         try:
-            if nbytes:
-                if isinstance(dst, np.ndarray):
-                    self.to_host(file, dst, segments)
-                else:
-                    self._to_device(file, dst, segments)
+            if nbytes and self._by_kvikio(file, dst, segments, nbytes):
+                engine = "kvikio"
+            elif nbytes and isinstance(dst, np.ndarray):
+                self._python_to_host(file, dst, segments)
+            elif nbytes:
+                self._to_device(file, dst, segments)
             ok = True
         finally:
             seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
-        return IoReport(nbytes, file.io_path, file.tier_key, seconds)
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine)
+
+    def _by_kvikio(
+        self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int
+    ) -> bool:
+        """Read through KvikIO when it applies; False when the Python path must (or, after a
+        failure of KvikIO under ``auto``, should) read instead. FileChanged propagates."""
+        source = self._kvikio.usable(file.source, nbytes)
+        if source is None:
+            return False
+        if not isinstance(dst, np.ndarray):
+            self._device.make_current()
+        try:
+            self._kvikio.read(file, source, dst, segments)
+        except KvikioFailed as exc:
+            if self._kvikio.strict:
+                raise StorageError(
+                    f"{file.path}: KvikIO remote read failed: {exc}", tier=file.tier_key
+                ) from exc
+            log.warning("tiering.io: %s: KvikIO read failed (%s); reading again from Python",
+                        file.path, exc)  # fmt: skip
+            return False
+        return True
 
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""
+        nbytes = sum(n for _, n, _ in segments)
+        if nbytes and not self._by_kvikio(file, dst, segments, nbytes):
+            self._python_to_host(file, dst, segments)
+
+    def _python_to_host(
+        self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]
+    ) -> None:
         view = _host_view(dst)
         parts = _split(segments, self._piece)
         if len(parts) == 1:

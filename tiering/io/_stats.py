@@ -36,6 +36,9 @@ class IoReport:
     tier: str
     seconds: float
     cold: bool = False
+    #: The engine that moved the bytes where a path has several: ``remote`` reads are
+    #: ``"kvikio"`` (KvikIO's RemoteFile) or ``"python"`` (tierd's ranged GETs); else None.
+    engine: str | None = None
 
     @property
     def gbps(self) -> float:

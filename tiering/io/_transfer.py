@@ -50,7 +50,9 @@ class Transfer:
         self._backend = backend
         self._stats = stats
         self._pools = pools
-        self.remote = RemoteReads(device, config, stats, pools)
+        self.remote = RemoteReads(
+            device, config, stats, pools, getattr(backend, "ensure_pool", None)
+        )
         # Hot GPU loads go through KvikIO's C++ thread pool (see KvikioBackend.read_pooled);
         # cold ones through tierd's threads with cold_io's few large requests.
         self._pooled = device.is_cuda and hasattr(backend, "read_pooled")

@@ -135,11 +135,58 @@ class ObjectSource(Source):
 
     def unchanged(self) -> bool:
         """The key still holds the ETag and size that were opened."""
+        return self._head_matches() is not None
+
+    def _head_matches(self) -> dict[str, Any] | None:
+        """The HEAD of the key when it still holds the ETag and size opened, else None."""
         head = self.store.head(self.key)
         if head is None:
-            return False
+            return None
         now = self.store.stat_of(head)
-        return (now.version, now.size) == (self.stat.version, self.stat.size)
+        same = (now.version, now.size) == (self.stat.version, self.stat.size)
+        return head if same else None
+
+    # -- reads by other engines (KvikIO's RemoteFile) ----------------------------------------
+    def url(self, expires_s: int) -> str:
+        """A presigned GET URL of the object, valid for ``expires_s`` seconds.
+
+        It lets an engine that knows no AWS credentials (libcurl in KvikIO's ``RemoteFile``)
+        read the object with plain ranged GETs, whatever link of the AWS chain (environment,
+        shared files, instance role) boto3 found the credentials in, on any S3-protocol store.
+        Query-string auth signs the host only, so any ``Range`` header may be sent. Such a
+        reader cannot send ``If-Match``: it must call :meth:`check_unchanged` once its bytes
+        are in. Where the bucket keeps versions the URL names the version opened (when the
+        HEAD now still shows the ETag opened), so those bytes are exactly the ones opened.
+        """
+        params: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.key}
+        head = self._head_matches()  # a replaced object gets no URL
+        if head is None:
+            raise self.store._changed(self.key, self.stat.version)
+        vid = head.get("VersionId")
+        if vid and vid != "null":
+            params["VersionId"] = str(vid)
+        return str(
+            self.store.call(
+                "presign a read of",
+                self.store.url_of(self.key),
+                self.store.client.generate_presigned_url,
+                ClientMethod="get_object",
+                Params=params,
+                ExpiresIn=int(expires_s),
+            )
+        )
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`~tiering.errors.FileChanged` unless the key still holds the ETag and
+        size opened: the check after a read that could not send ``If-Match``.
+
+        S3 objects are immutable per version, so the bytes of one GET are of one version; a
+        read made of many GETs mixes two only if the key was overwritten during it, and then
+        this HEAD, sent after the last GET ended, shows the new ETag (S3 reads after writes
+        are strongly consistent). The caller discards its buffer.
+        """
+        if self._head_matches() is None:
+            raise self.store._changed(self.key, self.stat.version)
 
 
 def _settle(futures: list[Future[Any]]) -> list[Any]:

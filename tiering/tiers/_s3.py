@@ -150,6 +150,9 @@ def make_client(
         tcp_keepalive=True,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
+        # SigV4 everywhere, presigned URLs included (botocore would presign with SigV2, which
+        # newer regions and many S3-compatible stores refuse).
+        signature_version="s3v4",
         # Path-style works with every S3-compatible server and with dotted bucket names.
         s3={"addressing_style": "path"} if endpoint_url else None,
     )
