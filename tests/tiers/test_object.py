@@ -337,7 +337,7 @@ def test_reads_survive_503_resets_and_broken_bodies(
         fault_proxy.fail("slowdown", method="GET", header="Range", nth=6),
         fault_proxy.fail("truncate", method="GET", header="Range", nth=9),
     ]
-    tier = via_proxy(make_object_tier, fault_proxy)
+    tier = via_proxy(make_object_tier, fault_proxy, read_engine="boto3")
     with tier.open("retry/down.bin") as src:
         buf = bytearray(len(data))
         assert src.readinto(memoryview(buf), 0) == len(data)
@@ -412,3 +412,54 @@ def test_the_check_client_does_not_retry_for_long(
 def test_raw_client_helper_is_closed(moto_endpoint: str) -> None:
     client = raw_client(moto_endpoint, key=ACCESS_KEY)
     client.close()
+
+
+# -- the promotion's reader: KvikIO's RemoteFile where installed --------------------------------
+def test_read_engine_is_validated(make_object_tier: Make) -> None:
+    with pytest.raises(ValueError, match="read_engine"):
+        make_object_tier(read_engine="curl")
+    try:
+        import kvikio.remote_file as rf
+
+        usable = rf.is_remote_file_available()
+    except ImportError:
+        usable = False
+    if not usable:  # asked for by name where it cannot run: refused when the tier is made
+        with pytest.raises(ValueError, match="kvikio"):
+            make_object_tier(read_engine="kvikio")
+
+
+def kvikio_tier(make_object_tier: Make, **kwargs: Any) -> Any:
+    rf = pytest.importorskip("kvikio.remote_file", reason="needs KvikIO (the GPU machine)")
+    if not rf.is_remote_file_available():
+        pytest.skip("this KvikIO has no remote I/O")
+    return make_object_tier(read_engine="kvikio", **kwargs)
+
+
+def test_chunks_through_kvikio(make_object_tier: Make, s3_client: Any, s3_bucket: str) -> None:
+    tier = kvikio_tier(make_object_tier)
+    data = os.urandom(7 * PART + 5)
+    put(tier, "k.bin", data)
+    with tier.open("k.bin") as src:
+        assert b"".join(bytes(c) for c in src.chunks(PART // 2)) == data
+        assert src.unchanged()
+        s3_client.put_object(Bucket=s3_bucket, Key="pre/k.bin", Body=os.urandom(len(data)))
+        with pytest.raises(FileChanged):  # the URL is presigned only for the version opened
+            b"".join(src.chunks(PART))
+        assert not src.unchanged()
+
+
+def test_kvikio_blocks_that_fail_are_read_again_by_botocore(
+    make_object_tier: Make, fault_proxy: FaultProxy
+) -> None:
+    data = os.urandom(6 * PART + 1)
+    put(make_object_tier("direct"), "retry/kv.bin", data)
+    rules = [
+        fault_proxy.fail("truncate", method="GET", header="Range", nth=2),
+        fault_proxy.fail("reset", method="GET", header="Range", nth=4),
+        fault_proxy.fail("500", method="GET", header="Range", nth=5),
+    ]
+    tier = kvikio_tier(make_object_tier, endpoint_url=fault_proxy.url)
+    with tier.open("retry/kv.bin") as src:
+        assert b"".join(bytes(c) for c in src.chunks(PART)) == data
+    assert all(r.fired == 1 for r in rules), [(r.action, r.fired) for r in rules]

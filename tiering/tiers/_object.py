@@ -57,6 +57,9 @@ class ObjectTier(Tier):
       promotion): ``readahead_bytes // read_size`` GETs in flight, that many buffers plus one.
     - ``workers``: threads of the tier's one pool, shared by every reader and writer of the
       tier; the connection pool has room for them and for the callers' own requests.
+    - ``read_engine``: what reads an object in order for a promotion: ``"auto"`` (KvikIO's
+      ``RemoteFile`` where it is installed with remote I/O, else botocore), ``"kvikio"`` or
+      ``"boto3"`` (see :mod:`._object_reads`).
     - ``max_attempts``: tries per request (botocore's standard retry mode; ours for a GET body
       that breaks after its headers).
     - ``connect_timeout``, ``read_timeout``: seconds, per attempt; ``check_timeout``: both, for
@@ -79,6 +82,7 @@ class ObjectTier(Tier):
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
         check_timeout: float = 3.0,
+        read_engine: str = "auto",
     ) -> None:
         super().__init__(config, rank)
         self.store = S3Store(
@@ -92,6 +96,7 @@ class ObjectTier(Tier):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             check_timeout=check_timeout,
+            read_engine=read_engine,
         )
         self.bucket = self.store.bucket
         self.prefix = self.store.prefix

@@ -29,6 +29,7 @@ from tiering.errors import (
     TierdError,
 )
 from tiering.tiers._base import Published, Source, Stat, Tier, Writer
+from tiering.tiers._object_reads import Blocks, BotoBlocks, KvikioBlocks, kvikio_remote
 from tiering.tiers._s3 import error_code, error_status, translate
 from tiering.tiers._store import META_CHECKSUM, S3Store
 
@@ -92,11 +93,15 @@ class ObjectSource(Source):
         return self.readinto(buf, offset)
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
-        """The object in order, with a window of ranged GETs in flight ahead of the reader.
+        """The object in order, with a window of ranged reads in flight ahead of the reader.
 
-        Blocks are a whole number of chunks (at least one read part), fetched into a ring of
+        Blocks are a whole number of chunks (at least one read part), read into a ring of
         ``window + 1`` buffers: while the caller holds a chunk of block ``i``, blocks ``i+1``
-        to ``i+window`` are being fetched into the other buffers.
+        to ``i+window`` are being read into the other buffers. The reads go through KvikIO's
+        ``RemoteFile`` where the tier's ``read_engine`` allows it (libcurl's threads leave the
+        GIL to the consumer, which hashes and writes), else through botocore on the tier's
+        pool with ``If-Match``. KvikIO's reads cannot send ``If-Match``: the caller checks
+        :meth:`unchanged` after the last chunk, as the mover does.
         """
         size = self.stat.size
         if size == 0:
@@ -105,22 +110,20 @@ class ObjectSource(Source):
         nblocks = -(-size // block)
         window = min(nblocks, max(2, self.store.readahead_bytes // block))
         ring = [bytearray(min(block, size)) for _ in range(min(nblocks, window + 1))]
-        inflight: deque[Future[None]] = deque()
+        reader = self._block_reader()
+        inflight: deque[tuple[Any, int, int]] = deque()
 
         def fetch(i: int) -> None:
             start = i * block
             view = memoryview(ring[i % len(ring)])[: min(block, size - start)]
-            inflight.append(
-                self.store.pool.submit(
-                    self.store.get_into, self.key, self.stat.version, view, start
-                )
-            )
+            inflight.append((reader.read(view, start), len(view), start))
 
         try:
             for i in range(window):
                 fetch(i)
             for i in range(nblocks):
-                inflight.popleft().result()
+                handle, n, start = inflight.popleft()
+                reader.wait(handle, n, start)
                 if i + window < nblocks:
                     fetch(i + window)
                 length = min(block, size - i * block)
@@ -128,10 +131,24 @@ class ObjectSource(Source):
                 for off in range(0, length, chunk_size):
                     yield view[off : off + chunk_size]
         finally:
-            # No fetch may still be writing into a buffer once the generator is gone.
-            for fut in inflight:
-                fut.cancel()
-            wait(inflight)
+            # No read may still be writing into a buffer once the generator is gone.
+            reader.drain(inflight)
+            reader.close()
+
+    def _block_reader(self) -> Blocks:
+        boto = BotoBlocks(self.store, self.key, self.stat.version)
+        kvikio = kvikio_remote(self.store.read_engine, self.store.workers)
+        if kvikio is not None:
+            try:
+                return KvikioBlocks(kvikio, self.url(3600), self.stat.size, boto)
+            except TierdError:
+                raise  # FileChanged: the object was replaced since it was opened
+            except Exception as exc:
+                if self.store.read_engine == "kvikio":
+                    raise OSError(f"KvikIO could not open {self.relpath!r}: {exc}") from exc
+                log.warning("reading %r with botocore: KvikIO failed to open it: %s",
+                            self.relpath, exc)  # fmt: skip
+        return boto
 
     def unchanged(self) -> bool:
         """The key still holds the ETag and size that were opened."""

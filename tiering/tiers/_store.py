@@ -19,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.config import TierConfig
 from tiering.errors import FileChanged, TierUnavailable
 from tiering.tiers._base import Stat
+from tiering.tiers._object_reads import ENGINES, kvikio_remote
 from tiering.tiers._s3 import (
     STREAM_ERRORS,
     backoff,
@@ -63,17 +64,27 @@ class S3Store:
         connect_timeout: float,
         read_timeout: float,
         check_timeout: float,
+        read_engine: str = "auto",
     ) -> None:
         self.name = config.name
         self.bucket, self.prefix = parse_url(config.name, config.url)
         self.endpoint_url = parse_endpoint(config.name, config.endpoint_url)
         self.region = config.region
+        if read_engine not in ENGINES:
+            raise ValueError(f"tier {config.name!r}: read_engine must be one of {ENGINES}")
         if min(part_size, read_size, parts_in_flight, workers, max_attempts) < 1:
             raise ValueError(f"tier {config.name!r}: sizes and counts must be positive")
         self.part_size = part_size
         self.parts_in_flight = parts_in_flight
         self.read_size = read_size
         self.readahead_bytes = readahead_bytes
+        self.workers = workers
+        self.read_engine = read_engine
+        if read_engine == "kvikio":  # asked for by name: refuse now, not at the first move
+            try:
+                kvikio_remote(read_engine, workers)
+            except ImportError as exc:
+                raise ValueError(f"tier {config.name!r}: {exc}") from exc
         self.max_attempts = max_attempts
         self.check_timeout = check_timeout
         self.client: Any = make_client(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from tiering.config import TierConfig
 from tiering.errors import TierNotFound
@@ -23,7 +24,7 @@ def make_tier(config: TierConfig, rank: int) -> Tier:
         # boto3 is imported only by deployments that have an object-store tier.
         from tiering.tiers._object import ObjectTier
 
-        tuning: dict[str, int] = {}
+        tuning: dict[str, Any] = {}
         if config.part_size is not None:
             tuning["part_size"] = tuning["read_size"] = config.part_size
             tuning["readahead_bytes"] = (config.connections or 64) * config.part_size
