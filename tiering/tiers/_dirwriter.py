@@ -18,6 +18,7 @@ from typing import Protocol, cast
 
 from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
 from tiering.tiers._base import Published, Stat, Tier, Writer
+from tiering.tiers._writeback import WRITEBACK_STEP, start_writeback
 from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
 
 
@@ -88,6 +89,7 @@ class DirectoryWriter(Writer):
         dirs, self.name = split_relpath(relpath)
         self.temp_name = f".{temp_stem or 'w-' + secrets.token_hex(8)}{TEMP_SUFFIX}"
         self.size = 0
+        self._written_back = 0  # bytes handed to start_writeback so far
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
         self._hasher = Hasher()
@@ -161,6 +163,9 @@ class DirectoryWriter(Writer):
             raise
         self._hasher.update(data)
         self.size += len(data)
+        if self.size - self._written_back >= WRITEBACK_STEP:
+            start_writeback(self._fd, self._written_back, self.size - self._written_back)
+            self._written_back = self.size
 
     def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
         """fsync the temp file (after setting its mode and times, when given); idempotent.
