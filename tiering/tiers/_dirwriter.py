@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Protocol, cast
 
@@ -31,6 +32,10 @@ class _Root(Protocol):
 __all__ = ["DirectoryWriter", "stat_of", "write_all"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: Writes at least this large are hashed on a second thread while ``os.write`` copies them
+#: (both release the GIL). On the H100 machine one thread hashing (7.5 GB/s) then writing
+#: (2.4 GB/s with writeback) held a promotion to 1.8 GB/s; side by side it is the disk's rate.
+_HASH_BESIDE = 1 << 20
 
 
 def stat_of(st: os.stat_result) -> Stat:
@@ -90,6 +95,7 @@ class DirectoryWriter(Writer):
         self.temp_name = f".{temp_stem or 'w-' + secrets.token_hex(8)}{TEMP_SUFFIX}"
         self.size = 0
         self._written_back = 0  # bytes handed to start_writeback so far
+        self._hash_thread: ThreadPoolExecutor | None = None  # made at the first large write
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
         self._hasher = Hasher()
@@ -153,6 +159,11 @@ class DirectoryWriter(Writer):
                 tier=self.tier.name,
                 limit=self.limit,
             )
+        hashed = None
+        if len(data) >= _HASH_BESIDE:
+            if self._hash_thread is None:
+                self._hash_thread = ThreadPoolExecutor(1, thread_name_prefix="tierd-hash")
+            hashed = self._hash_thread.submit(self._hasher.update, data)
         try:
             write_all(self._fd, data)
         except OSError as exc:
@@ -161,7 +172,11 @@ class DirectoryWriter(Writer):
                     f"tier {self.tier.name} is out of space", tier=self.tier.name
                 ) from exc
             raise
-        self._hasher.update(data)
+        finally:
+            if hashed is not None:
+                hashed.result()  # the caller may reuse ``data`` once write() returns
+        if hashed is None:
+            self._hasher.update(data)
         self.size += len(data)
         if self.size - self._written_back >= WRITEBACK_STEP:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
@@ -239,6 +254,9 @@ class DirectoryWriter(Writer):
             os.unlink(self.temp_name, dir_fd=self._dirfd)
 
     def _close_dir(self) -> None:
+        if self._hash_thread is not None:
+            self._hash_thread.shutdown()
+            self._hash_thread = None
         if self._dirfd >= 0:
             os.close(self._dirfd)
             self._dirfd = -1

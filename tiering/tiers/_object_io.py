@@ -109,8 +109,12 @@ class ObjectSource(Source):
         block = chunk_size * max(1, -(-self.store.read_size // chunk_size))
         nblocks = -(-size // block)
         window = min(nblocks, max(2, self.store.readahead_bytes // block))
-        ring = [bytearray(min(block, size)) for _ in range(min(nblocks, window + 1))]
-        reader = self._block_reader()
+        ring = self.store.rings.take(min(nblocks, window + 1), min(block, size))
+        try:
+            reader = self._block_reader()
+        except BaseException:
+            self.store.rings.give(ring)
+            raise
         inflight: deque[tuple[Any, int, int]] = deque()
 
         def fetch(i: int) -> None:
@@ -134,6 +138,7 @@ class ObjectSource(Source):
             # No read may still be writing into a buffer once the generator is gone.
             reader.drain(inflight)
             reader.close()
+            self.store.rings.give(ring)  # no read lands in it any more
 
     def _block_reader(self) -> Blocks:
         boto = BotoBlocks(self.store, self.key, self.stat.version)

@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.config import TierConfig
 from tiering.errors import FileChanged, TierUnavailable
 from tiering.tiers._base import Stat
-from tiering.tiers._object_reads import ENGINES, kvikio_remote
+from tiering.tiers._object_reads import ENGINES, Rings, kvikio_remote
 from tiering.tiers._s3 import (
     STREAM_ERRORS,
     backoff,
@@ -79,6 +79,7 @@ class S3Store:
         self.read_size = read_size
         self.readahead_bytes = readahead_bytes
         self.workers = workers
+        self.rings = Rings(readahead_bytes + read_size)  # a promotion's ring, kept for the next
         self.read_engine = read_engine
         if read_engine == "kvikio":  # asked for by name: refuse now, not at the first move
             try:
