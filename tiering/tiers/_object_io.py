@@ -141,7 +141,8 @@ class ObjectSource(Source):
             self.store.rings.give(ring)  # no read lands in it any more
 
     def _block_reader(self) -> Blocks:
-        boto = BotoBlocks(self.store, self.key, self.stat.version)
+        store, key, version = self.store, self.key, self.stat.version
+        boto = BotoBlocks(lambda view, at: store.get_into(key, version, view, at), store.pool)
         kvikio = kvikio_remote(self.store.read_engine, self.store.workers)
         if kvikio is not None:
             try:

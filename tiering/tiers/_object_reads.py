@@ -22,14 +22,12 @@ import importlib
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future, wait
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, wait
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from tiering.tiers._store import S3Store
 
 __all__ = ["ENGINES", "Blocks", "BotoBlocks", "KvikioBlocks", "Rings", "kvikio_remote"]
 
@@ -127,13 +125,14 @@ class Blocks:
 
 
 class BotoBlocks(Blocks):
-    """Ranged GETs at the ETag opened, on the tier's pool."""
+    """Ranged GETs on the tier's pool: ``get_into(view, offset)`` fills ``view`` from
+    ``offset`` at the ETag opened (``If-Match``, retries, resumed bodies)."""
 
-    def __init__(self, store: S3Store, key: str, version: Any) -> None:
-        self.store, self.key, self.version = store, key, version
+    def __init__(self, get_into: Callable[[memoryview, int], None], pool: Executor) -> None:
+        self.get_into, self.pool = get_into, pool
 
     def read(self, view: memoryview, offset: int) -> Future[None]:
-        return self.store.pool.submit(self.store.get_into, self.key, self.version, view, offset)
+        return self.pool.submit(self.get_into, view, offset)
 
     def wait(self, handle: Any, n: int, offset: int) -> None:
         handle.result()
@@ -169,7 +168,7 @@ class KvikioBlocks(Blocks):
             log.info("KvikIO read at offset %d failed (%s); reading it with botocore", offset, exc)
             got = -1
         if got != n:
-            self.fallback.store.get_into(self.fallback.key, self.fallback.version, view, offset)
+            self.fallback.get_into(view, offset)
 
     def drain(self, inflight: deque[tuple[Any, int, int]]) -> None:
         for (future, _), _, _ in inflight:
