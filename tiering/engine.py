@@ -238,13 +238,13 @@ class Engine:
             raise Unavailable("the engine is not open")
         return self._files
 
-    def open_content(self, file_id: int) -> Content:
+    def open_content(self, file_id: int, *, trust_catalog: bool = False) -> Content:
         """Open a file's bytes for reading and count one access.
 
         The fd keeps reading the bytes it opened whatever a migration does meanwhile (see
-        :meth:`tiering.moves.FileOps.open_content`).
+        :meth:`tiering.moves.FileOps.open_content`, and its ``trust_catalog``).
         """
-        content = self._file_ops.open_content(file_id)
+        content = self._file_ops.open_content(file_id, trust_catalog=trust_catalog)
         assert self.access is not None
         self.access.record(content.record.id)
         return content

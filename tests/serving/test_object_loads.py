@@ -281,7 +281,7 @@ def test_an_object_changed_behind_tierds_back_is_never_served(
     with storage.open_source(s3eng.open_content(fid).source, tier="s3", rank=1) as f:
         assert _host(storage.read(f, 0, 10).array).tobytes() == data[:10]
         put_object("c/w.bin", b"c" * SIZE)
-        with pytest.raises(FileChanged, match="replaced or removed behind tierd's back"):
+        with pytest.raises(FileChanged, match="changed behind tierd's back"):
             storage.read(f)
     assert loader.stats().by_path["remote"].operations_failed >= 1
 

@@ -23,7 +23,7 @@ from tiering.errors import (
     TooLarge,
 )
 from tiering.moves.concurrency import FileGuards
-from tiering.tiers import Source, Tier, Tiers, Writer
+from tiering.tiers import Source, Stat, Tier, Tiers, Writer
 from tiering.tiers.paths import validate_relpath
 
 __all__ = ["READ_CHUNK", "Content", "FileOps", "Upload"]
@@ -203,7 +203,7 @@ class FileOps:
         self.default_tier = default_tier
         self.max_upload_bytes = max_upload_bytes
 
-    def open_content(self, file_id: int) -> Content:
+    def open_content(self, file_id: int, *, trust_catalog: bool = False) -> Content:
         """Open a file's bytes for reading (counting the access is the caller's job).
 
         The source keeps reading the bytes it opened if a migration switches the file
@@ -211,13 +211,22 @@ class FileOps:
         switch, and read at its ETag). If the catalog moved the file between our read of
         the record and the open (the source is unlinked only after the switch commits), the
         record is read again; only a record that did not change is reported missing.
+
+        ``trust_catalog``: open with the size, time and ETag the catalog recorded, so a tier
+        whose reads are conditional on the ETag sends no request to open (an object tier's
+        HEAD: a small load is one request, not two). A file changed or removed behind tierd's
+        back then fails at its first read, not here; callers that must fail before they answer
+        (a streamed HTTP body) leave it off, and loads, which answer after reading, turn it on.
         """
         rec = self.catalog.get(file_id, cached=True)
         for _ in range(8):
             if rec.state == FileState.MISSING:
                 raise FileNotFound(f"file {file_id} ({rec.relpath}) is missing on disk")
             try:
-                source = self.tiers.get(rec.tier).open(rec.relpath, etag=rec.etag)
+                known = None
+                if trust_catalog:
+                    known = Stat(rec.size, rec.mtime_ns, rec.etag or "", checksum=rec.checksum)
+                source = self.tiers.get(rec.tier).open(rec.relpath, etag=rec.etag, known=known)
             except FileNotFound:
                 again = self.catalog.get(file_id)
                 if (again.tier, again.generation) == (rec.tier, rec.generation):

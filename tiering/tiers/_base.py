@@ -271,11 +271,15 @@ class Tier(abc.ABC):
 
     # -- files -------------------------------------------------------------------------------
     @abc.abstractmethod
-    def open(self, relpath: str, *, etag: str | None = None) -> Source:
+    def open(self, relpath: str, *, etag: str | None = None, known: Stat | None = None) -> Source:
         """Open a file for ranged reads.
 
         ``etag``: the version the catalog recorded; a file whose version differs raises
         :class:`~tiering.errors.FileChanged` (backends without ETags ignore it).
+        ``known``: the size and time the catalog recorded with that ``etag``. A backend whose
+        every read is conditional on the ETag may trust it instead of asking the store (an
+        object tier then sends no HEAD: a small load is one request, not two), and a changed
+        file raises :class:`~tiering.errors.FileChanged` at the first read instead.
         Raises :class:`~tiering.errors.FileNotFound` or :class:`~tiering.errors.InvalidPath`.
         """
 

@@ -175,7 +175,9 @@ class DirectoryTier(Tier):
             raise InvalidPath(f"path {relpath!r} is not a regular file")
         return fd, st
 
-    def open(self, relpath: str, *, etag: str | None = None) -> DirectorySource:
+    def open(
+        self, relpath: str, *, etag: str | None = None, known: Stat | None = None
+    ) -> DirectorySource:
         fd, st = self.open_read(relpath)
         return DirectorySource(self, relpath, fd, st)
 

@@ -152,8 +152,15 @@ class ObjectTier(Tier):
         return Space(None, None, UNBOUNDED)
 
     # -- files -------------------------------------------------------------------------------
-    def open(self, relpath: str, *, etag: str | None = None) -> ObjectSource:
+    def open(
+        self, relpath: str, *, etag: str | None = None, known: Stat | None = None
+    ) -> ObjectSource:
         key = self.store.key(relpath)
+        if etag is not None and known is not None:
+            # Every GET sends If-Match with this ETag: the HEAD would only repeat that check.
+            version = strip_etag(etag)
+            st = Stat(known.size, known.mtime_ns, version, checksum=known.checksum, etag=version)
+            return ObjectSource(self, self.store, relpath, key, st)
         head = self.store.head(key)
         if head is None:
             raise FileNotFound(f"no object {relpath!r} in tier {self.name}", path=relpath)

@@ -194,7 +194,7 @@ class S3Store:
     def _changed(self, key: str, version: str) -> FileChanged:
         relpath = self.relpath_of(key)
         return FileChanged(
-            f"{relpath!r} in tier {self.name} was replaced or removed behind tierd's back: "
+            f"{relpath!r} in tier {self.name} changed behind tierd's back (replaced or removed): "
             f"it no longer has ETag {version}",
             path=relpath,
             etag=version,
