@@ -61,7 +61,20 @@ RateOpt = Annotated[
 ObjectsOpt = Annotated[
     int, typer.Option("--objects", help="Tiny objects adopted by the adoption figure.", min=1)
 ]
-_OBJECT_STORE_ONLY = ("origin", "rate", "objects")
+ConnectionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--connections",
+        help="Requests in flight of the s3 tier (its connections) and of every peer alike; "
+        "default: the tier's own (64), 64 for the peers.",
+        min=1,
+        max=1024,
+    ),
+]
+SamplesOpt = Annotated[
+    int, typer.Option("--samples", help="4 KiB reads per latency figure (p50, p99).", min=1)
+]
+_OBJECT_STORE_ONLY = ("origin", "rate", "objects", "connections", "samples")
 # The mover's default source: the system temp directory, usually a disk beside /dev/shm.
 _TMP = Path(tempfile.gettempdir())
 
@@ -129,6 +142,8 @@ def bench(
     origin: OriginOpt = "moto",
     rate: RateOpt = "100MB",
     objects: ObjectsOpt = 10_000,
+    connections: ConnectionsOpt = None,
+    samples: SamplesOpt = 200,
     json_path: JsonOpt = None,
 ) -> None:
     """Measure this host's ceilings, the usual baselines and tierd's paths, in one run.
@@ -145,7 +160,9 @@ def bench(
             )
         return
     if object_store:
-        bench_object_store(size, device, directory, repeats, origin, rate, objects, json_path)
+        bench_object_store(
+            size, device, directory, repeats, origin, rate, objects, connections, samples, json_path
+        )
         return
     stray = _from_command_line(ctx, _OBJECT_STORE_ONLY)
     if stray:
@@ -265,9 +282,12 @@ def bench_object_store(
     origin: OriginOpt = "moto",
     rate: RateOpt = "100MB",
     objects: ObjectsOpt = 10_000,
+    connections: ConnectionsOpt = None,
+    samples: SamplesOpt = 200,
     json_path: JsonOpt = None,
 ) -> None:
-    """The object-store tier: promotion, demotion, loads and adoption against S3 clients."""
+    """The object-store tier against S3 clients: promotion, demotion, loads into cuda and cpu
+    (in process and over REST), 4 KiB reads, serving while it streams, adoption."""
     from tiering.bench.objectstore import OriginUnavailable, run
 
     nbytes, cap = _size(size, minimum=1 << 20), _rate(rate)
@@ -279,6 +299,8 @@ def bench_object_store(
             repeats=repeats,
             rate=cap,
             objects=objects,
+            connections=connections,
+            samples=samples,
             directory=directory,
             say=progress(),
         )

@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,16 +26,27 @@ from ._origin import Origin
 from ._report import BenchRow, Report, format_value
 
 __all__ = [
+    "CONNECTIONS",
+    "PART",
+    "SWEEP",
     "BytesMismatch",
     "ObjRun",
     "check_bytes",
     "checksum_of_array",
     "checksum_of_file",
+    "cpu_of",
     "fsync_path",
     "write_source",
 ]
 
 T = TypeVar("T")
+
+#: Requests in flight of the peers (ranged GETs by hand, obstore, KvikIO's pool) unless the run
+#: names its own (``--connections``), and the size of one ranged GET.
+CONNECTIONS, PART = 64, 8 * MiB
+#: boto3 TransferConfigs tried when the run names no connection count: (max_concurrency,
+#: chunk MiB). A run that names one tries that concurrency with each chunk size.
+SWEEP = tuple((c, m) for c in (16, 64) for m in (8, 16, 64))
 
 
 class BytesMismatch(AssertionError):
@@ -88,6 +99,15 @@ def checksum_of_array(arr: Any, nbytes: int | None = None) -> str:
     return h.value()
 
 
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used, from
+    ``/proc/<pid>/stat``: how the bench counts a server's CPU beside its own."""
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: count fields after its closing paren.
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -111,10 +131,35 @@ class ObjRun:
     report: Report
     #: The object every transfer reads: ``<prefix>/model.bin``.
     prefix: str
+    #: ``--connections``: the s3 tier's connections and the peers' requests in flight; None
+    #: keeps the tier's defaults, :data:`CONNECTIONS` for the peers and the :data:`SWEEP`.
+    connections: int | None = None
+    #: 4 KiB reads per latency figure.
+    samples: int = 200
     sync: Callable[[], None] = field(init=False)
 
     def __post_init__(self) -> None:
         self.sync = device_sync(self.device)
+
+    def on(self, device: str) -> ObjRun:
+        """This run, measuring loads into ``device`` (the same origin, object and report)."""
+        return replace(self, device=device)
+
+    @property
+    def conns(self) -> int:
+        """Requests in flight of every peer."""
+        return self.connections or CONNECTIONS
+
+    @property
+    def sweep(self) -> tuple[tuple[int, int], ...]:
+        if self.connections is None:
+            return SWEEP
+        return tuple((self.connections, m) for m in (8, 16, 64))
+
+    @property
+    def dev(self) -> str:
+        """``cuda`` or ``cpu``: the suffix of this device's row keys."""
+        return "cuda" if self.cuda else "cpu"
 
     @property
     def key(self) -> str:
@@ -145,19 +190,20 @@ class ObjRun:
         repeats: int | None = None,
         warmup: int = 1,
         before: Callable[[], None] | None = None,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> tuple[float, float]:
-        """(median seconds, median CPU seconds of this process) of ``fn`` over ``repeats`` runs
-        after ``warmup`` runs; ``before()`` and ``check(result)`` run before and after each run,
-        off the clock."""
+        """(median seconds, median CPU seconds) of ``fn`` over ``repeats`` runs after ``warmup``
+        runs; ``before()`` and ``check(result)`` run before and after each run, off the clock.
+        CPU seconds are this process's unless ``cpu_clock`` counts more (a server's too)."""
         times, cpus = [], []
         for i in range(warmup + (repeats or self.repeats)):
             if before is not None:
                 before()
             self.sync()
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, t0 = cpu_clock(), time.perf_counter()
             result = fn()
             self.sync()
-            t, c = time.perf_counter() - t0, time.process_time() - c0
+            t, c = time.perf_counter() - t0, cpu_clock() - c0
             check(result)
             del result
             if i >= warmup:
@@ -166,9 +212,18 @@ class ObjRun:
         return statistics.median(times), statistics.median(cpus)
 
     def rate_row(
-        self, key: str, label: str, seconds: float, cpu: float | None = None, note: str = ""
+        self,
+        key: str,
+        label: str,
+        seconds: float,
+        cpu: float | None = None,
+        note: str = "",
+        *,
+        whose: str = "",
     ) -> BenchRow:
-        """A GB/s row for moving this run's ``size`` bytes in ``seconds``."""
+        """A GB/s row for moving this run's ``size`` bytes in ``seconds``; ``cpu`` seconds go
+        in the note as CPU-s/GB (``whose``: which processes they count, when not just this)."""
         if cpu is not None:
-            note = f"{note} ({cpu / (self.size / 1e9):.2f} CPU-s/GB)".strip()
+            whose = f", {whose}" if whose else ""
+            note = f"{note} ({cpu / (self.size / 1e9):.2f} CPU-s/GB{whose})".strip()
         return self.add(BenchRow(key, label, gbps(self.size, seconds), "GB/s", note=note))

@@ -4,9 +4,9 @@
   can reach), and on a GPU the pinned host → device copy;
 - promotion (object → file): boto3 ``download_file`` over a sweep of TransferConfigs (the best
   is the reference), obstore ``get`` (one stream) and parallel ranged GETs, s3fs ``get``;
-- demotion (file → object): boto3 ``upload_file`` over the same sweep;
-- loads (object → memory): ranged GETs by hand with boto3, obstore's async ranged GETs and
-  s3fs into host memory (pinned on a GPU) then one copy, and KvikIO's ``RemoteFile``.
+- demotion (file → object): boto3 ``upload_file`` over the same sweep.
+
+The load peers (object → memory) are :mod:`._objload`'s.
 
 Every file a peer writes is fsynced before its clock stops, as tierd's promotions are. A peer
 that is not installed gets a row with no figure and says so.
@@ -17,29 +17,42 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tiering.checksum import Hasher
+from tiering.tiers import start_writeback
 
 from ._measure import MiB, frees_gpu, gbps
-from ._objrun import BytesMismatch, ObjRun, checksum_of_array, checksum_of_file, fsync_path
+from ._objrun import (
+    PART,
+    SWEEP,
+    ObjRun,
+    checksum_of_array,
+    checksum_of_file,
+    fsync_path,
+)
 from ._report import BenchRow
 
-__all__ = ["SWEEP", "ceilings", "demote_peers", "load_peers", "object_checksum", "promote_peers"]
+__all__ = [
+    "SWEEP",
+    "Target",
+    "ceilings",
+    "demote_peers",
+    "get_into",
+    "object_checksum",
+    "obstore_ranges",
+    "obstore_store",
+    "parts",
+    "promote_peers",
+    "s3fs_of",
+]
 
-#: boto3 TransferConfigs tried: (max_concurrency, chunk MiB).
-SWEEP = tuple((c, m) for c in (16, 64) for m in (8, 16, 64))
-#: Ranged GETs by hand, and KvikIO's pool: connections x part size.
-CONNECTIONS, PART = 64, 8 * MiB
 
-
-def _parts(size: int, part: int = PART) -> list[tuple[int, int]]:
+def parts(size: int, part: int = PART) -> list[tuple[int, int]]:
     return [(o, min(part, size - o)) for o in range(0, size, part)]
 
 
@@ -56,7 +69,7 @@ def object_checksum(run: ObjRun, key: str) -> str:
     return h.value()
 
 
-def _get_into(client: Any, run: ObjRun, view: memoryview, start: int) -> None:
+def get_into(client: Any, run: ObjRun, view: memoryview, start: int) -> None:
     """One ranged GET streamed straight into ``view`` (boto3 by hand)."""
     end = start + len(view) - 1
     rng = f"bytes={start}-{end}"
@@ -72,7 +85,7 @@ def _get_into(client: Any, run: ObjRun, view: memoryview, start: int) -> None:
         body.close()
 
 
-class _Target:
+class Target:
     """Where a load peer puts the object: host memory (pinned, on a GPU), then one copy to the
     device. Cleared before each run, so a read that wrote nothing cannot pass the check."""
 
@@ -106,10 +119,10 @@ def ceilings(run: ObjRun) -> None:
     """One connection's GET, a local copy + fsync, and the pinned host → device copy."""
     run.say("ceilings")
     client = run.origin.client(pool=2)
-    target = _Target(run)
+    target = Target(run)
 
     def one() -> Any:
-        _get_into(client, run, target.view, 0)
+        get_into(client, run, target.view, 0)
         return target.host
 
     t, cpu = run.timed(
@@ -120,13 +133,23 @@ def ceilings(run: ObjRun) -> None:
     run.rate_row("ceil_one_conn", "one connection GET (boto3) into host memory", t, cpu)
     dest = run.work / "ceil-copy.bin"
 
-    def copy() -> Path:
-        shutil.copyfile(run.source, dest)
-        fsync_path(dest)
+    data = np.fromfile(run.source, dtype=np.uint8)  # off the clock: the disk's rate alone
+
+    def write() -> Path:
+        # As a directory writer writes: 8 MiB writes, writeback started as they go, one fsync.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for off in range(0, data.size, 8 * MiB):
+                _pwrite_all(fd, data[off : off + 8 * MiB], off)
+                start_writeback(fd, off, min(8 * MiB, data.size - off))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return dest
 
-    t, _ = run.timed(copy, lambda p: _file_done(run, "local copy", p))
-    run.rate_row("ceil_local_write", "local copy + fsync (cp + sync) into the nvme dir", t)
+    t, _ = run.timed(write, lambda p: _file_done(run, "local write", p))
+    label = "local write + fsync from memory into the nvme dir (the disk's rate)"
+    run.rate_row("ceil_local_write", label, t)
     if run.cuda:
         t, _ = run.timed(target.done, lambda _: None, repeats=max(5, run.repeats))
         run.rate_row("ceil_pinned_h2d", "pinned host -> device copy", t)
@@ -171,10 +194,11 @@ def _download(run: ObjRun, dest: Path, conc: int, chunk_mib: int) -> Callable[[]
 def _boto3_sweep(
     run: ObjRun, kind: str, verb: str, make: Callable[[int, int], Callable[[], Any]]
 ) -> None:
-    """Each TransferConfig of :data:`SWEEP` once, then the best one's median: ``{kind}_boto3``."""
+    """Each TransferConfig of the run's sweep once (:data:`SWEEP` unless the run names its
+    connections), then the best one's median: ``{kind}_boto3``."""
     check = _upload_done(run) if kind == "demote" else lambda p: _file_done(run, verb, p)
     single: dict[tuple[int, int], float] = {}
-    for i, (conc, chunk) in enumerate(SWEEP):
+    for i, (conc, chunk) in enumerate(run.sweep):
         t, _ = run.timed(make(conc, chunk), check, repeats=1, warmup=1 if i == 0 else 0)
         single[conc, chunk] = t
         run.add(
@@ -196,7 +220,7 @@ def _boto3_sweep(
     )
 
 
-def _obstore_store(run: ObjRun) -> Any:
+def obstore_store(run: ObjRun) -> Any:
     store = importlib.import_module("obstore.store")
     kwargs: dict[str, Any] = {
         "endpoint": run.origin.endpoint,
@@ -208,20 +232,19 @@ def _obstore_store(run: ObjRun) -> Any:
     return store.S3Store(run.origin.bucket, **kwargs)
 
 
-def _obstore_ranges(
-    obs: Any, store: Any, run: ObjRun, sink: Callable[[int, Any], None], conc: int = CONNECTIONS
-) -> None:
-    """obstore's async ranged GETs, ``conc`` in flight, each handed to ``sink(offset, bytes)``."""
+def obstore_ranges(obs: Any, store: Any, run: ObjRun, sink: Callable[[int, Any], None]) -> None:
+    """obstore's async ranged GETs, the run's connections in flight, each handed to
+    ``sink(offset, bytes)``."""
 
     async def all_parts() -> None:
-        sem = asyncio.Semaphore(conc)
+        sem = asyncio.Semaphore(run.conns)
 
         async def one(start: int, n: int) -> None:
             async with sem:
                 data = await obs.get_range_async(store, run.key, start=start, length=n)
             sink(start, data)
 
-        await asyncio.gather(*(one(s, n) for s, n in _parts(run.size)))
+        await asyncio.gather(*(one(s, n) for s, n in parts(run.size)))
 
     asyncio.run(all_parts())
 
@@ -233,7 +256,7 @@ def _obstore_promote(run: ObjRun, dest: Path) -> None:
         for key, label in (("get", "get"), ("ranges", "ranged GETs")):
             run.missing(f"promote_obstore_{key}", f"obstore {label} -> file", "not installed")
         return
-    store = _obstore_store(run)
+    store = obstore_store(run)
 
     def get() -> Path:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -253,7 +276,7 @@ def _obstore_promote(run: ObjRun, dest: Path) -> None:
     def ranges() -> Path:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _obstore_ranges(obs, store, run, lambda off, data: _pwrite_all(fd, data, off))
+            obstore_ranges(obs, store, run, lambda off, data: _pwrite_all(fd, data, off))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -262,7 +285,7 @@ def _obstore_promote(run: ObjRun, dest: Path) -> None:
     t, cpu = run.timed(ranges, lambda p: _file_done(run, "obstore ranged GETs", p))
     run.rate_row(
         "promote_obstore_ranges",
-        f"obstore async ranged GETs ({CONNECTIONS} x {PART // MiB} MiB) -> file",
+        f"obstore async ranged GETs ({run.conns} x {PART // MiB} MiB) -> file",
         t,
         cpu,
     )
@@ -275,7 +298,7 @@ def _pwrite_all(fd: int, data: Any, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _s3fs(run: ObjRun) -> Any:
+def s3fs_of(run: ObjRun) -> Any:
     s3fs = importlib.import_module("s3fs")
     return s3fs.S3FileSystem(
         anon=run.origin.nginx,
@@ -287,7 +310,7 @@ def _s3fs(run: ObjRun) -> Any:
 
 def _s3fs_promote(run: ObjRun, dest: Path) -> None:
     try:
-        fs = _s3fs(run)
+        fs = s3fs_of(run)
     except ImportError:
         run.missing("promote_s3fs", "s3fs get -> file", "not installed (pip install s3fs)")
         return
@@ -326,103 +349,3 @@ def demote_peers(run: ObjRun) -> None:
         return fn
 
     _boto3_sweep(run, "demote", "upload_file", make)
-
-
-# -- loads: object -> host or GPU memory -------------------------------------------------------
-@frees_gpu
-def load_peers(run: ObjRun) -> None:
-    where = "GPU" if run.cuda else "host memory"
-    run.say(f"load peers: object -> {where}")
-    target = _Target(run)
-    then = " + copy to GPU" if run.cuda else ""
-    client = run.origin.client(pool=CONNECTIONS)
-
-    def check(what: str) -> Callable[[Any], None]:
-        return lambda buf: run.check(what, checksum_of_array(buf))
-
-    with ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="tierd-bench-get") as pool:
-
-        def by_hand() -> Any:
-            futures = [
-                pool.submit(_get_into, client, run, target.view[o : o + n], o)
-                for o, n in _parts(run.size)
-            ]
-            for f in futures:
-                f.result()
-            return target.done()
-
-        t, cpu = run.timed(by_hand, check("boto3 ranged GETs"), before=target.clear)
-    run.rate_row(
-        "load_boto3_ranges",
-        f"boto3 ranged GETs by hand ({CONNECTIONS} x {PART // MiB} MiB){then}",
-        t,
-        cpu,
-    )
-    try:
-        obs = importlib.import_module("obstore")
-    except ImportError:
-        run.missing("load_obstore_ranges", "obstore async ranged GETs", "not installed")
-    else:
-        store = _obstore_store(run)
-
-        def sink(off: int, data: Any) -> None:
-            target.host[off : off + len(data)] = np.frombuffer(data, np.uint8)
-
-        def ob() -> Any:
-            _obstore_ranges(obs, store, run, sink)
-            return target.done()
-
-        t, cpu = run.timed(ob, check("obstore ranged GETs"), before=target.clear)
-        label = f"obstore async ranged GETs ({CONNECTIONS} x {PART // MiB} MiB){then}"
-        run.rate_row("load_obstore_ranges", label, t, cpu)
-    _s3fs_load(run, target, then, check)
-    _kvikio_load(run, target, check)
-
-
-def _s3fs_load(
-    run: ObjRun, target: _Target, then: str, check: Callable[[str], Callable[[Any], None]]
-) -> None:
-    try:
-        fs = _s3fs(run)
-    except ImportError:
-        run.missing("load_s3fs", "s3fs cat_file", "not installed (pip install s3fs)")
-        return
-
-    def cat() -> Any:
-        data = fs.cat_file(f"{run.origin.bucket}/{run.key}")
-        target.host[:] = np.frombuffer(data, np.uint8)
-        return target.done()
-
-    t, cpu = run.timed(cat, check("s3fs cat_file"), before=target.clear)
-    run.rate_row("load_s3fs", f"s3fs cat_file{then}", t, cpu)
-
-
-def _kvikio_load(
-    run: ObjRun, target: _Target, check: Callable[[str], Callable[[Any], None]]
-) -> None:
-    label = f"KvikIO RemoteFile ({CONNECTIONS} threads x {PART // MiB} MiB)"
-    try:
-        kvikio = importlib.import_module("kvikio")
-        kvikio_defaults = importlib.import_module("kvikio.defaults")
-    except ImportError:
-        run.missing("load_kvikio", label, "kvikio not installed")
-        return
-    url = run.origin.url_of(run.key)
-    remote = kvikio.RemoteFile
-    opener = remote.open_http if run.origin.nginx else remote.open_s3_url
-    buf = target.dev if target.dev is not None else target.host
-
-    def read() -> Any:
-        with opener(url) as f:
-            f.read(buf)
-        return buf
-
-    try:
-        with kvikio_defaults.set({"num_threads": CONNECTIONS, "task_size": PART}):
-            t, cpu = run.timed(read, check("KvikIO RemoteFile"), before=target.clear)
-    except BytesMismatch:
-        raise
-    except Exception as exc:  # an older KvikIO, or one built without remote IO
-        run.missing("load_kvikio", label, f"failed: {type(exc).__name__}: {exc}")
-        return
-    run.rate_row("load_kvikio", label, t, cpu)

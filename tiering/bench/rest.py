@@ -43,7 +43,7 @@ from ._measure import (
 )
 from ._report import BenchRow, Report, describe_device
 
-__all__ = ["run"]
+__all__ = ["materialiser", "run", "server_process"]
 
 _WARMUP, _SMALL_WARMUP = 2, 20
 
@@ -66,12 +66,23 @@ def _write(path: Path, nbytes: int) -> None:
 @contextmanager
 def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
     """The service on a free loopback port, serving ``data_dir``; yields its URL."""
+    with server_process(data_dir, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def server_process(
+    data_dir: Path, *, env: dict[str, str] | None = None, timeout: float = 120
+) -> Iterator[tuple[str, int]]:
+    """The service in its own process on a free loopback port, serving ``data_dir`` (more
+    settings in ``env``, ``TIERD_*``); yields its URL and pid once it is ready."""
     port = _free_port()
     env = {
         **os.environ,
         "TIERD_DATA_DIR": str(data_dir),
         "TIERD_WATCH": "false",  # the file is there before start; the scan adopts it
         "TIERD_PORT": str(port),
+        **(env or {}),
     }
     # A separate process, as in production: the client must pay for IPC, not share memory.
     cmd = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
@@ -91,7 +102,7 @@ def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"tierd was not ready after {timeout:g} s")
             time.sleep(0.1)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -101,7 +112,7 @@ def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
             proc.wait()
 
 
-def _materialiser(device: str) -> Callable[[Any], Any]:
+def materialiser(device: str) -> Callable[[Any], Any]:
     """What a client does with a loaded buffer before using it: a torch tensor on a GPU (and a
     synchronise), a NumPy array in host memory. Both must be views, not copies."""
     if device.startswith("cuda"):
@@ -170,7 +181,7 @@ def run(
     if size < 4096 or repeats < 1 or small < 1:
         raise ValueError("size must be at least 4 KiB, repeats and small at least 1")
     device = default_device() if device == "auto" else device
-    materialise = _materialiser(device)
+    materialise = materialiser(device)
     setup: dict[str, Any] = {"device": device, "gpu": gpu_name(device), "size_bytes": size}
     setup |= {"repeats": repeats, "small": small}
     with tempfile.TemporaryDirectory(prefix="tierd-bench-") as tmp:

@@ -19,8 +19,10 @@ from tiering.tiers._base import (
 from tiering.tiers._directory import DirectorySource, DirectoryTier
 from tiering.tiers._dirwriter import DirectoryWriter, write_all
 from tiering.tiers._tiers import KINDS, Tiers, make_tier
+from tiering.tiers._writeback import start_writeback
 
 __all__ = [
+    "start_writeback",
     "KINDS",
     "UNBOUNDED",
     "DirectorySource",
