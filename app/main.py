@@ -19,6 +19,7 @@ from app.api import (
     jobs,
     loads,
     migrations,
+    models,
     pins,
     placement,
     policy,
@@ -103,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(loads.router)
     app.include_router(buffers.router)
     app.include_router(jobs.router)
+    app.include_router(models.router)
     app.include_router(stats.router)
     app.include_router(history.router)  # its lifespan samples the loader's stats
     app.include_router(heat.router)

@@ -140,7 +140,7 @@ class PlannedMoveOut(BaseModel):
     to_tier: str
     size: int
     heat: float
-    kind: str = Field(description="pin, promote, demote or watermark")
+    kind: str = Field(description="pin, promote, demote, watermark or gather (a split model)")
     reason: str
 
     @classmethod
@@ -248,6 +248,9 @@ class DecisionOut(BaseModel):
     action: str = Field(description="move or stay")
     move: PlannedMoveOut | None
     reasons: list[ReasonOut]
+    model: str | None = Field(
+        default=None, description="The model the file moves with, as one unit (null: alone)"
+    )
 
     @classmethod
     def of(cls, d: Decision) -> DecisionOut:
@@ -262,6 +265,7 @@ class DecisionOut(BaseModel):
             action=d.action,
             move=None if d.move is None else PlannedMoveOut.of(d.move),
             reasons=[ReasonOut(code=r.code, message=r.message, data=r.data) for r in d.reasons],
+            model=d.model,
         )
 
 

@@ -200,10 +200,11 @@ class Tensors(Mapping[str, Any]):
     def torch(self) -> dict[str, Any]:
         """``{name: torch.Tensor}`` with torch's exact dtypes (bfloat16, float8...)."""
         import torch
+        from torch.utils.dlpack import from_dlpack  # what torch re-exports as torch.from_dlpack
 
         out = {}
         for name, arr in self._arrays.items():
-            t = torch.from_dlpack(arr)
+            t = from_dlpack(arr)
             exact = DTYPES[self.dtypes[name]].exact
             out[name] = t.view(getattr(torch, exact)) if exact else t
         return out

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 
 from ._buffers import Buffer, Tensors
 from ._exceptions import JobFailed, TierdClientError, TransportError, error_from_response
+from ._models import ModelsMixin
 from ._progress import follow
+from ._state_dict import StateDictSource, close_client, load_state_dict
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Client", "FileRef"]
 
@@ -42,7 +47,7 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-class Client:
+class Client(ModelsMixin):
     """tierd over HTTP.
 
     Parameters
@@ -89,6 +94,8 @@ class Client:
         return resp.json() if resp.content else None
 
     def close(self) -> None:
+        # Before the connection goes: live state dicts' leases are released over it.
+        close_client(self)
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -195,6 +202,29 @@ class Client:
             for info in reply["buffers"][len(buffers) + 1 :]:
                 self.release(info["buffer_id"])
             raise
+
+    def load_state_dict(
+        self,
+        model: StateDictSource,
+        *,
+        device: str = "cpu",
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        ttl_s: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """A model's tensors (all, ``names``, or those starting with ``prefix``) as
+        ``{name: torch.Tensor}`` on ``device``: exact dtypes, no copy (views of the leases).
+
+        ``model`` is a model name (:meth:`load_model`), or safetensors files: a relpath ending
+        in ``.safetensors``, a catalog id, or a list of them (:meth:`load_safetensors`).
+
+        The leases live as long as the tensors do: a thread renews them at a third of their
+        TTL while any tensor (or a view or ``nn.Parameter`` made from one) is alive, and
+        releases them once the last is collected. Keep the client open while the tensors are
+        in use; :meth:`close` releases what is left (on ``cuda`` the service may then reuse
+        the memory). Build a model on them with ``model.load_state_dict(sd, assign=True)``.
+        """
+        return load_state_dict(self, model, device=device, names=names, prefix=prefix, ttl_s=ttl_s)
 
     def gather(
         self,

@@ -16,9 +16,11 @@ these classes to status codes in exactly one place.
     │   ├── MisalignedBuffer          a buffer or offset not on the required alignment
     │   ├── IndexOutOfRange           vector row indices outside the matrix
     │   └── MalformedFile             a safetensors header that is truncated or wrong
+    │       └── InvalidModel          a model directory whose index or shards do not agree
     ├── NotFound
     │   ├── FileNotFound              no catalog record (or no bytes on disk) for that id/path
     │   ├── TierNotFound              no tier of that name
+    │   ├── ModelNotFound             no model (directory with safetensors weights) of that name
     │   └── BufferNotFound            no lease / job with that id
     ├── Conflict
     │   ├── AlreadyExists             relpath exists and overwrite was not asked for
@@ -53,11 +55,13 @@ __all__ = [
     "InvalidDevice",
     "InvalidDtype",
     "InvalidInput",
+    "InvalidModel",
     "InvalidPath",
     "InvalidPolicy",
     "InvalidRange",
     "MalformedFile",
     "MisalignedBuffer",
+    "ModelNotFound",
     "NotFound",
     "StorageError",
     "TierNotFound",
@@ -123,6 +127,10 @@ class MalformedFile(InvalidInput):
     code = "malformed_file"
 
 
+class InvalidModel(MalformedFile):
+    code = "invalid_model"
+
+
 class NotFound(TierdError, LookupError):
     code = "not_found"
 
@@ -133,6 +141,10 @@ class FileNotFound(NotFound):
 
 class TierNotFound(NotFound):
     code = "tier_not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
 
 
 class BufferNotFound(NotFound):

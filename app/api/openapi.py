@@ -127,6 +127,27 @@ def _lease_links(source: tuple[str, str], pointer: str) -> list[Link]:
     ]
 
 
+def _model_links(source: tuple[str, str]) -> list[Link]:
+    """What one can do with a model whose name a response returns."""
+    by_name = {"name": "$response.body#/name"}
+    ok = ("200",)
+    return [
+        Link("LoadModel", source, ok, ("post", "/v1/models/load"), by_name, {"device": "cpu"}),
+        Link(
+            "PrefetchModel",
+            source,
+            ok,
+            _MODEL_PREFETCH,
+            by_name,
+            {"target": "page_cache"},
+            extra=_AS_IS,
+        ),
+        Link("PinModel", source, ok, ("post", "/v1/models/pin"), by_name),
+        Link("UnpinModel", source, ok, ("delete", "/v1/models/pin"), by_name),
+    ]
+
+
+_MODEL_PREFETCH = ("post", "/v1/models/prefetch")
 _PIN = ("post", "/v1/files/{file_id}/pin")
 _UNPIN = ("delete", "/v1/files/{file_id}/pin")
 _RENEW = ("post", "/v1/buffers/{buffer_id}/renew")
@@ -156,6 +177,12 @@ LINKS: list[Link] = [
         ("202",),
         ("delete", "/v1/jobs/{job_id}"),
         {"job_id": _JOB_ID},
+    ),
+    *_lease_links(("post", "/v1/models/load"), _FIRST_BUFFER),
+    *_model_links(("get", "/v1/models/lookup")),
+    Link("GetJob", _MODEL_PREFETCH, ("202",), ("get", "/v1/jobs/{job_id}"), {"job_id": _JOB_ID}),
+    Link(
+        "CancelJob", _MODEL_PREFETCH, ("202",), ("delete", "/v1/jobs/{job_id}"), {"job_id": _JOB_ID}
     ),
     Link(
         "ListMigrations",

@@ -26,6 +26,7 @@ def test_public_names():
             "IoPath",
             "IoReport",
             "LoadedTensors",
+            "ModelLayout",
             "PathStats",
             "ReadResult",
             "SafetensorsHeader",
@@ -34,6 +35,7 @@ def test_public_names():
             "TMP_SUFFIX",
             "TensorInfo",
             "TierIo",
+            "load_state_dict",
             "parse_device",
             "read_header",
         ]

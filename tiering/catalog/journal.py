@@ -270,27 +270,35 @@ class Journal:
     # -- pins --------------------------------------------------------------------------------
     def pin(self, file_id: int, tier: str | None) -> FileRecord:
         """Pin a file to ``tier`` (None: unpin). A file in flight to another tier is busy."""
+        return self.pin_many([file_id], tier)[0]
+
+    def pin_many(self, file_ids: Sequence[int], tier: str | None) -> list[FileRecord]:
+        """Pin (or unpin) every file of ``file_ids`` in one transaction: all, or none when one
+        is missing or busy (a model's files are pinned together)."""
+        out: list[FileRecord] = []
         with self.db.write() as s:
-            rec = s.get(FileRecord, file_id)
-            if rec is None:
-                raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
-            if tier is not None and rec.state == FileState.MIGRATING:
-                row = s.scalar(
-                    select(Migration).where(
-                        Migration.file_id == file_id, Migration.phase.in_(MigrationPhase.OPEN)
+            for file_id in file_ids:
+                rec = s.get(FileRecord, file_id)
+                if rec is None:
+                    raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
+                if tier is not None and rec.state == FileState.MIGRATING:
+                    row = s.scalar(
+                        select(Migration).where(
+                            Migration.file_id == file_id, Migration.phase.in_(MigrationPhase.OPEN)
+                        )
                     )
-                )
-                if row is None or row.dst_tier != tier:
-                    raise FileBusy(
-                        f"file {file_id} is being migrated to "
-                        f"{row.dst_tier if row else 'another tier'}; pin it when that is done",
-                        file_id=file_id,
-                    )
-            # A pin names where the file belongs; it changes neither place nor content, so the
-            # generation stays and a move to the pinned tier in flight carries on.
-            rec.pinned_tier = tier
+                    if row is None or row.dst_tier != tier:
+                        raise FileBusy(
+                            f"file {file_id} is being migrated to "
+                            f"{row.dst_tier if row else 'another tier'}; pin it when that is done",
+                            file_id=file_id,
+                        )
+                # A pin names where the file belongs; it changes neither place nor content, so
+                # the generation stays and a move to the pinned tier in flight carries on.
+                rec.pinned_tier = tier
+                out.append(rec)
             s.flush()
-            return rec
+        return out
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, intent_id: int) -> Migration | None:

@@ -19,7 +19,9 @@ from ._shards import ShardLayout
 from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats, Stats
 from ._storage import GpuDirectStorage
 from ._write import TMP_SUFFIX
+from .hfmodel import ModelLayout
 from .safetensors import LoadedTensors, SafetensorsHeader, TensorInfo, read_header
+from .state_dict import load_state_dict
 
 __all__ = [
     "TMP_SUFFIX",
@@ -33,6 +35,7 @@ __all__ = [
     "IoPath",
     "IoReport",
     "LoadedTensors",
+    "ModelLayout",
     "PathStats",
     "ReadResult",
     "SafetensorsHeader",
@@ -40,6 +43,7 @@ __all__ = [
     "Stats",
     "TensorInfo",
     "TierIo",
+    "load_state_dict",
     "parse_device",
     "read_header",
 ]

@@ -5,16 +5,23 @@ either the move it makes (the same move :func:`tiering.placement.policy.plan` li
 built on it) or each reason that holds the file where it is, with its numbers: hysteresis, the
 minimum age, a destination quota or watermark, free space, a pin, a move in flight, or the
 scheduler being off (a manual move would still happen then).
+
+The planner moves *units*: a file, or all the files of a model (a directory that holds
+safetensors weights), which move together or not at all, by the heat of the model's hottest
+weights (see :mod:`tiering.placement.units` for why). Every file of a model gets the model's
+decision: the same wanted tier and heat, and, when the model does not fit where its heat
+sends it, the same reason, with the room the whole model would need.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiering.placement.planner import Planner, fmt
 from tiering.placement.policy import FileView, PlannedMove, Policy, TierState, heat_now
+from tiering.placement.units import Unit, build_units
 
 __all__ = ["Decision", "Reason", "decide", "order_moves", "plan"]
 
@@ -45,53 +52,11 @@ class Decision:
     why: str
     move: PlannedMove | None
     reasons: tuple[Reason, ...] = ()
+    model: str | None = None  # the model the file moves with (None: it moves alone)
 
     @property
     def action(self) -> str:
         return "move" if self.move is not None else "stay"
-
-
-@dataclass
-class _Slot:
-    name: str
-    rank: int
-    used: int
-    capacity: int | None  # used + free at plan time: what the filesystem can hold
-    quota: int | None
-    high: float
-    low: float
-    start_used: int = 0
-
-    def limit(self, mark: float) -> float:
-        caps = [math.inf]
-        if self.capacity is not None:
-            caps.append(self.capacity)
-        if self.quota is not None:
-            caps.append(self.quota * mark)
-        return min(caps)
-
-    def fits(self, size: int, mark: float) -> bool:
-        return self.used + size <= self.limit(mark)
-
-
-@dataclass
-class _F:
-    id: int
-    relpath: str
-    size: int
-    heat: float
-    pinned: str | None
-    home: int  # rank where the file is now
-    place: int  # rank where the plan puts it
-    eligible: bool  # stable and old enough for policy moves
-    movable: bool  # stable (pins ignore the minimum age)
-    kind: str = ""
-    reason: str = ""
-    rules: list[float] = field(default_factory=list)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.1f}" if x < 1e6 else f"{x:.3g}"
 
 
 def order_moves(moves: list[PlannedMove], policy: Policy) -> list[PlannedMove]:
@@ -120,163 +85,92 @@ def decide(
 
     ``in_flight`` maps file ids to the id of their open migration intent; ``scheduler_on`` is
     whether the scheduler will act by itself (policy ``enabled`` and a running scheduler).
-    Arguments otherwise as for :func:`tiering.placement.policy.plan`.
+    Arguments otherwise as for :func:`tiering.placement.policy.plan`. The files of a model get
+    one decision between them (see the module docstring); ``Decision.heat`` is then the
+    model's.
     """
-    in_flight = in_flight or {}
-    names = list(policy.tiers)
-    rank = {n: i for i, n in enumerate(names)}
-    slots: list[_Slot] = []
-    for name, tp in policy.tiers.items():
-        st = usage.get(name, TierState(name, 0))
-        quota = tp.quota_bytes if tp.quota_bytes is not None else st.quota_bytes
-        capacity = None if st.free_bytes is None else st.used_bytes + max(0, st.free_bytes)
-        slots.append(
-            _Slot(
-                name,
-                rank[name],
-                st.used_bytes,
-                capacity,
-                quota,
-                tp.high_watermark,
-                tp.low_watermark,
-                st.used_bytes,
-            )
-        )
-    thresholds = [tp.min_heat for tp in policy.tiers.values()]
-    h = policy.hysteresis
-
-    fs: list[_F] = []
-    recs: list[FileView] = []
-    for rec in files:
-        if rec.tier not in rank:
-            continue
-        recs.append(rec)
-        heat = heat_now(rec, policy, now)
-        stable = rec.state == "stable"
-        fs.append(
-            _F(
-                rec.id,
-                rec.relpath,
-                int(rec.size),
-                heat,
-                rec.pinned_tier if rec.pinned_tier in rank else None,
-                rank[rec.tier],
-                rank[rec.tier],
-                stable and now - rec.updated_at >= policy.min_age_s,
-                stable,
-            )
-        )
-
-    def up_target(heat: float) -> int:
-        return next(
-            i for i, t in enumerate(thresholds) if heat >= t * (1 + h) or i == len(names) - 1
-        )
-
-    def down_target(heat: float) -> int:
-        return next(
-            i for i, t in enumerate(thresholds) if heat >= t * (1 - h) or i == len(names) - 1
-        )
-
-    def move(f: _F, to: int, kind: str, reason: str) -> None:
-        slots[f.place].used -= f.size
-        slots[to].used += f.size
-        f.place = to
-        f.kind, f.reason = kind, reason
-
-    def heat_reason(f: _F, to: int) -> str:
-        src, dst = names[f.home], names[to]
-        if to < f.home:
-            thr = thresholds[up_target(f.heat)]
-            why = f"heat {_fmt(f.heat)} ≥ {_fmt(thr)}"
-            if h:
-                why += f" (+{h:.0%} hysteresis)"
-            if to != up_target(f.heat):
-                why += f", {names[up_target(f.heat)]} has no room"
-            return f"{why}: promote {src} → {dst}"
-        thr = thresholds[f.home]
-        why = f"heat {_fmt(f.heat)} < {_fmt(thr)}"
-        if h:
-            why += f" (-{h:.0%} hysteresis)"
-        return f"{why}: demote {src} → {dst}"
-
-    def demote(f: _F) -> bool:
-        want = down_target(f.heat)
-        if want <= f.place:
-            return False
-        for to in range(want, len(slots)):
-            if slots[to].fits(f.size, slots[to].high):
-                move(f, to, "demote", heat_reason(f, to))
-                return True
-        return False
-
-    def evict(slot: _Slot) -> bool:
-        # Residents only: a file that arrived in this plan was admitted under the marks.
-        assert slot.quota is not None
-        over, moved = slot.used, False
-        residents = sorted(
-            (f for f in fs if f.place == slot.rank and f.home == slot.rank),
-            key=lambda f: (f.heat, f.id),
-        )
-        for f in residents:
-            if slot.used <= slot.quota * slot.low:
-                break
-            if not f.eligible or f.pinned is not None:
-                continue
-            for to in range(max(slot.rank + 1, down_target(f.heat)), len(slots)):
-                if slots[to].fits(f.size, slots[to].high):
-                    move(
-                        f,
-                        to,
-                        "watermark",
-                        f"{slot.name} holds {over} bytes, over its high watermark "
-                        f"({slot.high:.0%} of {slot.quota}): demote one of its coldest files "
-                        f"(heat {_fmt(f.heat)}) {slot.name} → {names[to]}",
+    rank = {n: i for i, n in enumerate(policy.tiers)}
+    recs = [rec for rec in files if rec.tier in rank]
+    units = build_units(
+        recs,
+        rank,
+        lambda rec: heat_now(rec, policy, now),
+        min_age_s=policy.min_age_s,
+        now=now,
+    )
+    planner = Planner(policy, usage, units)
+    planner.run()
+    why_not = _Holding(planner, policy, now, in_flight or {})
+    names, thresholds = planner.names, planner.thresholds
+    out: dict[int, Decision] = {}
+    for u in units:
+        ideal = planner.ideal(u.heat)
+        if u.pinned is not None:
+            wanted, why = rank[u.pinned], f"pinned to {u.pinned}"
+        elif ideal == len(names) - 1 and len(names) > 1:
+            wanted, why = ideal, f"heat {fmt(u.heat)} < {fmt(thresholds[ideal - 1])}"
+        else:
+            wanted, why = ideal, f"heat {fmt(u.heat)} ≥ {fmt(thresholds[ideal])}"
+        if u.model is not None:
+            why = f"model {u.model}: {why}"
+        moved = any(m.place != m.home for m in u.members)
+        held = () if moved else tuple(why_not.reasons(u, wanted, ideal))
+        for m in u.members:
+            move_: PlannedMove | None = None
+            reasons = list(held)
+            if m.place != m.home:
+                kind, reason = planner.member_move(u, m)
+                move_ = PlannedMove(
+                    m.id,
+                    m.relpath,
+                    names[m.home],
+                    names[m.place],
+                    m.size,
+                    round(u.heat, 3),
+                    kind,
+                    reason,
+                )
+            if not scheduler_on and (move_ is not None or wanted != m.home):
+                reasons.append(
+                    Reason(
+                        "scheduler_disabled",
+                        "the scheduler is off (policy enabled=false or not running): it will "
+                        "not move this file by itself; a manual move still would",
+                        {"enabled": policy.enabled},
                     )
-                    moved = True
-                    break
-        return moved
+                )
+            out[m.id] = Decision(
+                m.id,
+                m.relpath,
+                names[m.home],
+                m.size,
+                round(u.heat, 3),
+                names[wanted],
+                why,
+                move_,
+                tuple(reasons),
+                u.model,
+            )
+    return [out[rec.id] for rec in recs]
 
-    def promote(f: _F) -> bool:
-        want = up_target(f.heat)
-        for to in range(want, f.place):
-            if slots[to].fits(f.size, slots[to].low):
-                if to == f.home:
-                    move(f, to, "", "")  # back where it is: the move is cancelled
-                else:
-                    move(f, to, "promote", heat_reason(f, to))
-                return True
-        return False
 
-    # Everything runs to a fixpoint. Each step moves a file towards its heat band (or a pinned
-    # file to its pin, or a tier's coldest files off it while it is past its high mark, which
-    # only happens before the tier first drops under it), so the loop ends. At the end nothing
-    # that wants to move fits anywhere it may go, which is what makes planning again after
-    # applying the plan yield nothing.
-    changed = True
-    while changed:
-        changed = False
-        for f in sorted(fs, key=lambda f: (f.heat, f.id)):
-            if f.eligible and f.pinned is None and demote(f):
-                changed = True
-        for slot in slots:
-            if slot.quota is not None and slot.used > slot.quota * slot.high and evict(slot):
-                changed = True
-        for f in sorted(fs, key=lambda f: (f.pinned is None, -f.heat, f.id)):
-            if f.pinned is not None:
-                pin = rank[f.pinned]
-                if f.movable and f.place != pin and slots[pin].fits(f.size, slots[pin].high):
-                    kind = ("pin", f"pinned to {f.pinned}: move {names[f.home]} → {f.pinned}")
-                    move(f, pin, *kind) if pin != f.home else move(f, pin, "", "")
-                    changed = True
-            elif f.eligible and up_target(f.heat) < f.place and promote(f):
-                changed = True
+class _Holding:
+    """The reasons a unit that the plan leaves in place stays where it is."""
 
-    def holding(f: _F, rec: FileView, wanted: int, ideal: int) -> list[Reason]:
-        """Each reason that keeps ``f`` (which the plan leaves in place) where it is."""
-        here = names[f.home]
+    def __init__(
+        self, planner: Planner, policy: Policy, now: float, in_flight: Mapping[int, int]
+    ) -> None:
+        self.p = planner
+        self.policy = policy
+        self.now = now
+        self.in_flight = in_flight
+
+    def reasons(self, u: Unit, wanted: int, ideal: int) -> list[Reason]:
+        p, names = self.p, self.p.names
+        here = names[u.home]
         out: list[Reason] = []
-        if f.pinned is not None and f.pinned == here:
-            if ideal != f.home:
+        if u.pinned is not None and u.pinned == here and not u.split:
+            if ideal != u.home:
                 out.append(
                     Reason(
                         "pin",
@@ -285,128 +179,97 @@ def decide(
                     )
                 )
             return out
-        if wanted == f.home:
+        if wanted == u.home and not u.split:
             return out
-        if rec.state != "stable":
-            intent = in_flight.get(f.id)
-            if rec.state == "migrating" or intent is not None:
-                out.append(
-                    Reason(
-                        "in_flight",
-                        f"a move is in flight (intent {intent})",
-                        {"intent_id": intent},
-                    )
-                )
-            else:
-                out.append(
-                    Reason("state", f"the file is {rec.state}, not stable", {"state": rec.state})
-                )
-            return out
-        if f.pinned is None:
-            age = now - rec.updated_at
-            if age < policy.min_age_s:
+        unstable = next((m for m in u.members if m.rec.state != "stable"), None)
+        if unstable is not None:
+            return [self._state(u, unstable.rec)]
+        if u.pinned is None:
+            h = p.h
+            age = self.now - max(m.rec.updated_at for m in u.members)
+            if age < self.policy.min_age_s:
                 out.append(
                     Reason(
                         "min_age",
-                        f"age {age:.1f} s < min_age_s {policy.min_age_s:g}",
-                        {"age_s": round(age, 3), "min_age_s": policy.min_age_s},
+                        f"age {age:.1f} s < min_age_s {self.policy.min_age_s:g}",
+                        {"age_s": round(age, 3), "min_age_s": self.policy.min_age_s},
                     )
                 )
-            band = up_target(f.heat) if ideal < f.home else down_target(f.heat)
-            if ideal < f.home and band >= f.home or ideal > f.home and band <= f.home:
-                t = thresholds[ideal] if ideal < f.home else thresholds[f.home]
-                sign = "+" if ideal < f.home else "-"
+            if wanted == u.home:  # where it belongs, but split: no room to gather it
+                return out or self._room(u, u.home, "high")
+            band = p.up_target(u.heat) if ideal < u.home else p.down_target(u.heat)
+            if ideal < u.home and band >= u.home or ideal > u.home and band <= u.home:
+                t = p.thresholds[ideal] if ideal < u.home else p.thresholds[u.home]
+                sign = "+" if ideal < u.home else "-"
                 lo, hi = t * (1 - h), t * (1 + h)
                 out.append(
                     Reason(
                         "hysteresis",
-                        f"heat {_fmt(f.heat)} within ±{h:.0%} of {_fmt(t)} "
-                        f"({_fmt(lo)}..{_fmt(hi)}): needs {sign}{h:.0%} to move",
-                        {"heat": round(f.heat, 3), "threshold": t, "low": lo, "high": hi},
+                        f"heat {fmt(u.heat)} within ±{h:.0%} of {fmt(t)} "
+                        f"({fmt(lo)}..{fmt(hi)}): needs {sign}{h:.0%} to move",
+                        {"heat": round(u.heat, 3), "threshold": t, "low": lo, "high": hi},
                     )
                 )
                 return out
             if out:
                 return out
-            dst, mark = (band, "low") if band < f.home else (band, "high")
+            dst, mark = (band, "low") if band < u.home else (band, "high")
         else:
             dst, mark = wanted, "high"
-        slot = slots[dst]
+        return out + self._room(u, dst, mark)
+
+    def _state(self, u: Unit, rec: FileView) -> Reason:
+        whose = "" if u.model is None else f"{rec.relpath} of {u.describe()}: "
+        intent = self.in_flight.get(rec.id)
+        if rec.state == "migrating" or intent is not None:
+            return Reason(
+                "in_flight",
+                f"{whose}a move is in flight (intent {intent})",
+                {"intent_id": intent} | ({} if u.model is None else {"model": u.model}),
+            )
+        return Reason(
+            "state",
+            f"{whose}the file is {rec.state}, not stable",
+            {"state": rec.state} | ({} if u.model is None else {"model": u.model}),
+        )
+
+    def _room(self, u: Unit, dst: int, mark: str) -> list[Reason]:
+        """Why ``u`` does not fit on ``dst`` under ``mark``: quota, free space, or both."""
+        slot = self.p.slots[dst]
+        size = u.cost(dst)
         frac = slot.low if mark == "low" else slot.high
-        if slot.quota is not None and slot.used + f.size > slot.quota * frac:
+        whole, extra = "", {}
+        if u.model is not None:
+            whole = f" ({u.describe()} moves whole or not at all)"
+            extra = {"model": u.model, "files": len(u.members)}
+        out: list[Reason] = []
+        if slot.quota is not None and slot.used + size > slot.quota * frac:
             out.append(
                 Reason(
                     "quota",
-                    f"{slot.name} would exceed its {mark} watermark: {slot.used} + {f.size} "
-                    f"bytes > {frac:.0%} of quota {slot.quota}",
+                    f"{slot.name} would exceed its {mark} watermark: {slot.used} + {size} "
+                    f"bytes > {frac:.0%} of quota {slot.quota}{whole}",
                     {
                         "tier": slot.name,
                         "used_bytes": slot.used,
-                        "size": f.size,
+                        "size": size,
                         "quota_bytes": slot.quota,
                         "watermark": mark,
                         "limit_bytes": int(slot.quota * frac),
-                    },
+                    }
+                    | extra,
                 )
             )
-        if slot.capacity is not None and slot.used + f.size > slot.capacity:
+        if slot.capacity is not None and slot.used + size > slot.capacity:
             free = slot.capacity - slot.used
             out.append(
                 Reason(
                     "free_space",
-                    f"{slot.name} lacks room: {free} bytes free < {f.size}",
-                    {"tier": slot.name, "free_bytes": free, "size": f.size},
+                    f"{slot.name} lacks room: {free} bytes free < {size}{whole}",
+                    {"tier": slot.name, "free_bytes": free, "size": size} | extra,
                 )
             )
         return out
-
-    out: list[Decision] = []
-    for f, rec in zip(fs, recs, strict=True):
-        ideal = next(i for i, t in enumerate(thresholds) if f.heat >= t)
-        if f.pinned is not None:
-            wanted, why = rank[f.pinned], f"pinned to {f.pinned}"
-        elif ideal == len(names) - 1 and len(names) > 1:
-            wanted, why = ideal, f"heat {_fmt(f.heat)} < {_fmt(thresholds[ideal - 1])}"
-        else:
-            wanted, why = ideal, f"heat {_fmt(f.heat)} ≥ {_fmt(thresholds[ideal])}"
-        reasons: list[Reason] = []
-        move_: PlannedMove | None = None
-        if f.place != f.home:
-            move_ = PlannedMove(
-                f.id,
-                f.relpath,
-                names[f.home],
-                names[f.place],
-                f.size,
-                round(f.heat, 3),
-                f.kind,
-                f.reason,
-            )
-        else:
-            reasons = holding(f, rec, wanted, ideal)
-        if not scheduler_on and (move_ is not None or wanted != f.home):
-            reasons.append(
-                Reason(
-                    "scheduler_disabled",
-                    "the scheduler is off (policy enabled=false or not running): it will not "
-                    "move this file by itself; a manual move still would",
-                    {"enabled": policy.enabled},
-                )
-            )
-        out.append(
-            Decision(
-                f.id,
-                f.relpath,
-                names[f.home],
-                f.size,
-                round(f.heat, 3),
-                names[wanted],
-                why,
-                move_,
-                tuple(reasons),
-            )
-        )
-    return out
 
 
 def plan(

@@ -8,6 +8,7 @@ from tiering.serving.jobs import Job, JobCancelled, JobTable
 from tiering.serving.leases import Lease, LeaseTable, Reservation
 from tiering.serving.loader import Loader
 from tiering.serving.loads import LoadItem
+from tiering.serving.models import ModelInfo, Models, ModelSummary
 from tiering.serving.prefetch import PREFETCH_TARGETS
 from tiering.serving.safetensors import TensorLoc, TensorsLoaded
 
@@ -22,6 +23,9 @@ __all__ = [
     "LoadItem",
     "Loader",
     "LoaderConfig",
+    "ModelInfo",
+    "ModelSummary",
+    "Models",
     "Reservation",
     "TensorLoc",
     "TensorsLoaded",

@@ -30,6 +30,7 @@ from tiering.serving.gathers import gather_rows
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.leases import Lease, LeaseTable
 from tiering.serving.loads import FanOut, LoadItem, load_many, load_one
+from tiering.serving.models import Models
 from tiering.serving.prefetch import start_prefetch
 from tiering.serving.safetensors import TensorsLoaded, load_shards
 
@@ -52,6 +53,8 @@ class Loader:
             concurrency=ctx.config.prefetch_concurrency, retention_s=ctx.config.job_retention_s
         )
         self._fan_out = FanOut(ctx.config.load_concurrency)
+        #: Hugging Face model directories as units: list, show, load, prefetch, pin.
+        self.models = Models(ctx, self.jobs)
 
     @property
     def engine(self) -> Engine:

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tiering.errors import InvalidInput, TooLarge
-from tiering.io import Device
+from tiering.io import Device, GdsFile
 from tiering.io.buffers import alloc_size
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
 from tiering.serving.leases import Lease, Reservation
 
-__all__ = ["TensorLoc", "TensorsLoaded", "load_shards"]
+__all__ = ["Select", "TensorLoc", "TensorsLoaded", "load_shards"]
+
+Select = Callable[[Sequence[GdsFile]], Sequence[str] | None]
+"""``select(shards)``: check the opened shards (in request order) before anything is
+reserved, and return the tensors to load (None: all)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,13 @@ def load_shards(
     names: Sequence[str] | None,
     device: str | Device,
     ttl_s: float | None,
+    select: Select | None = None,
 ) -> TensorsLoaded:
-    """Tensors of safetensors shards; see :meth:`tiering.serving.Loader.load_safetensors`."""
+    """Tensors of safetensors shards; see :meth:`tiering.serving.Loader.load_safetensors`.
+
+    ``select`` (with ``names`` None) chooses the tensors once the shards are open, so a
+    caller can check them (a model's weight map) without opening them twice.
+    """
     if not files:
         raise InvalidInput("name at least one file")
     if len(files) > ctx.config.max_batch_items:
@@ -77,6 +86,8 @@ def load_shards(
     tensors: dict[str, TensorLoc] = {}
     with contextlib.ExitStack() as stack:
         opened = [stack.enter_context(ctx.open(ref, storage)) for ref in files]
+        if select is not None:
+            names = select([f for f, _ in opened])
         try:
             storage.device.make_current()
             shards = storage.load_safetensors_raw([f for f, _ in opened], names, alloc)

@@ -1,0 +1,174 @@
+"""Models as a unit: the ``/v1/models`` calls of :class:`~tierd_client.Client`.
+
+A model is a directory of the store that directly holds safetensors weights (a Hugging Face
+model directory), named by its relpath, e.g. ``models/llama-3-8b``.
+
+>>> with Client(url, token) as tierd:                                        # doctest: +SKIP
+...     tierd.models(prefix="models/")                       # name, bytes, tiers, heat
+...     tierd.prefetch_model("models/llama", target="nvme", wait=True)
+...     with tierd.load_model("models/llama", device="cuda:0") as tensors:
+...         weights = tensors.torch()                        # {name: tensor}, no copy
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._buffers import Buffer, Tensors
+from ._exceptions import JobFailed, TierdClientError
+from ._progress import follow
+
+__all__ = ["ModelsMixin"]
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class ModelsMixin:
+    """The model methods; :class:`~tierd_client.Client` provides the plumbing they use."""
+
+    if TYPE_CHECKING:
+
+        def request(
+            self,
+            method: str,
+            path: str,
+            *,
+            json: Any = None,
+            params: Mapping[str, Any] | None = None,
+        ) -> Any: ...
+
+        def _open(self, info: Mapping[str, Any], release_on_close: bool) -> Buffer: ...
+
+        def job(self, job_id: str) -> dict[str, Any]: ...
+
+        def cancel(self, job_id: str) -> dict[str, Any]: ...
+
+        def release(self, buffer_id: str) -> dict[str, Any]: ...
+
+    def models(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """Every model (whose name starts with ``prefix``), by name: files, bytes, the tiers
+        and heat of its weights, pins, whether it has an index."""
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page = self.request(
+                "GET", "/v1/models", params=_drop_none({"prefix": prefix, "cursor": cursor})
+            )
+            out.extend(page["items"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return out
+
+    def model(self, name: str) -> dict[str, Any]:
+        """One model: its files (tier, heat, state, pin) and layout (shards, index, tensors).
+
+        Raises
+        ------
+        NotFound
+            No model of that name.
+        InvalidRequest
+            Its index does not validate (the message says why).
+        """
+        result: dict[str, Any] = self.request("GET", "/v1/models/lookup", params={"name": name})
+        return result
+
+    def load_model(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+    ) -> Tensors:
+        """Load a model's tensors (all, ``names``, or those starting with ``prefix``) into
+        ``device``: one buffer per shard, opened here without a copy.
+
+        Close the :class:`Tensors` (or leave its ``with`` block) to release the leases.
+
+        Raises
+        ------
+        InvalidRequest
+            A bad index, a tensor in two shards, a name not in the model; nothing is leased.
+        InsufficientSpace
+            Over the device's lease budget.
+        """
+        body = _drop_none(
+            {
+                "names": list(names) if names is not None else None,
+                "prefix": prefix,
+                "device": device,
+                "ttl_s": ttl_s,
+            }
+        )
+        reply = self.request("POST", "/v1/models/load", params={"name": name}, json=body)
+        buffers: list[Buffer] = []
+        try:
+            for info in reply["buffers"]:
+                buffers.append(self._open(info, True))
+            return Tensors(buffers, reply["tensors"])
+        except BaseException:
+            for b in buffers:
+                b.close()
+            # _open released the one it failed on; the rest were never opened.
+            for info in reply["buffers"][len(buffers) + 1 :]:
+                with contextlib.suppress(TierdClientError):
+                    self.release(info["buffer_id"])
+            raise
+
+    def prefetch_model(
+        self,
+        name: str,
+        *,
+        target: str = "page_cache",
+        device: str | None = None,
+        ttl_s: float | None = None,
+        wait: bool = False,
+        progress: bool = True,
+        poll_s: float = 0.2,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Warm every file of a model with one job (``gpu``, ``nvme`` or ``page_cache``);
+        returns the job, or with ``wait=True`` follows it to its end as
+        :meth:`~tierd_client.Client.prefetch` does (a progress bar; Ctrl-C or ``timeout``
+        cancels it).
+
+        Raises
+        ------
+        JobFailed
+            ``wait=True`` and the job failed.
+        TimeoutError
+            ``wait=True`` and the job was still running after ``timeout`` seconds.
+        """
+        body = _drop_none({"target": target, "device": device, "ttl_s": ttl_s})
+        job: dict[str, Any] = self.request(
+            "POST", "/v1/models/prefetch", params={"name": name}, json=body
+        )
+        if not wait:
+            return job
+        try:
+            job = follow(job, self.job, progress=progress, poll_s=poll_s, timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(TierdClientError):
+                self.cancel(job["id"])
+            raise
+        if job["state"] == "failed":
+            raise JobFailed(f"prefetch of model {name} failed: {job['error']}", job)
+        return job
+
+    def pin_model(self, name: str, tier: str | None = None) -> dict[str, Any]:
+        """Pin every file of a model to ``tier`` (default: where most of its weights are), all
+        at once; needs the admin token."""
+        result: dict[str, Any] = self.request(
+            "POST", "/v1/models/pin", params={"name": name}, json=_drop_none({"tier": tier})
+        )
+        return result
+
+    def unpin_model(self, name: str) -> dict[str, Any]:
+        """Remove the pins of every file of a model; needs the admin token."""
+        result: dict[str, Any] = self.request("DELETE", "/v1/models/pin", params={"name": name})
+        return result
