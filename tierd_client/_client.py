@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 
 from ._buffers import Buffer, Tensors
-from ._exceptions import JobFailed, TierdClientError, TransportError, error_from_response
+from ._exceptions import TierdClientError, TransportError, error_from_response
 from ._models import ModelsMixin
-from ._progress import follow
+from ._progress import finish
 from ._state_dict import StateDictSource, close_client, load_state_dict
 
 if TYPE_CHECKING:
@@ -307,15 +307,10 @@ class Client(ModelsMixin):
         job: dict[str, Any] = self.request("POST", "/v1/prefetch", json=body)
         if not wait:
             return job
-        try:
-            job = follow(job, self.job, progress=progress, poll_s=poll_s, timeout=timeout)
-        except BaseException:
-            with contextlib.suppress(TierdClientError):
-                self.cancel(job["id"])
-            raise
-        if job["state"] == "failed":
-            raise JobFailed(f"prefetch job {job['id']} failed: {job['error']}", job)
-        return job
+        return finish(
+            job, self.job, self.cancel, what=f"prefetch job {job['id']}",
+            progress=progress, poll_s=poll_s, timeout=timeout,
+        )  # fmt: skip
 
     def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", f"/v1/jobs/{job_id}")

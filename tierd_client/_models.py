@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._buffers import Buffer, Tensors
-from ._exceptions import JobFailed, TierdClientError
-from ._progress import follow
+from ._exceptions import TierdClientError
+from ._progress import finish
 
 __all__ = ["ModelsMixin"]
 
@@ -150,15 +150,10 @@ class ModelsMixin:
         )
         if not wait:
             return job
-        try:
-            job = follow(job, self.job, progress=progress, poll_s=poll_s, timeout=timeout)
-        except BaseException:
-            with contextlib.suppress(TierdClientError):
-                self.cancel(job["id"])
-            raise
-        if job["state"] == "failed":
-            raise JobFailed(f"prefetch of model {name} failed: {job['error']}", job)
-        return job
+        return finish(
+            job, self.job, self.cancel, what=f"prefetch of model {name}",
+            progress=progress, poll_s=poll_s, timeout=timeout,
+        )  # fmt: skip
 
     def pin_model(self, name: str, tier: str | None = None) -> dict[str, Any]:
         """Pin every file of a model to ``tier`` (default: where most of its weights are), all

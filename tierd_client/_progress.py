@@ -6,6 +6,7 @@ otherwise a plain line of text, so that the client needs neither.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -160,3 +161,28 @@ def follow(
                 raise TimeoutError(f"job {job['id']} still {job['state']}")
             time.sleep(poll_s)
             job = poll(job["id"])
+
+
+def finish(
+    job: Job,
+    poll: Callable[[str], Job],
+    cancel: Callable[[str], Any],
+    *,
+    what: str,
+    progress: bool,
+    poll_s: float,
+    timeout: float | None,
+) -> Job:
+    """:func:`follow` ``job`` to its end; cancel it when the wait is cut short (Ctrl-C, the
+    timeout), and raise :class:`~tierd_client.JobFailed` naming ``what`` when it failed."""
+    from ._exceptions import JobFailed, TierdClientError
+
+    try:
+        job = follow(job, poll, progress=progress, poll_s=poll_s, timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(TierdClientError):
+            cancel(job["id"])
+        raise
+    if job["state"] == "failed":
+        raise JobFailed(f"{what} failed: {job['error']}", job)
+    return job
