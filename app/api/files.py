@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -238,8 +239,13 @@ def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
 )
 def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Response:
     """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
-    an unsatisfiable or multi-part one gives 416. Counts one access."""
-    content = engine.open_content(file_id)
+    an unsatisfiable or multi-part one gives 416. Counts one access.
+
+    The first chunk is read before the status line is sent: a file changed or removed behind
+    tierd's back is then a 409, never a 200 cut short. That lets an object be opened from the
+    catalog's ETag without a HEAD (every ranged GET carries ``If-Match``), so a small range is
+    one request to the store."""
+    content = engine.open_content(file_id, trust_catalog=True)
     try:
         rec = content.record
         size = content.size
@@ -263,7 +269,10 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     except BaseException:
         content.close()
         raise
-    return StreamingResponse(content.iter_range(start, end), status_code=status, headers=headers)
+    chunks = content.iter_range(start, end)
+    first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
+    body = chunks if first is None else itertools.chain((first,), chunks)
+    return StreamingResponse(body, status_code=status, headers=headers)
 
 
 @router.delete(
