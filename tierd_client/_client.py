@@ -114,6 +114,24 @@ class Client(ModelsMixin):
             raise
 
     # -- loads -----------------------------------------------------------------------------
+
+    def _open_all(self, reply: Mapping[str, Any]) -> list[Buffer]:
+        """Every buffer of a reply, opened here; on a failure none stays leased (the opened
+        ones are closed and released, the rest released unopened)."""
+        out: list[Buffer] = []
+        try:
+            for info in reply["buffers"]:
+                out.append(self._open(info, True))
+        except BaseException:
+            for b in out:
+                b.close()
+            # _open released the one it failed on; the rest were never opened.
+            for info in reply["buffers"][len(out) + 1 :]:
+                with contextlib.suppress(TierdClientError):
+                    self.release(info["buffer_id"])
+            raise
+        return out
+
     def load(
         self,
         file: FileRef,
@@ -160,18 +178,7 @@ class Client(ModelsMixin):
             else:
                 wire.append(_ref(it))
         body = _drop_none({"items": wire, "device": device, "ttl_s": ttl_s})
-        reply = self.request("POST", "/v1/load/batch", json=body)
-        out: list[Buffer] = []
-        try:
-            for info in reply["buffers"]:
-                out.append(self._open(info, True))
-        except BaseException:
-            for b in out:
-                b.close()
-            for info in reply["buffers"][len(out) + 1 :]:
-                self.release(info["buffer_id"])
-            raise
-        return out
+        return self._open_all(self.request("POST", "/v1/load/batch", json=body))
 
     def load_safetensors(
         self,
@@ -191,17 +198,7 @@ class Client(ModelsMixin):
             }
         )
         reply = self.request("POST", "/v1/load/safetensors", json=body)
-        buffers: list[Buffer] = []
-        try:
-            for info in reply["buffers"]:
-                buffers.append(self._open(info, True))
-            return Tensors(buffers, reply["tensors"])
-        except BaseException:
-            for b in buffers:
-                b.close()
-            for info in reply["buffers"][len(buffers) + 1 :]:
-                self.release(info["buffer_id"])
-            raise
+        return Tensors(self._open_all(reply), reply["tensors"])
 
     def load_state_dict(
         self,

@@ -12,12 +12,10 @@ model directory), named by its relpath, e.g. ``models/llama-3-8b``.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._buffers import Buffer, Tensors
-from ._exceptions import TierdClientError
 from ._progress import finish
 
 __all__ = ["ModelsMixin"]
@@ -41,7 +39,7 @@ class ModelsMixin:
             params: Mapping[str, Any] | None = None,
         ) -> Any: ...
 
-        def _open(self, info: Mapping[str, Any], release_on_close: bool) -> Buffer: ...
+        def _open_all(self, reply: Mapping[str, Any]) -> list[Buffer]: ...
 
         def job(self, job_id: str) -> dict[str, Any]: ...
 
@@ -106,19 +104,7 @@ class ModelsMixin:
             }
         )
         reply = self.request("POST", "/v1/models/load", params={"name": name}, json=body)
-        buffers: list[Buffer] = []
-        try:
-            for info in reply["buffers"]:
-                buffers.append(self._open(info, True))
-            return Tensors(buffers, reply["tensors"])
-        except BaseException:
-            for b in buffers:
-                b.close()
-            # _open released the one it failed on; the rest were never opened.
-            for info in reply["buffers"][len(buffers) + 1 :]:
-                with contextlib.suppress(TierdClientError):
-                    self.release(info["buffer_id"])
-            raise
+        return Tensors(self._open_all(reply), reply["tensors"])
 
     def prefetch_model(
         self,

@@ -35,14 +35,14 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tiering.errors import IntegrityError, InvalidInput, StorageError
-from tiering.tiers import Source
+from tiering.tiers import Source, settle
 
 from ._backends import Staging, _host_view
 from ._config import GdsConfig
@@ -119,21 +119,6 @@ def _read_exact(file: RemoteFile, view: memoryview, offset: int) -> None:
             f"the file is shorter than the {file.size()} bytes it had when opened",
             offset=offset,
         )
-
-
-def _settle(futures: Sequence[Future[None]]) -> None:
-    """Wait for every future; on a failure cancel the rest and wait for those already running
-    (none may still write into the caller's memory), then raise the first error."""
-    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-    failed = next((f for f in futures if f in done and f.exception() is not None), None)
-    if failed is None:
-        return
-    for f in futures:
-        f.cancel()
-    wait(futures)
-    exc = failed.exception()
-    assert exc is not None
-    raise exc
 
 
 def _split(segments: Sequence[Segment], piece: int) -> list[Segment]:
@@ -281,7 +266,7 @@ class RemoteReads:
             _read_exact(file, view[at : at + n], off)
             return
         pool = self._pools.aux("remote")
-        _settle([pool.submit(_read_exact, file, view[at : at + n], off) for off, n, at in parts])
+        settle([pool.submit(_read_exact, file, view[at : at + n], off) for off, n, at in parts])
 
     def _to_device(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> None:
         """Ranges into device array ``dst`` through a ring of pinned pieces."""
@@ -309,7 +294,7 @@ class RemoteReads:
             for i in range(min(slots, len(pieces))):
                 fetch(i)
             for i, piece in enumerate(pieces):
-                _settle(inflight.popleft())
+                settle(inflight.popleft())
                 slot = i % slots
                 for _off, n, dst_at, at in piece:
                     st.copy_out(cp, slot, base + dst_at, at, n)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath
@@ -155,7 +155,7 @@ class Source(abc.ABC):
     def close(self) -> None:  # noqa: B027 - a source with nothing to release keeps the default
         pass
 
-    def __enter__(self) -> Source:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -211,7 +211,7 @@ class Writer(abc.ABC):
     def abort(self) -> None:
         """Discard everything written (idempotent; a no-op after publish)."""
 
-    def __enter__(self) -> Writer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

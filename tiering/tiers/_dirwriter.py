@@ -14,7 +14,6 @@ import errno
 import os
 import secrets
 import stat
-from types import TracebackType
 from typing import Protocol, cast
 
 from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
@@ -125,17 +124,6 @@ class DirectoryWriter(Writer):
             return os.stat(self.name, dir_fd=self._dirfd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-
-    def __enter__(self) -> DirectoryWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.abort()
 
     @property
     def checksum(self) -> str:

@@ -16,7 +16,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -29,6 +29,7 @@ from tiering.errors import (
     TierdError,
 )
 from tiering.tiers._base import Published, Source, Stat, Tier, Writer
+from tiering.tiers._futures import settle
 from tiering.tiers._object_reads import Blocks, BotoBlocks, KvikioBlocks, kvikio_remote
 from tiering.tiers._s3 import error_code, error_status, translate
 from tiering.tiers._store import META_CHECKSUM, S3Store
@@ -85,7 +86,7 @@ class ObjectSource(Source):
             )
             for start in range(0, n, step)
         ]
-        _settle(futures)
+        settle(futures)
         return n
 
     def read_parallel(self, buf: memoryview, offset: int) -> int:
@@ -210,21 +211,6 @@ class ObjectSource(Source):
         """
         if self._head_matches() is None:
             raise self.store._changed(self.key, self.stat.version)
-
-
-def _settle(futures: list[Future[Any]]) -> list[Any]:
-    """Results of every future, in order; on a failure the others are cancelled or waited for
-    (none may still write into a caller's buffer) and the first error is raised."""
-    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-    failed = next((f for f in futures if f in done and f.exception() is not None), None)
-    if failed is not None:
-        for f in futures:
-            f.cancel()
-        wait(futures)
-        exc = failed.exception()
-        assert exc is not None
-        raise exc
-    return [f.result() for f in futures]
 
 
 class ObjectWriter(Writer):
