@@ -18,6 +18,7 @@ def test_public_names():
         [
             "BackendName",
             "BatchResult",
+            "CopyFile",
             "Device",
             "GdsConfig",
             "GdsFile",
@@ -25,10 +26,12 @@ def test_public_names():
             "GpuDirectStorage",
             "IoPath",
             "IoReport",
+            "LoadSource",
             "LoadedTensors",
             "ModelLayout",
             "PathStats",
             "ReadResult",
+            "SOURCES",
             "SafetensorsHeader",
             "ShardLayout",
             "Stats",
@@ -37,6 +40,7 @@ def test_public_names():
             "TierIo",
             "load_state_dict",
             "parse_device",
+            "peer_access",
             "read_header",
         ]
     )

@@ -12,11 +12,12 @@ for a GPU is created, behind a backend chooser (see :class:`GdsConfig`).
 from __future__ import annotations
 
 from ._config import BackendName, GdsConfig, TierIo
+from ._copies import CopyFile, peer_access
 from ._device import Device, parse_device
 from ._file import GdsFile
 from ._results import BatchResult, ReadResult
 from ._shards import ShardLayout
-from ._stats import GdsStatsSnapshot, IoPath, IoReport, PathStats, Stats
+from ._stats import SOURCES, GdsStatsSnapshot, IoPath, IoReport, LoadSource, PathStats, Stats
 from ._storage import GpuDirectStorage
 from ._write import TMP_SUFFIX
 from .hfmodel import ModelLayout
@@ -27,6 +28,10 @@ __all__ = [
     "TMP_SUFFIX",
     "BackendName",
     "BatchResult",
+    "CopyFile",
+    "LoadSource",
+    "SOURCES",
+    "peer_access",
     "Device",
     "GdsConfig",
     "GdsFile",

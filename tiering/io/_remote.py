@@ -213,7 +213,7 @@ class RemoteReads:
     def read(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> IoReport:
         """Read ``segments`` of ``file`` into flat uint8 ``dst``; counted as one operation."""
         nbytes = sum(n for _, n, _ in segments)
-        started = self._stats.begin(file.io_path, file.tier_key)
+        started = self._stats.begin(file.io_path, file.tier_key, "object_store")
         ok = False
         engine = "python"
         try:
@@ -225,8 +225,12 @@ class RemoteReads:
                 self._to_device(file, dst, segments)
             ok = True
         finally:
-            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
-        return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine)
+            seconds = self._stats.end(
+                file.io_path, file.tier_key, started, nbytes, ok, "object_store"
+            )
+        return IoReport(
+            nbytes, file.io_path, file.tier_key, seconds, engine=engine, source="object_store"
+        )
 
     def _by_kvikio(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int

@@ -9,8 +9,6 @@ remote files go on to :mod:`._remote`), :mod:`._vectors` (rows and gathers), :mo
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -25,9 +23,11 @@ from tiering.errors import InvalidDtype, InvalidInput, TierdError
 from tiering.tiers import Source
 
 from . import _write
+from ._aio import AsyncTwins
 from ._backends import Backend, Chosen, choose_backend
 from ._checks import check_alignment, check_range, flat_target, parse_dtype
 from ._config import GdsConfig
+from ._copies import CopyFile
 from ._device import Device, parse_device
 from ._file import GdsFile
 from ._gather import PinnedPool
@@ -49,7 +49,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class GpuDirectStorage:
+class GpuDirectStorage(AsyncTwins):
     """Reads files into GPU (``cuda:N``, CuPy arrays) or host (``cpu``, NumPy) memory.
 
     Parameters
@@ -220,6 +220,37 @@ class GpuDirectStorage:
             rank=rank,
             alignment=self.config.alignment,
             owner=self,
+        )
+
+    def open_copy(
+        self,
+        array: Any,
+        held_on: Device,
+        *,
+        name: str,
+        tier: str | None,
+        rank: int | None,
+        on_close: Callable[[], None] | None = None,
+    ) -> GdsFile:
+        """Open bytes already held in memory (flat ``uint8`` ``array``, on the host or on GPU
+        ``held_on``) for every read :meth:`open_file` files get.
+
+        Reads are memory copies under the ``copy`` I/O path (see :mod:`tiering.io._copies`),
+        counted under ``tier`` (where the file's authoritative bytes are). The holder must keep
+        ``array`` unchanged until ``on_close`` is called, when the file is closed and its last
+        read has ended.
+        """
+        self._check_open()
+        return CopyFile(
+            array,
+            held_on,
+            name=name,
+            tier=tier,
+            rank=rank,
+            alignment=self.config.alignment,
+            owner=self,
+            target=self.device,
+            on_close=on_close,
         )
 
     # -- the transfer primitive, for _shards (see ShardStorage) -----------------------------
@@ -428,69 +459,6 @@ class GpuDirectStorage:
     def reset_stats(self) -> None:
         """Zero the counters."""
         self._stats.reset()
-
-    # -- async twins -------------------------------------------------------------------------
-
-    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pools.aux("async"), functools.partial(fn, *args, **kwargs)
-        )
-
-    async def aopen_file(self, path: str | os.PathLike[str]) -> GdsFile:
-        """``async`` twin of :meth:`open_file`."""
-        return await self._run(self.open_file, path)
-
-    async def aload_to_gpu(self, file: GdsFile, offset: int, buffer: Any) -> IoReport:
-        """``async`` twin of :meth:`load_to_gpu`."""
-        return await self._run(self.load_to_gpu, file, offset, buffer)
-
-    async def aread(
-        self, file: GdsFile, offset: int = 0, length: int | None = None, dtype: Any = np.uint8
-    ) -> ReadResult:
-        """``async`` twin of :meth:`read`."""
-        return await self._run(self.read, file, offset, length, dtype)
-
-    async def aload_file(self, path: str | os.PathLike[str] | GdsFile) -> ReadResult:
-        """``async`` twin of :meth:`load_file`."""
-        return await self._run(self.load_file, path)
-
-    async def aload_models_batch(self, paths: Iterable[str | os.PathLike[str]]) -> BatchResult:
-        """``async`` twin of :meth:`load_models_batch`."""
-        return await self._run(self.load_models_batch, list(paths))
-
-    async def aread_vectors(
-        self, file: GdsFile, start: int, count: int, dim: int, dtype: Any = np.float32
-    ) -> ReadResult:
-        """``async`` twin of :meth:`read_vectors`."""
-        return await self._run(self.read_vectors, file, start, count, dim, dtype)
-
-    async def aprefetch_vectors(
-        self, file: GdsFile, indices: Any, dim: int, dtype: Any, buffer: Any
-    ) -> IoReport:
-        """``async`` twin of :meth:`prefetch_vectors`."""
-        return await self._run(self.prefetch_vectors, file, indices, dim, dtype, buffer)
-
-    async def agather(
-        self, file: GdsFile, indices: Any, dim: int, dtype: Any = np.float32
-    ) -> ReadResult:
-        """``async`` twin of :meth:`gather`."""
-        return await self._run(self.gather, file, indices, dim, dtype)
-
-    async def aload_safetensors(
-        self,
-        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        names: Iterable[str] | None = None,
-        framework: Framework = "auto",
-    ) -> LoadedTensors:
-        """``async`` twin of :meth:`load_safetensors`."""
-        return await self._run(self.load_safetensors, paths, names, framework)
-
-    async def awrite_from_gpu(
-        self, buffer: Any, path: str | os.PathLike[str], *, overwrite: bool = False
-    ) -> IoReport:
-        """``async`` twin of :meth:`write_from_gpu`."""
-        return await self._run(self.write_from_gpu, buffer, path, overwrite=overwrite)
 
     def __repr__(self) -> str:
         return (

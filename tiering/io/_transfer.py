@@ -10,7 +10,13 @@ Every read of a storage (whole files, ranges, contiguous rows, safetensors shard
 
 Each transfer is counted once in the stats, under the file's I/O path and tier. A remote file
 (:class:`~tiering.io._remote.RemoteFile`: no descriptor, an object-store tier's source) takes
-none of these ways: its reads go to :class:`~tiering.io._remote.RemoteReads` whole.
+none of these ways: its reads go to :class:`~tiering.io._remote.RemoteReads` whole. Nor does
+a copy held in memory (:class:`~tiering.io._copies.CopyFile`): one memcpy moves it.
+
+Each report says where its bytes came from: ``page_cache`` or ``storage`` for a local file
+(reads above 1 MiB look at the page cache first; smaller ones count as ``page_cache``, as
+the probe would cost as much as the read), ``object_store`` for a remote one, and the copy's
+own source for a copy.
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ from typing import Any
 from . import _pagecache
 from ._backends import SMALL_READ, Backend
 from ._config import GdsConfig, TierIo
+from ._copies import CopyFile, copy_into
 from ._device import Device
 from ._file import GdsFile
 from ._pools import Pools
 from ._remote import RemoteFile, RemoteReads, Segment
-from ._stats import IoReport, Stats
+from ._stats import IoReport, LoadSource, Stats
 
-__all__ = ["Transfer"]
+__all__ = ["Transfer", "merge_reports"]
 
 # Below this size a read skips the page-cache probe and the thread pool: 4 KiB reads are
 # latency-bound and a mincore() or a thread hop costs more than the read itself.
@@ -69,13 +76,16 @@ class Transfer:
         """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
         if isinstance(file, RemoteFile):
             return self.remote.read(file, dst, [(file_offset, nbytes, dst_offset)])
+        if isinstance(file, CopyFile):
+            return copy_into(file, self._device, dst, dst_offset, file_offset, nbytes, self._stats)
         io = self._config.io_for(file.tier, file.rank)
         cold = False
-        if nbytes >= _PROBE_MIN:
+        if nbytes > _INLINE_MAX:
             cold = _pagecache.residency(fd, file_offset, nbytes) < self._config.cold_threshold
-            if cold:
+            if cold and nbytes >= _PROBE_MIN:
                 io = self._config.cold_io
-        started = self._stats.begin(file.io_path, file.tier_key)
+        source: LoadSource = "storage" if cold else "page_cache"
+        started = self._stats.begin(file.io_path, file.tier_key, source)
         ok = False
         try:
             if self._pooled and not cold and nbytes > _INLINE_MAX:
@@ -92,8 +102,8 @@ class Transfer:
                 self._parallel(file, fd, dst, dst_offset, file_offset, nbytes, io)
             ok = True
         finally:
-            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok)
-        return IoReport(nbytes, file.io_path, file.tier_key, seconds, cold)
+            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok, source)
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds, cold, source=source)
 
     def transfer_ranges(
         self, file: GdsFile, fd: int, dst: Any, segments: Sequence[Segment]
@@ -106,13 +116,7 @@ class Transfer:
         if isinstance(file, RemoteFile):
             return self.remote.read(file, dst, segments)
         parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
-        return IoReport(
-            sum(r.nbytes for r in parts),
-            file.io_path,
-            file.tier_key,
-            sum(r.seconds for r in parts),
-            any(r.cold for r in parts),
-        )
+        return merge_reports(file, parts)
 
     def _chunks(
         self,
@@ -169,3 +173,17 @@ class Transfer:
                 if not f.cancelled():
                     f.exception()
             raise
+
+
+def merge_reports(file: GdsFile, parts: Sequence[IoReport]) -> IoReport:
+    """One report for several reads of ``file``: its source is the slowest of theirs."""
+    cold = any(r.cold for r in parts)
+    source: LoadSource = "storage" if cold else parts[0].source if parts else "page_cache"
+    return IoReport(
+        sum(r.nbytes for r in parts),
+        file.io_path,
+        file.tier_key,
+        sum(r.seconds for r in parts),
+        cold,
+        source=source,
+    )

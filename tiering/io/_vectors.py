@@ -17,13 +17,14 @@ from tiering.errors import IndexOutOfRange, InvalidDtype, InvalidInput, InvalidR
 from . import _pagecache
 from ._checks import flat_target, parse_dtype
 from ._config import GdsConfig
+from ._copies import CopyFile
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._gather import Fill, PinnedPool, gather_rows, local_fill
 from ._pools import Pools
 from ._remote import RemoteFile
 from ._results import ReadResult
-from ._stats import IoPath, IoReport, Stats
+from ._stats import IoPath, IoReport, LoadSource, Stats
 from ._transfer import Transfer
 
 __all__ = ["Vectors"]
@@ -124,12 +125,16 @@ class Vectors:
         # The gather's I/O is tierd's own (memory map or preadv, or a remote file's ranged
         # reads), whatever the backend.
         io_path: IoPath = "host"
+        source: LoadSource = "page_cache"
         if isinstance(file, RemoteFile):
-            io_path = file.io_path
+            io_path, source = file.io_path, "object_store"
             fill = self._transfer.remote.row_filler(file, row)
+        elif isinstance(file, CopyFile):
+            io_path, source = file.io_path, file.source
+            fill = _copy_fill(file, row)
         else:
             fill = self._local_fill(file, fd, row)
-        started = self._stats.begin(io_path, file.tier_key)
+        started = self._stats.begin(io_path, file.tier_key, source)
         ok = False
         try:
             if idx.size:
@@ -145,8 +150,8 @@ class Vectors:
             ok = True
         finally:
             nbytes = idx.size * row
-            seconds = self._stats.end(io_path, file.tier_key, started, nbytes, ok)
-        return IoReport(nbytes, io_path, file.tier_key, seconds)
+            seconds = self._stats.end(io_path, file.tier_key, started, nbytes, ok, source)
+        return IoReport(nbytes, io_path, file.tier_key, seconds, source=source)
 
     def _local_fill(self, file: GdsFile, fd: int, row: int) -> Fill:
         hot = None
@@ -158,3 +163,13 @@ class Vectors:
             return file._rows(populate=bool(hot))
 
         return local_fill(fd, rows, row, self._pools.aux("gather"), self._config.gather_threads)
+
+
+def _copy_fill(file: CopyFile, row: int) -> Fill:
+    """Rows of a copy held in host memory: one ``take`` (no I/O, no page faults)."""
+    matrix = file._rows(populate=False)[: file.size() // row * row].reshape(-1, row)
+
+    def fill(idx: np.ndarray, out: np.ndarray) -> None:
+        np.take(matrix, idx, axis=0, out=out.reshape(idx.size, row))
+
+    return fill

@@ -14,13 +14,14 @@ import logging
 import threading
 from collections.abc import Iterator
 
-from tiering.catalog import FileRecord
+from tiering.catalog import FileRecord, FileState
 from tiering.engine import Engine
 from tiering.errors import BackendUnavailable, InvalidDevice, InvalidInput
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
 from tiering.io._device import import_cupy
 from tiering.io.buffers import BufferPool
 from tiering.serving.config import FileRef, LoaderConfig, Observer
+from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation
 
 __all__ = ["LoadContext", "fill"]
@@ -49,6 +50,9 @@ class LoadContext:
         self.stats = Stats()
         self._storages: dict[Device, GpuDirectStorage] = {}
         self._storage_lock = threading.Lock()
+        #: Who may hold copies of files in memory, asked in order before a file is read from
+        #: its tier (the GPU residency first, then the memory tier; see serving.held).
+        self.holders: list[Holder] = []
 
     def close(self) -> None:
         self.leases.stop()
@@ -110,8 +114,14 @@ class LoadContext:
         return self.engine.get(ref) if isinstance(ref, int) else self.engine.lookup(ref)
 
     @contextlib.contextmanager
-    def open(self, ref: FileRef, storage: GpuDirectStorage) -> Iterator[tuple[GdsFile, int]]:
+    def open(
+        self, ref: FileRef, storage: GpuDirectStorage, *, copies: str = "any"
+    ) -> Iterator[tuple[GdsFile, int]]:
         """Open a catalog file for ``storage``; counts one access.
+
+        A copy held in memory (see :mod:`tiering.serving.held`) is read instead when one is
+        current: ``copies`` is ``"any"``, ``"host"`` (gathers, which need host rows) or
+        ``"none"``.
 
         A file in a local directory is opened through the descriptor its tier opened beneath
         the root (its reads get the tier's I/O path: GDS, KvikIO, host). Any other source
@@ -125,6 +135,12 @@ class LoadContext:
             file_id = self.engine.lookup(ref, cached=True).id
         else:
             file_id = self.record(ref).id  # raises the clear error for a bad reference
+        if copies != "none" and self.holders:
+            opened = self._open_copy(file_id, storage, host_only=copies == "host")
+            if opened is not None:
+                with opened:
+                    yield opened, file_id
+                return
         content = self.engine.open_content(file_id, trust_catalog=True)
         rec = content.record
         try:
@@ -141,6 +157,39 @@ class LoadContext:
         with f:
             yield f, rec.id
 
+    def _open_copy(
+        self, file_id: int, storage: GpuDirectStorage, *, host_only: bool
+    ) -> GdsFile | None:
+        """A current copy of the file held in memory, opened for ``storage``; counts one
+        access. None when no holder has one (nothing counted)."""
+        rec = self.engine.catalog.get(file_id, cached=True)
+        if rec.state != FileState.STABLE and rec.state != FileState.MIGRATING:
+            return None
+        tier = self.engine.tiers.get(rec.tier)
+        for holder in self.holders:
+            held = holder.acquire(rec, storage.device)
+            if held is None:
+                continue
+            if (host_only and held.held_on.is_cuda) or not still_current(held, rec, tier):
+                held.release()
+                continue
+            try:
+                f = storage.open_copy(
+                    held.array,
+                    held.held_on,
+                    name=rec.relpath,
+                    tier=tier.name,
+                    rank=tier.rank,
+                    on_close=held.release,
+                )
+            except BaseException:
+                held.release()
+                raise
+            assert self.engine.access is not None
+            self.engine.access.record(rec.id)
+            return f
+        return None
+
     def observe(self, op: str, device: Device, report: IoReport) -> None:
         """Tell the observer about a finished read; its failure never fails the load."""
         if self.observer is not None:
@@ -154,7 +203,7 @@ def fill(storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, n
     """Read ``n`` bytes of ``f`` from ``offset`` into the buffer attached to ``res``."""
     assert res.buffer is not None
     if n == 0:
-        return IoReport(0, f.io_path, f.tier_key, 0.0)
+        return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
     storage.device.make_current()
     report = storage.load_to_gpu(f, offset, res.buffer.array()[:n])
     res.buffer.synchronize()  # the client may read as soon as it has the reply

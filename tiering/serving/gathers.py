@@ -46,7 +46,7 @@ def gather_rows(
     dt = parse_dtype(dtype)
     ctx.leases.ttl(ttl_s)
     storage = ctx.storage(dev)
-    with ctx.open(file, storage) as (f, file_id):
+    with ctx.open(file, storage, copies="host") as (f, file_id):
         row = dim * dt.itemsize
         if f.size() % row:
             raise InvalidDtype(
