@@ -142,16 +142,19 @@ def _check_tiers(settings: Settings) -> None:
     """Refuse to start, with one clear line, when a tier cannot be used (a bucket that is not
     there, refuses the credentials, denies a write or cannot be reached); the server's start
     would fail the same way, buried in a traceback."""
-    from tiering.tiers import Tiers
+    from tiering.tiers import MemoryTier, Tiers
 
     try:
-        tiers = Tiers(settings.engine_config().tiers)
+        config = settings.engine_config()
+        tiers = Tiers(config.tiers)
     except ValueError as exc:
         err.print(f"[red]invalid configuration:[/red] {exc}")
         raise typer.Exit(2) from None
     try:
         for tier in tiers:
             tier.check()
+        if config.memory is not None:  # its quota against RLIMIT_MEMLOCK and the host's RAM
+            MemoryTier(config.memory, floor_bytes=config.memory_floor_bytes).check()
     except TierdError as exc:
         err.print(f"[red]cannot start:[/red] {exc.message}")
         raise typer.Exit(1) from None

@@ -1,7 +1,7 @@
 """``tierd bench``: one command for every benchmark; the measuring is :mod:`tiering.bench`.
 
 ``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
-``tierd bench access|mover|rest|object-store`` run the others (``--access`` and
+``tierd bench access|mover|rest|serving|models|object-store`` run the others (``--access`` and
 ``--object-store`` are the same as their sub-commands). Each prints the same table to standard
 output (progress goes to standard error) and, with ``--json``, writes the same JSON document.
 Sub-benchmarks are imported when run, so ``tierd --help`` never loads the data path.
@@ -267,6 +267,47 @@ def bench_rest(
     from tiering.bench.rest import run
 
     report = run(_size(size, minimum=4096), device, repeats=repeats, small=small, say=progress())
+    _finish(report, json_path)
+
+
+@bench_cli.command("serving")
+def bench_serving(
+    duration: Annotated[
+        float, typer.Option("--duration", help="Seconds of each idle and busy window.", min=0.5)
+    ] = 5.0,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "--repeat", help="Pairs of windows (idle, busy).", min=1)
+    ] = 4,
+    clients: Annotated[int, typer.Option("--clients", help="Concurrent clients.", min=1)] = 16,
+    movers: Annotated[
+        int, typer.Option("--movers", help="Files moving at once, each back and forth.", min=1)
+    ] = 2,
+    size: Annotated[str, typer.Option("--size", help="Size of each file moved.")] = "24MiB",
+    cap: Annotated[
+        float | None,
+        typer.Option(
+            "--cap", help="Bandwidth cap on moves, MiB/s (0: none; default: the policy's).", min=0
+        ),
+    ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Where the tiers go. Default: the temp dir.", file_okay=False),
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Requests over REST at idle and while files move between tiers: p50/p99, rate, ratios."""
+    from tiering.bench.serving import run
+
+    report = run(
+        duration,
+        repeats=repeats,
+        clients=clients,
+        movers=movers,
+        move_size=_size(size),
+        cap_mib_s="policy" if cap is None else (cap or None),
+        directory=directory,
+        say=progress(),
+    )
     _finish(report, json_path)
 
 

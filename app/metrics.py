@@ -51,6 +51,22 @@ class Metrics:
             ["op", "io_path", "tier"],
             registry=r,
         )
+        # Where loaded bytes came from: families of their own, so the series above (and the
+        # rules and dashboards built on them) stay as they were.
+        self.source_bytes = Counter(
+            "tierd_loaded_bytes_by_source",
+            "Bytes loaded into buffers, by tier and by where they came from (source: gpu, peer, "
+            "memory, page_cache, storage, object_store); 0 for a lease handed out from a "
+            "resident copy",
+            ["tier", "source"],
+            registry=r,
+        )
+        self.source_loads = Counter(
+            "tierd_loads_by_source",
+            "Completed loads (one per lease or shard), by tier and source",
+            ["tier", "source"],
+            registry=r,
+        )
         self.load_seconds = Histogram(
             "tierd_load_duration_seconds",
             "Time reading one load's bytes into its buffer",
@@ -76,6 +92,8 @@ class Metrics:
         """The :class:`~tiering.serving.loader.Loader`'s observer."""
         self.loaded_bytes.labels(op, str(device), report.io_path, report.tier).inc(report.nbytes)
         self.loads.labels(op, report.io_path, report.tier).inc()
+        self.source_bytes.labels(report.tier, report.source).inc(report.nbytes)
+        self.source_loads.labels(report.tier, report.source).inc()
         self.load_seconds.labels(op).observe(report.seconds)
 
     def watch(self, engine: Engine, loader: Loader) -> None:
@@ -123,6 +141,15 @@ class _StateCollector(Collector):
         for dev, n in sorted(per_dev.items()):
             count.add_metric([dev], n)
         yield count
+        resident = GaugeMetricFamily(
+            "tierd_resident_bytes",
+            "Allocated bytes of read-only resident copies (shared loads, gpu prefetches) that "
+            "loads are handed or copy from, per device; counted in tierd_leased_bytes too",
+            labels=["device"],
+        )
+        for dev, n in sorted(self.loader.residency.resident_bytes().items()):
+            resident.add_metric([dev], n)
+        yield resident
         yield CounterMetricFamily(
             "tierd_leases_expired", "Leases freed by the reaper", value=leases.expired_total
         )
@@ -136,6 +163,7 @@ class _StateCollector(Collector):
         for (target, state), n in sorted(by_state.items()):
             jobs.add_metric([target, state], n)
         yield jobs
+        yield from self._memory()
         try:
             usage = self.engine.catalog.usage()
             phases = self.engine.journal.phase_counts()
@@ -174,6 +202,40 @@ class _StateCollector(Collector):
                 value=1 if watcher.status().healthy else 0,
             )
 
+    def _memory(self) -> Iterator[Metric]:
+        # The memory tier's copies (a cache: its files stay in tierd_catalog_* on their tiers).
+        memory = self.engine.memory
+        if memory is None:
+            return
+        entries = memory.entries()
+        labels = [memory.name]
+        held = GaugeMetricFamily(
+            "tierd_memory_tier_bytes",
+            "Bytes of the copies the memory tier holds in pinned host memory",
+            labels=["tier"],
+        )
+        held.add_metric(labels, sum(e.size for e in entries))
+        yield held
+        count = GaugeMetricFamily(
+            "tierd_memory_tier_files", "Copies the memory tier holds", labels=["tier"]
+        )
+        count.add_metric(labels, len(entries))
+        yield count
+        fills = CounterMetricFamily(
+            "tierd_memory_tier_fills", "Copies made into the memory tier", labels=["tier"]
+        )
+        fills.add_metric(labels, memory.tier.fills)
+        yield fills
+        drops = CounterMetricFamily(
+            "tierd_memory_tier_drops",
+            "Copies the memory tier dropped, by reason (cold, watermark, evicted, pressure, "
+            "stale, deleted...)",
+            labels=["tier", "reason"],
+        )
+        for reason, n in sorted(memory.tier.drops.items()):
+            drops.add_metric([memory.name, reason], n)
+        yield drops
+
     def _tier_limits(self) -> Iterator[Metric]:
         # The policy's quota and high watermark per tier, so alerts can compare them with
         # tierd_catalog_bytes; a tier without a quota has no series (nothing to exceed).
@@ -193,6 +255,11 @@ class _StateCollector(Collector):
             quota.add_metric([tier.name], q)
             rules = policy.tiers.get(tier.name)
             high.add_metric([tier.name], rules.high_watermark if rules is not None else 0.9)
+        memory = self.engine.memory
+        if memory is not None:
+            quota.add_metric([memory.name], memory.quota_bytes)
+            rules = policy.tiers.get(memory.name)
+            high.add_metric([memory.name], rules.high_watermark if rules is not None else 0.9)
         yield quota
         yield high
 

@@ -82,9 +82,15 @@ class FileList(BaseModel):
 
 
 class TierOut(BaseModel):
+    """A storage tier, or the memory tier: a cache of copies in pinned host memory above them
+    (rank -1; its capacity is its quota, used and file bytes what its copies hold, files how
+    many copies; the catalog never places a file there)."""
+
     name: str
-    rank: int
-    kind: str = Field(description="The backend: `directory` (a local root) or `object` (S3)")
+    rank: int = Field(description="0 is the fastest storage tier; -1 the memory tier above them")
+    kind: str = Field(
+        description="The backend: `directory` (a local root), `object` (S3) or `memory`"
+    )
     path: str = Field(description="Where the tier is: a directory, or `s3://bucket/prefix`")
     capacity_bytes: int | None = Field(description="Null where the backend has no capacity")
     used_bytes: int | None = Field(

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from app.api.responses import MAX_ID
 from app.schemas import iso
@@ -23,6 +23,7 @@ __all__ = [
     "LoadRequest",
     "PrefetchRequest",
     "RenewRequest",
+    "SHARED_DOC",
     "SafetensorsOut",
     "SafetensorsRequest",
     "TensorOut",
@@ -32,6 +33,23 @@ __all__ = [
 _PATH = Field(default=None, max_length=MAX_RELPATH_CHARS * 4, description="File relpath")
 _DEVICE = Field(default="cpu", max_length=32, description="cpu or cuda:N")
 _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
+
+SHARED_DOC = (
+    "Read-only contract: the caller promises never to write the buffer (inference weights). "
+    "In return, what the load asks for that is already resident on the device (another "
+    "shared load's copy of the same file at the same generation, or a gpu prefetch's) is "
+    "handed out again: the same allocation (CUDA IPC handle, or shared-memory segment, at an "
+    "offset for a range inside a resident one), no read, no new bytes against the lease "
+    "budget, source gpu (memory on cpu) and reused true. Otherwise it is read into a new "
+    "read-only buffer that stays resident while any lease holds it. The lease and its handle "
+    "say read_only: the client makes NumPy views non-writable and marks the CUDA array "
+    "interface and DLPack (1.0+) read-only; torch and CuPy cannot refuse writes, which would "
+    "change every sharer's bytes. A file that changed is never served from an older copy."
+)
+
+
+def _shared() -> Any:
+    return Field(default=False, description=SHARED_DOC)
 
 
 def _exactly_one(a: str, a_type: str, b: str, b_type: str) -> dict[str, Any]:
@@ -73,6 +91,7 @@ class LoadRequest(_OneFile):
         default=None, max_length=32, description="Shape of the items (one -1 allowed)"
     )
     ttl_s: float | None = _TTL
+    shared: StrictBool = _shared()
 
 
 class BatchItem(_OneFile):
@@ -89,6 +108,11 @@ class BatchRequest(BaseModel):
     items: list[BatchItem] = Field(description="Ranges to load, concurrently, all or nothing")
     device: str = _DEVICE
     ttl_s: float | None = _TTL
+    shared: StrictBool = Field(
+        default=False,
+        description="For every item (one contract per request, as the batch is all or "
+        "nothing); items of one content share one read. " + SHARED_DOC,
+    )
 
 
 class _ManyFiles(BaseModel):
@@ -116,6 +140,11 @@ class SafetensorsRequest(_ManyFiles):
     names: list[str] | None = Field(default=None, description="Tensors to load; default all")
     device: str = _DEVICE
     ttl_s: float | None = _TTL
+    shared: StrictBool = Field(
+        default=False,
+        description="Per shard: a shard whose selected tensors are resident on the device is "
+        "handed out again, its allocation and layout as they are. " + SHARED_DOC,
+    )
 
 
 class GatherRequest(_OneFile):
@@ -130,7 +159,8 @@ class GatherRequest(_OneFile):
 
 class PrefetchRequest(_ManyFiles):
     target: Literal["gpu", "nvme", "page_cache"] = Field(
-        description="gpu: keep a warm lease; nvme: promote to the fastest tier; "
+        description="gpu: keep a warm, read-only lease: a resident copy that shared loads are "
+        "handed and other loads copy from; nvme: promote to the fastest tier; "
         "page_cache: read through"
     )
     device: str | None = Field(default=None, max_length=32, description="For gpu: cuda:N or cpu")
@@ -156,10 +186,20 @@ class LeaseOut(BaseModel):
         description="cuda_ipc: ipc_handle (base64), offset, alloc_bytes, device_index, "
         "gpu_uuid; shm: name, offset, alloc_bytes"
     )
-    io_path: str | None = Field(description="gds, compat or host")
+    io_path: str | None = Field(description="gds, compat, host, remote or copy")
     tier: str | None
     seconds: float | None
     gbps: float | None = Field(description="GB/s of the read (10**9 bytes per second)")
+    source: str | None = Field(
+        description="Where the bytes came from: gpu (a copy on this GPU; for cpu, on a GPU), "
+        "peer (another GPU), memory (host memory), page_cache, storage (cold) or object_store"
+    )
+    read_only: bool = Field(
+        description="Shared with other leases (shared=true loads, gpu prefetches): never write it"
+    )
+    reused: bool = Field(
+        description="Handed out from a copy already resident: nothing was read (0 bytes)"
+    )
     created_at: datetime
     expires_at: datetime
     ttl_s: float
@@ -181,6 +221,9 @@ class LeaseOut(BaseModel):
             tier=r.tier if r else None,
             seconds=round(r.seconds, 9) if r else None,
             gbps=round(r.gbps, 3) if r else None,
+            source=r.source if r else None,
+            read_only=lease.read_only,
+            reused=lease.reused,
             created_at=iso(lease.created_at),  # type: ignore[arg-type]
             expires_at=iso(lease.expires_at),  # type: ignore[arg-type]
             ttl_s=lease.ttl_s,
@@ -212,6 +255,9 @@ def lease_json(lease: Lease) -> bytes:
         "tier": r.tier if r else None,
         "seconds": round(r.seconds, 9) if r else None,
         "gbps": round(r.gbps, 3) if r else None,
+        "source": r.source if r else None,
+        "read_only": lease.read_only,
+        "reused": lease.reused,
         "created_at": _ts(lease.created_at),
         "expires_at": _ts(lease.expires_at),
         "ttl_s": lease.ttl_s,

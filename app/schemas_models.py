@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from app.schemas_loads import SHARED_DOC
 from tiering.catalog import FileRecord
 from tiering.io import ModelLayout
 from tiering.serving import ModelInfo, ModelSummary
@@ -42,14 +43,20 @@ class ModelLoadRequest(BaseModel):
     )
     device: str = Field(default="cpu", max_length=32, description="cpu or cuda:N")
     ttl_s: float | None = _TTL
+    shared: StrictBool = Field(
+        default=False,
+        description="Per shard: a shard whose selected tensors are resident on the device is "
+        "handed out again, its allocation and layout as they are. " + SHARED_DOC,
+    )
 
 
 class ModelPrefetchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    target: Literal["gpu", "nvme", "page_cache"] = Field(
-        description="gpu: keep warm leases; nvme: promote every file to the fastest tier; "
-        "page_cache: read every file through"
+    target: Literal["gpu", "memory", "nvme", "page_cache"] = Field(
+        description="gpu: keep warm leases; memory: copy every file into the memory tier (422 "
+        "without one); nvme: promote every file to the fastest tier; page_cache: read every "
+        "file through"
     )
     device: str | None = Field(default=None, max_length=32, description="For gpu: cuda:N or cpu")
     ttl_s: float | None = _TTL

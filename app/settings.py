@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,13 +30,19 @@ DEFAULT_TIER_NAMES = ("nvme", "ssd", "hdd")
 
 
 class TierSettings(BaseModel):
-    """One tier: a directory (``path``) or an S3-protocol bucket prefix (``url``).
+    """One tier: a directory (``path``), an S3-protocol bucket prefix (``url``), or a memory
+    tier (``kind = "memory"`` with ``quota_bytes``): copies of hot files in pinned host memory,
+    a cache above the storage tiers, listed first.
 
     Credentials of an object-store tier come from the standard AWS chain (environment, shared
     config and credentials files, instance role), never from tierd's configuration.
     """
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Tier name, e.g. nvme")
+    kind: Literal["directory", "object", "memory"] | None = Field(
+        default=None,
+        description="directory, object or memory; default by path (directory) or url (object)",
+    )
     path: Path | None = Field(default=None, description="Directory root of a directory tier")
     url: str | None = Field(
         default=None,
@@ -59,6 +66,20 @@ class TierSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_backend(self) -> TierSettings:
+        if self.kind == "memory":
+            if self.path is not None or self.url is not None:
+                raise ValueError(
+                    f"tier {self.name!r} is a memory tier: it takes no path or url, only "
+                    "quota_bytes"
+                )
+            if not self.quota_bytes:
+                raise ValueError(f"memory tier {self.name!r} needs quota_bytes: its size cap")
+            return self
+        if self.kind is not None and (self.kind == "object") != (self.url is not None):
+            raise ValueError(
+                f"tier {self.name!r}: kind {self.kind} takes "
+                f"{'a url' if self.kind == 'object' else 'a path'}"
+            )
         if (self.path is None) == (self.url is None):
             raise ValueError(f"tier {self.name!r} needs exactly one of path (a directory) or url")
         remote = (self.endpoint_url, self.region, self.part_size_bytes, self.connections)
@@ -70,6 +91,8 @@ class TierSettings(BaseModel):
         return self
 
     def config(self) -> TierConfig:
+        if self.kind == "memory":
+            return TierConfig(self.name, quota_bytes=self.quota_bytes, kind="memory")
         if self.url is not None:
             return TierConfig(
                 self.name,
@@ -155,7 +178,23 @@ class Settings(BaseSettings):
     )
     tiers: list[TierSettings] = Field(
         default_factory=list,
-        description="Ordered tiers, fastest first; default <data_dir>/{nvme,ssd,hdd}",
+        description="Ordered tiers, fastest first (a memory tier, if any, first of all); "
+        "default <data_dir>/{nvme,ssd,hdd}",
+    )
+    host_id: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=255,
+        description="This host's name in the catalog's table of cached copies",
+    )
+    memory_floor_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="MemAvailable under which the memory tier drops its coldest copies; "
+        "default max(1 GiB, 5% of RAM)",
+    )
+    memory_pressure_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the memory tier checks the host's free memory"
     )
     catalog_url: str = Field(
         default="", description="SQLAlchemy URL; default <data_dir>/catalog.db"
@@ -210,6 +249,18 @@ class Settings(BaseSettings):
         names = [t.name for t in tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
+        memory = [t.name for t in tiers if t.kind == "memory"]
+        if len(memory) > 1:
+            raise ValueError(f"at most one memory tier may be configured, got {memory}")
+        if memory and tiers[0].kind != "memory":
+            raise ValueError(
+                f"memory tier {memory[0]!r} must be listed first: it sits above every storage tier"
+            )
+        if memory and len(tiers) == 1:
+            raise ValueError(
+                f"memory tier {memory[0]!r} caches copies of files on storage tiers: list at "
+                "least one directory or bucket tier after it"
+            )
         return tiers
 
     @model_validator(mode="after")
@@ -223,8 +274,9 @@ class Settings(BaseSettings):
             self.tiers = [TierSettings(name=n, path=self.data_dir / n) for n in DEFAULT_TIER_NAMES]
         if not self.catalog_url:
             self.catalog_url = f"sqlite:///{self.data_dir / 'catalog.db'}"
-        if self.default_tier is not None and self.default_tier not in {t.name for t in self.tiers}:
-            raise ValueError(f"default_tier {self.default_tier!r} is not one of the tiers")
+        storage = {t.name for t in self.tiers if t.kind != "memory"}
+        if self.default_tier is not None and self.default_tier not in storage:
+            raise ValueError(f"default_tier {self.default_tier!r} is not one of the storage tiers")
         return self
 
     @classmethod
@@ -267,6 +319,9 @@ class Settings(BaseSettings):
             watch_poll_interval_s=self.watch_poll_interval_s,
             reconcile_files_per_s=self.reconcile_files_per_s,
             remote_reconcile_s=self.remote_reconcile_s,
+            host_id=self.host_id,
+            memory_floor_bytes=self.memory_floor_bytes,
+            memory_pressure_interval_s=self.memory_pressure_interval_s,
         )
 
 

@@ -3,11 +3,26 @@
 A lease's handle (a CUDA IPC handle, or a POSIX shared-memory name) is opened by
 :func:`tiering.io.buffers.attach`, which imports only numpy and the standard library; CuPy is
 imported only to open a ``cuda`` handle, and torch only by :meth:`Tensors.torch`.
+
+Read-only buffers (``shared=true`` loads and GPU prefetches: other processes may map the same
+memory) say so wherever an interchange protocol can, and what enforces it differs:
+
+- NumPy (``cpu``): the arrays, their views, ``__array_interface__`` (``data: (ptr, True)``)
+  and ``memoryview`` are read-only; NumPy refuses writes.
+- ``__cuda_array_interface__``: ``data: (ptr, True)``. ``torch.as_tensor`` refuses such an
+  interface (TypeError: use ``torch.from_dlpack``); CuPy ignores the flag.
+- ``__dlpack__`` for a DLPack 1.0 consumer: the ``READ_ONLY`` flag. NumPy honours it; torch
+  and CuPy take the memory without a copy and ignore it (they have no read-only tensors).
+- ``__dlpack__`` for an older consumer: the format cannot say it; nothing is enforced.
+
+So a write through torch or CuPy is not stopped: it changes the bytes every process sharing
+the buffer sees, and the resident copy tierd serves from. Don't.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol
@@ -52,6 +67,14 @@ class Buffer:
     ----------
     id, nbytes, device, dtype, shape, expires_at:
         From the lease; ``info`` is the whole lease as the server sent it.
+    read_only:
+        The buffer may be shared with other leases: never write it (see the module
+        docstring for what refuses writes).
+    source:
+        Where the bytes came from: ``gpu``, ``peer``, ``memory``, ``page_cache``, ``storage``
+        or ``object_store`` (None from a server without it).
+    reused:
+        The lease hands out a copy that was already resident (nothing was read for it).
     """
 
     def __init__(
@@ -64,6 +87,9 @@ class Buffer:
         self.dtype: str = info["dtype"]
         self.shape: tuple[int, ...] = tuple(info["shape"])
         self.expires_at: str = info["expires_at"]
+        self.read_only: bool = bool(info.get("read_only") or info["handle"].get("read_only"))
+        self.source: str | None = info.get("source")
+        self.reused: bool = bool(info.get("reused"))
         self._client = client
         self._release_on_close = release_on_close
         self._attached: Attached | None = attach(info["handle"], self.nbytes)
@@ -97,7 +123,16 @@ class Buffer:
 
     # -- interchange protocols -----------------------------------------------------------
     def __dlpack__(self, **kwargs: Any) -> Any:
-        return self.array.__dlpack__(**kwargs)
+        arr = self.array
+        if not self.read_only:
+            return arr.__dlpack__(**kwargs)
+        if self.is_cuda:
+            return _mark_read_only(arr.__dlpack__(**kwargs))
+        if tuple(kwargs.get("max_version") or (0, 0)) < (1, 0):
+            # NumPy will not export a read-only array to a consumer that cannot be told so
+            # (DLPack before 1.0, e.g. older torch): it gets a writable alias instead.
+            arr = _writable(arr)
+        return arr.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         dev = self.array.__dlpack_device__()
@@ -108,6 +143,8 @@ class Buffer:
         if not self.is_cuda:
             raise AttributeError("__cuda_array_interface__: this buffer is in host memory")
         cai: dict[str, Any] = self.array.__cuda_array_interface__
+        if self.read_only:
+            cai = {**cai, "data": (cai["data"][0], True)}
         return cai
 
     @property
@@ -163,10 +200,42 @@ class Buffer:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
+        ro = " read-only" if self.read_only else ""
         return (
             f"<Buffer {self.id} {self.device} {self.dtype}{list(self.shape)} "
-            f"{self.nbytes} bytes {state}>"
+            f"{self.nbytes} bytes{ro} {state}>"
         )
+
+
+# DLManagedTensorVersioned (dlpack.h, DLPack 1.0): version (2 x uint32), manager_ctx, deleter,
+# then the uint64 flags.
+_DLPACK_FLAGS_AT = 8 + 2 * ctypes.sizeof(ctypes.c_void_p)
+_DLPACK_READ_ONLY = 1
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
+def _mark_read_only(capsule: Any) -> Any:
+    """Set DLPack's read-only flag on a versioned capsule (CuPy exports its arrays writable);
+    an unversioned capsule has no flags to set."""
+    name = b"dltensor_versioned"
+    if _capsule_valid(capsule, name):
+        ptr = _capsule_pointer(capsule, name)
+        if ptr:
+            flags = ctypes.c_uint64.from_address(ptr + _DLPACK_FLAGS_AT)
+            flags.value |= _DLPACK_READ_ONLY
+    return capsule
+
+
+def _writable(arr: np.ndarray) -> np.ndarray:
+    """A writable view of a read-only view of a writable mapping (the same memory)."""
+    alias = arr.view()
+    alias.flags.writeable = True
+    return alias
 
 
 class Tensors(Mapping[str, Any]):
@@ -204,7 +273,12 @@ class Tensors(Mapping[str, Any]):
 
         out = {}
         for name, arr in self._arrays.items():
-            t = from_dlpack(arr)
+            try:
+                t = from_dlpack(arr)
+            except BufferError:
+                # A read-only NumPy view and a torch before DLPack 1.0, which cannot be told
+                # "read-only" (nor has read-only tensors): share the memory writable.
+                t = from_dlpack(_writable(arr))
             exact = DTYPES[self.dtypes[name]].exact
             out[name] = t.view(getattr(torch, exact)) if exact else t
         return out

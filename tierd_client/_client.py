@@ -143,8 +143,15 @@ class Client(ModelsMixin):
         shape: Sequence[int] | None = None,
         ttl_s: float | None = None,
         release_on_close: bool = True,
+        shared: bool = False,
     ) -> Buffer:
-        """Load a file (by id or relpath) or a byte range of it into a buffer on ``device``."""
+        """Load a file (by id or relpath) or a byte range of it into a buffer on ``device``.
+
+        ``shared=True`` promises never to write the buffer. In return the service hands out
+        a copy already resident on ``device`` (another process's shared load, a GPU
+        prefetch) without reading or allocating anything: N processes share one copy. The
+        buffer is then ``read_only`` (see :class:`Buffer` for what refuses writes).
+        """
         body = _drop_none(
             {
                 **_ref(file),
@@ -154,6 +161,7 @@ class Client(ModelsMixin):
                 "dtype": dtype,
                 "shape": list(shape) if shape is not None else None,
                 "ttl_s": ttl_s,
+                "shared": shared or None,
             }
         )
         return self._open(self.request("POST", "/v1/load", json=body), release_on_close)
@@ -164,11 +172,13 @@ class Client(ModelsMixin):
         *,
         device: str = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> list[Buffer]:
         """Load many files or ranges at once, all or nothing.
 
         Each item is a file (id or relpath) or a dict with ``file`` and any of ``offset``,
-        ``length``, ``dtype``, ``shape`` and ``device``.
+        ``length``, ``dtype``, ``shape`` and ``device``. ``shared`` applies to all of them
+        (see :meth:`load`).
         """
         wire = []
         for it in items:
@@ -177,7 +187,9 @@ class Client(ModelsMixin):
                 wire.append({**_ref(it["file"]), **_drop_none(extra)})
             else:
                 wire.append(_ref(it))
-        body = _drop_none({"items": wire, "device": device, "ttl_s": ttl_s})
+        body = _drop_none(
+            {"items": wire, "device": device, "ttl_s": ttl_s, "shared": shared or None}
+        )
         return self._open_all(self.request("POST", "/v1/load/batch", json=body))
 
     def load_safetensors(
@@ -187,14 +199,17 @@ class Client(ModelsMixin):
         names: Sequence[str] | None = None,
         device: str = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> Tensors:
-        """Load the tensors (all, or ``names``) of safetensors shards."""
+        """Load the tensors (all, or ``names``) of safetensors shards (``shared``: see
+        :meth:`load`)."""
         body = _drop_none(
             {
                 **_refs(files),
                 "names": list(names) if names is not None else None,
                 "device": device,
                 "ttl_s": ttl_s,
+                "shared": shared or None,
             }
         )
         reply = self.request("POST", "/v1/load/safetensors", json=body)
@@ -208,6 +223,7 @@ class Client(ModelsMixin):
         names: Sequence[str] | None = None,
         prefix: str | None = None,
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> dict[str, torch.Tensor]:
         """A model's tensors (all, ``names``, or those starting with ``prefix``) as
         ``{name: torch.Tensor}`` on ``device``: exact dtypes, no copy (views of the leases).
@@ -220,8 +236,13 @@ class Client(ModelsMixin):
         releases them once the last is collected. Keep the client open while the tensors are
         in use; :meth:`close` releases what is left (on ``cuda`` the service may then reuse
         the memory). Build a model on them with ``model.load_state_dict(sd, assign=True)``.
+
+        ``shared=True`` (inference weights: never written) shares one resident copy of each
+        shard between processes; see :meth:`load`.
         """
-        return load_state_dict(self, model, device=device, names=names, prefix=prefix, ttl_s=ttl_s)
+        return load_state_dict(
+            self, model, device=device, names=names, prefix=prefix, ttl_s=ttl_s, shared=shared
+        )
 
     def gather(
         self,
@@ -288,6 +309,9 @@ class Client(ModelsMixin):
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Start a prefetch job (``gpu``, ``nvme`` or ``page_cache``); returns the job.
+
+        ``gpu`` keeps each file as a warm, read-only lease (``job["buffer_ids"]``): a resident
+        copy that ``shared=True`` loads are handed and other loads copy from.
 
         With ``wait=True`` it follows the job to its end, showing a progress bar on stderr
         (rich's where installed, else a line of text; ``progress=False``: silently), and

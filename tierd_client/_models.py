@@ -82,9 +82,13 @@ class ModelsMixin:
         prefix: str | None = None,
         device: str = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> Tensors:
         """Load a model's tensors (all, ``names``, or those starting with ``prefix``) into
         ``device``: one buffer per shard, opened here without a copy.
+
+        ``shared=True`` promises never to write them: shards resident on ``device`` are
+        handed out again (one copy for every process), and the buffers are read-only.
 
         Close the :class:`Tensors` (or leave its ``with`` block) to release the leases.
 
@@ -101,6 +105,7 @@ class ModelsMixin:
                 "prefix": prefix,
                 "device": device,
                 "ttl_s": ttl_s,
+                "shared": shared or None,
             }
         )
         reply = self.request("POST", "/v1/models/load", params={"name": name}, json=body)

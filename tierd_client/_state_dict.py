@@ -68,6 +68,7 @@ class _Client(Protocol):
         prefix: str | None = None,
         device: str = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> Tensors: ...
 
     def load_safetensors(
@@ -77,6 +78,7 @@ class _Client(Protocol):
         names: Sequence[str] | None = None,
         device: str = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> Tensors: ...
 
     def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]: ...
@@ -92,6 +94,7 @@ def load_state_dict(
     names: Sequence[str] | None = None,
     prefix: str | None = None,
     ttl_s: float | None = None,
+    shared: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Load a model's tensors as ``{name: torch.Tensor}``; see :meth:`Client.load_state_dict`."""
     try:
@@ -99,11 +102,15 @@ def load_state_dict(
     except ImportError as exc:
         raise ImportError("load_state_dict needs torch: pip install torch") from exc
     if isinstance(model, str) and not model.endswith(".safetensors"):
-        tensors = client.load_model(model, names=names, prefix=prefix, device=device, ttl_s=ttl_s)
+        tensors = client.load_model(
+            model, names=names, prefix=prefix, device=device, ttl_s=ttl_s, shared=shared
+        )
     elif prefix is not None:
         raise TypeError("prefix selects tensors of a model by name; with files, give names")
     else:
-        tensors = client.load_safetensors(model, names=names, device=device, ttl_s=ttl_s)
+        tensors = client.load_safetensors(
+            model, names=names, device=device, ttl_s=ttl_s, shared=shared
+        )
     try:
         out = _wrap(client, tensors)
     except BaseException:
@@ -152,7 +159,10 @@ class _Hold:
         self.array = array
         self.keep = keep
         if isinstance(array, np.ndarray):
-            self.__array_interface__ = array.__array_interface__
+            # Writable even over a read-only (shared) buffer: torch has no read-only tensors,
+            # so the flag would only make a torch older than DLPack 1.0 refuse the export.
+            ai = array.__array_interface__
+            self.__array_interface__ = {**ai, "data": (ai["data"][0], False)}
 
 
 def _held(arr: Any, keep: _Keep) -> Any:

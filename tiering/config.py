@@ -6,10 +6,15 @@ so it can be used as a library with no service around it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EngineConfig", "TierConfig"]
+__all__ = ["STORAGE_KINDS", "EngineConfig", "TierConfig"]
+
+#: The kinds of tier that hold files' authoritative bytes. ``"memory"`` is the other kind: a
+#: cache of copies above them (see :class:`TierConfig`).
+STORAGE_KINDS = ("directory", "object")
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,8 @@ class TierConfig:
     ``kind`` picks the backend: ``"directory"`` (a local root at ``path``) or ``"object"`` (an
     S3-protocol bucket prefix at ``url``, ``s3://bucket/prefix``, reached at ``endpoint_url``
     in ``region``; credentials come from the standard AWS chain, never from here).
+    ``"memory"`` is not storage: it caches copies of files in pinned host memory, up to
+    ``quota_bytes`` (required), above the storage tiers; it has no path and no rank among them.
     ``part_size`` (bytes of one multipart part and of one ranged GET) and ``connections``
     (requests in flight) tune an object tier; None keeps the backend's defaults.
     """
@@ -33,10 +40,28 @@ class TierConfig:
     part_size: int | None = None
     connections: int | None = None
 
+    @property
+    def is_memory(self) -> bool:
+        return self.kind == "memory"
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine needs to run."""
+    """Everything the engine needs to run.
+
+    ``tiers`` may list a memory tier (``kind="memory"``): at most one, first (it sits above
+    every storage tier). It is taken out into ``memory``, so ``tiers`` always holds the storage
+    tiers alone, ranked 0.. fastest first (what the data path and the catalog know).
+    ``host_id`` names this host in the catalog's table of cached copies;
+    ``memory_floor_bytes`` is the MemAvailable under which the memory tier drops its coldest
+    copies (None: max(1 GiB, 5 % of MemTotal)), checked every ``memory_pressure_interval_s``.
+
+    Raises
+    ------
+    ValueError
+        Two memory tiers, a memory tier not listed first, without a quota or with a path or
+        url, or no storage tier.
+    """
 
     tiers: tuple[TierConfig, ...]
     catalog_url: str
@@ -52,6 +77,40 @@ class EngineConfig:
     watch_poll_interval_s: float = 1.0
     reconcile_files_per_s: float | None = 20_000.0
     remote_reconcile_s: float = 300.0
+    memory: TierConfig | None = None
+    host_id: str = field(default_factory=socket.gethostname)
+    memory_floor_bytes: int | None = None
+    memory_pressure_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        tiers = tuple(self.tiers)
+        memory = [t for t in tiers if t.is_memory]
+        if self.memory is not None:
+            memory.insert(0, self.memory)
+        if len(memory) > 1:
+            names = ", ".join(t.name for t in memory)
+            raise ValueError(f"at most one memory tier may be configured, got {names}")
+        if any(t.is_memory for t in tiers[1:]):
+            raise ValueError(
+                f"memory tier {memory[0].name!r} must be listed first: it sits above every "
+                "storage tier"
+            )
+        storage = tuple(t for t in tiers if not t.is_memory)
+        if not storage:
+            raise ValueError("at least one storage tier (a directory or a bucket) is required")
+        if memory:
+            m = memory[0]
+            if m.quota_bytes is None or m.quota_bytes <= 0:
+                raise ValueError(f"memory tier {m.name!r} needs quota_bytes: its size cap")
+            if m.path is not None or m.url is not None:
+                raise ValueError(f"memory tier {m.name!r} takes no path or url")
+            if m.name in {t.name for t in storage}:
+                raise ValueError(f"tier names must be unique: {m.name!r} is used twice")
+        # Frozen: the split is made once, here, so every reader sees storage tiers only.
+        object.__setattr__(self, "tiers", storage)
+        object.__setattr__(self, "memory", memory[0] if memory else None)
 
     def tier_names(self) -> list[str]:
-        return [t.name for t in self.tiers]
+        """Every tier the policy has rules for: the memory tier (if any), then storage."""
+        head = [self.memory.name] if self.memory is not None else []
+        return head + [t.name for t in self.tiers]

@@ -15,7 +15,7 @@ import logging
 import time
 from types import TracebackType
 
-from tiering.catalog import Catalog, CatalogLock, Database, FileRecord, decay, upgrade
+from tiering.catalog import Catalog, CatalogLock, Copies, Database, FileRecord, decay, upgrade
 from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
@@ -37,6 +37,7 @@ from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
     Decision,
+    MemoryCache,
     PassReport,
     PlannedMove,
     Policy,
@@ -70,7 +71,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.tiers = Tiers(config.tiers)
+        memory = config.memory
+        self.tiers = Tiers(config.tiers, caches=[memory.name] if memory is not None else [])
         if config.default_tier is not None:
             self.tiers.get(config.default_tier)
         self.db: Database | None = None
@@ -90,7 +92,13 @@ class Engine:
         self.watcher: TierWatcher | None = None
         # Built now, not at open: heat and quotas are asked for before the catalog opens, and
         # get the built-in default until then.
-        self._policy = CurrentPolicy(config.tier_names(), half_life_s=config.half_life_s)
+        self._policy = CurrentPolicy(
+            config.tier_names(),
+            half_life_s=config.half_life_s,
+            memory=memory.name if memory is not None else None,
+        )
+        #: Copies of hot files in pinned host memory (a cache above the tiers), or None.
+        self.memory = MemoryCache.build(config, policy=self.policy, limiter=self.limiter)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -107,6 +115,8 @@ class Engine:
         """
         for tier in self.tiers:
             tier.check()
+        if self.memory is not None:
+            self.memory.tier.check()  # its quota against RLIMIT_MEMLOCK and the host's RAM
         if upgrade_schema:
             upgrade(self.config.catalog_url)
         self.db = Database(self.config.catalog_url, busy_timeout_ms=self.config.busy_timeout_ms)
@@ -134,7 +144,10 @@ class Engine:
             default_tier=self.config.default_tier,
             max_upload_bytes=self.config.max_upload_bytes,
         )
-        self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves)
+        if self.memory is not None:
+            self.memory.open(self._catalog, Copies(self.db), self._files)
+        wake_cache = self.memory.wake if self.memory is not None else None
+        self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves, wake_cache)
         self.reload_policy()
         return self
 
@@ -151,6 +164,8 @@ class Engine:
             self.open()
             self.last_recovery = self.mover.recover()
             remove_orphan_temps(self.journal, self.tiers)
+            if self.memory is not None:
+                self.memory.start(keep_locations=[t.name for t in self.tiers])
             if self.config.watch:
                 # Watch before scanning, so nothing changed during the scan goes unseen.
                 self.watcher = TierWatcher(
@@ -191,6 +206,8 @@ class Engine:
             except Exception:
                 log.exception("%s failed", what)
             setattr(self, attr, None)
+        if self.memory is not None:
+            self.memory.stop()  # before the catalog closes: its copies' rows go too
         if self.db is not None:
             self.db.dispose()
             self.db = None
@@ -285,7 +302,10 @@ class Engine:
     def delete(self, file_id: int) -> FileRecord:
         """Remove a file's bytes and its record; a crash midway leaves a ``missing`` record for
         scan to report, never a resurrected file (see :meth:`tiering.moves.FileOps.delete`)."""
-        return self._file_ops.delete(file_id)
+        rec = self._file_ops.delete(file_id)
+        if self.memory is not None:
+            self.memory.drop(file_id, "deleted")
+        return rec
 
     # -- policy and migrations ---------------------------------------------------------------
     @property
@@ -342,7 +362,7 @@ class Engine:
 
     def plan(self, policy: Policy | None = None, now: float | None = None) -> list[PlannedMove]:
         """The moves ``policy`` (default: the one in force) would make now: a dry run."""
-        policy = policy or self.policy()
+        policy = (policy or self.policy()).without(self.tiers.caches)  # storage tiers only
         now = time.time() if now is None else now
         return plan(self.catalog.all(), policy, self.tier_states(), now)
 
@@ -365,7 +385,7 @@ class Engine:
         flight = {m.file_id: m.id for m in self.journal.open_intents() if m.file_id is not None}
         for d in decide(
             self.catalog.all(),
-            self.policy(),
+            self.policy().without(self.tiers.caches),
             self.tier_states(),
             now,
             in_flight=flight,

@@ -12,6 +12,7 @@ these classes to status codes in exactly one place.
     │   ├── InvalidRange              offset/length outside the file, malformed Range header
     │   ├── InvalidPolicy             a policy document that does not validate
     │   ├── InvalidDevice             a device string that names no device here
+    │   ├── CacheOnlyTier             a memory tier named where a file's home tier is wanted
     │   ├── InvalidDtype              unknown dtype, or one that does not divide the length
     │   ├── MisalignedBuffer          a buffer or offset not on the required alignment
     │   ├── IndexOutOfRange           vector row indices outside the matrix
@@ -43,6 +44,7 @@ __all__ = [
     "AlreadyExists",
     "BackendUnavailable",
     "BufferNotFound",
+    "CacheOnlyTier",
     "CatalogBusy",
     "ClosedFile",
     "Conflict",
@@ -109,6 +111,12 @@ class InvalidPolicy(InvalidInput):
 
 class InvalidDevice(InvalidInput):
     code = "invalid_device"
+
+
+class CacheOnlyTier(InvalidInput):
+    """The memory tier holds cached copies only: no file lives there (no upload, move or pin)."""
+
+    code = "cache_only_tier"
 
 
 class InvalidDtype(InvalidInput):

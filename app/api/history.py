@@ -4,8 +4,8 @@
 the last ten minutes. A :class:`StatsRecorder` samples the loader's counters every minute into
 a ring of 61 samples, kept in memory only, and the route turns consecutive samples into
 per-minute deltas: bytes, operations, failures, throughput and mean latency, in total, per I/O
-path and per tier. The last point runs from the newest sample to now, so loads made a second
-ago show at once.
+path, per tier and per source (where the bytes came from). The last point runs from the newest
+sample to now, so loads made a second ago show at once.
 
 The sampling thread belongs to this router's lifespan, which FastAPI nests inside the app's:
 it starts after the loader and stops before it.
@@ -88,6 +88,7 @@ class _Sample:
     total: _Counts
     by_path: dict[str, _Counts]
     by_tier: dict[str, _Counts]
+    by_source: dict[str, _Counts]
 
     @classmethod
     def of(cls, at: float, snap: Mapping[str, Any]) -> _Sample:
@@ -96,6 +97,7 @@ class _Sample:
             total=_Counts.of(snap),
             by_path={k: _Counts.of(v) for k, v in snap.get("by_path", {}).items()},
             by_tier={k: _Counts.of(v) for k, v in snap.get("by_tier", {}).items()},
+            by_source={k: _Counts.of(v) for k, v in snap.get("by_source", {}).items()},
         )
 
 
@@ -174,6 +176,9 @@ class HistoryPoint(BaseModel):
     total: HistorySlice
     by_path: dict[str, HistorySlice] = Field(description="Per I/O path: gds, compat, host")
     by_tier: dict[str, HistorySlice] = Field(description="Per tier name (or 'untiered')")
+    by_source: dict[str, HistorySlice] = Field(
+        description="Per source: gpu, peer, memory, page_cache, storage, object_store"
+    )
 
 
 class StatsHistory(BaseModel):
@@ -221,6 +226,7 @@ def _point(a: _Sample, b: _Sample, *, partial: bool) -> HistoryPoint:
         total=_slice(b.total.since(a.total), seconds),
         by_path=_slices(a.by_path, b.by_path, seconds),
         by_tier=_slices(a.by_tier, b.by_tier, seconds),
+        by_source=_slices(a.by_source, b.by_source, seconds),
     )
 
 
@@ -248,8 +254,8 @@ def stats_history(
     ] = KEEP_STEPS,
 ) -> StatsHistory:
     """The last hour of loads, a point a minute: bytes, operations, failures, throughput and
-    mean latency, in total, per I/O path and per tier. Kept in memory since the server started;
-    the last point is the current, partial minute."""
+    mean latency, in total, per I/O path, per tier and per source. Kept in memory since the
+    server started; the last point is the current, partial minute."""
     recorder: StatsRecorder | None = getattr(request.app.state, "stats_history", None)
     if recorder is None:
         raise HttpError(503, "unavailable", "the stats history starts with the server")

@@ -34,6 +34,7 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
 
     416 for a range outside the file; 422 for an unknown device, a dtype that does not divide
     the length or a shape that does not match; 507 over the device's lease budget.
+    ``shared``: a read-only lease, handed out from a resident copy where there is one.
     """
     lease = loader.load(
         req.ref,
@@ -43,6 +44,7 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
         dtype=req.dtype,
         shape=req.shape,
         ttl_s=req.ttl_s,
+        shared=req.shared,
     )
     return _lease(lease)
 
@@ -61,14 +63,16 @@ def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
         )
         for it in req.items
     ]
-    leases = loader.load_batch(items, device=req.device, ttl_s=req.ttl_s)
+    leases = loader.load_batch(items, device=req.device, ttl_s=req.ttl_s, shared=req.shared)
     return BatchOut(buffers=[LeaseOut.of(lease) for lease in leases])
 
 
 @router.post("/load/safetensors", responses=LOAD_ERRORS)
 def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> SafetensorsOut:
     """safetensors shards into one buffer each; ``tensors`` says where each tensor lies."""
-    loaded = loader.load_safetensors(req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s)
+    loaded = loader.load_safetensors(
+        req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s, shared=req.shared
+    )
     return SafetensorsOut.of(loaded)
 
 

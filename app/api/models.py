@@ -123,7 +123,12 @@ def load_model(
     it, is a 422 naming it, and nothing stays leased after any error."""
     req = body or ModelLoadRequest()
     loaded = loader.models.load(
-        name, names=req.names, prefix=req.prefix, device=req.device, ttl_s=req.ttl_s
+        name,
+        names=req.names,
+        prefix=req.prefix,
+        device=req.device,
+        ttl_s=req.ttl_s,
+        shared=req.shared,
     )
     return SafetensorsOut.of(loaded)
 
@@ -135,8 +140,8 @@ def load_model(
     responses=DATA | NOT_FOUND | RANGE | TOO_LARGE | JSON_BODY | BUSY | NO_SPACE,
 )
 def prefetch_model(name: NameQuery, req: ModelPrefetchRequest, loader: LoaderDep) -> JSONResponse:
-    """Warm every file of a model with one job (``gpu``, ``nvme`` or ``page_cache``); returns
-    the job at once. Follow it at ``GET /v1/jobs/{id}``."""
+    """Warm every file of a model with one job (``gpu``, ``memory``, ``nvme`` or
+    ``page_cache``); returns the job at once. Follow it at ``GET /v1/jobs/{id}``."""
     job = loader.models.prefetch(name, target=req.target, device=req.device, ttl_s=req.ttl_s)
     return JSONResponse(
         JobOut.of(job).model_dump(mode="json"),

@@ -278,7 +278,8 @@ def _settings_bounds(doc: Doc, settings: Settings) -> None:
     for name, prop, most in lists:
         for array in _typed(schemas[name]["properties"][prop], "array"):
             array["maxItems"] = most
-    tiers = [t.name for t in settings.tiers]
+    # Where a file may live: a memory tier holds copies only (naming it is a 422).
+    tiers = [t.name for t in settings.tiers if t.kind != "memory"]
     names = [
         schemas["MoveRequest"]["properties"]["to_tier"],
         schemas["PinRequest"]["properties"]["tier"],

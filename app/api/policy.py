@@ -84,7 +84,8 @@ def plan(
         policy = info.policy
         version: int | None = info.version
     else:
-        policy = Policy.parse(document, engine.config.tier_names())
+        memory = engine.memory.name if engine.memory is not None else None
+        policy = Policy.parse(document, engine.config.tier_names(), memory=memory)
         version = None
     at = iso(now)
     assert at is not None
@@ -93,7 +94,7 @@ def plan(
         return PlanOut(policy_version=version, at=at, moves=[PlannedMoveOut.of(m) for m in moves])
     decisions = decide(
         engine.catalog.all(),
-        policy,
+        policy.without(engine.tiers.caches),  # the memory tier is a cache: not planned here
         engine.tier_states(),
         now,
         in_flight={m.file_id: m.id for m in engine.journal.open_intents() if m.file_id is not None},

@@ -16,7 +16,10 @@ router = APIRouter(prefix="/v1/stats", tags=["stats"])
 @router.get("", dependencies=[require_data], responses=DATA)
 def stats(loader: LoaderDep) -> dict[str, Any]:
     """Bytes, operations, failures, peak and effective GB/s and mean latency of every load,
-    in total, ``by_path`` (gds, compat, host) and ``by_tier``."""
+    in total, ``by_path`` (gds, compat, host, remote, copy), ``by_tier``, ``by_source``
+    (where the bytes came from: gpu, peer, memory, page_cache, storage, object_store) and
+    ``by_tier_source`` (``"<tier>/<source>"``). A lease handed out from a resident copy
+    counts one ``copy`` operation of 0 bytes."""
     snap: dict[str, Any] = loader.stats().to_dict()
     return snap
 

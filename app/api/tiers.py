@@ -11,6 +11,7 @@ from app.api.deps import EngineDep
 from app.api.responses import ADMIN, BUSY, DATA, INVALID
 from app.auth import require_admin, require_data
 from app.schemas import TierOut
+from tiering.placement import MemoryCache
 
 router = APIRouter(prefix="/v1", tags=["tiers"])
 
@@ -26,9 +27,31 @@ def gds_host() -> bool:
 @router.get("/tiers", dependencies=[require_data], responses=DATA | BUSY)
 def list_tiers(engine: EngineDep) -> list[TierOut]:
     """Tiers, fastest first, with capacity, use, quota, the catalog's files on each, and whether
-    loads from it take the GPUDirect Storage path."""
+    loads from it take the GPUDirect Storage path. A memory tier comes first: its copies'
+    bytes and count against its quota (it caches files whose home is a storage tier)."""
     gds = gds_host()
-    return [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
+    head = [] if engine.memory is None else [_memory_tier(engine.memory)]
+    return head + [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
+
+
+def _memory_tier(memory: MemoryCache) -> TierOut:
+    quota = memory.quota_bytes
+    entries = memory.entries()
+    held = sum(e.size for e in entries)
+    used = memory.tier.used_bytes  # copies, fills in flight, and dropped ones a load still holds
+    return TierOut(
+        name=memory.name,
+        rank=memory.tier.rank,
+        kind=memory.tier.kind,
+        path=memory.tier.location,
+        capacity_bytes=quota,
+        used_bytes=used,
+        free_bytes=max(0, quota - used),
+        quota_bytes=quota,
+        files=len(entries),
+        file_bytes=held,
+        gds=False,
+    )
 
 
 @router.post("/scan", dependencies=[require_admin], responses=ADMIN | INVALID | BUSY)

@@ -78,6 +78,8 @@ def test_copies_into_gpus_are_byte_identical() -> None:
             assert np.array_equal(cp.asnumpy(got.array), data[4096 : 4096 + (32 << 20)])
         with cp.cuda.Device(0):
             on0 = cp.asarray(data)
+            # A holder hands out copies whose bytes have landed; the upload is async.
+            cp.cuda.Device(0).synchronize()
         with gds.open_copy(on0, parse_device("cuda:0"), name="g", tier="nvme", rank=0) as f:
             got = gds.read(f)
             assert got.report.source == "gpu"
@@ -92,6 +94,7 @@ def test_copies_into_gpus_are_byte_identical() -> None:
         if n_dev > 1:
             with cp.cuda.Device(1):
                 on1 = cp.asarray(data)
+                cp.cuda.Device(1).synchronize()
             with gds.open_copy(on1, parse_device("cuda:1"), name="p", tier="nvme", rank=0) as f:
                 got = gds.read(f, 1 << 20)
                 assert got.report.source == "peer"

@@ -132,8 +132,16 @@ class Report:
         self.rows[row.key] = row
         return row
 
-    def compare(self, key: str, vs: str, at_least: float | None = None) -> None:
-        """Set ``key``'s ratio to row ``vs``; with ``at_least``, also its target and verdict.
+    def compare(
+        self,
+        key: str,
+        vs: str,
+        at_least: float | None = None,
+        *,
+        at_most: float | None = None,
+    ) -> None:
+        """Set ``key``'s ratio to row ``vs``; with ``at_least`` (or ``at_most``, for figures
+        where lower is better, such as latencies), also its target and verdict.
 
         Does nothing when either figure is missing (a peer not installed, a skipped cold run),
         so callers may compare unconditionally.
@@ -142,10 +150,13 @@ class Report:
         if row is None or ref is None or row.value is None or not ref.value:
             return
         row.vs, row.ratio = vs, row.value / ref.value
+        # The reference is named in its own column; the target needs only the factor.
         if at_least is not None:
-            # The reference is named in its own column; the target needs only the factor.
             row.target = f">= {at_least:g}x"
             row.met = row.ratio >= at_least
+        elif at_most is not None:
+            row.target = f"<= {at_most:g}x"
+            row.met = row.ratio <= at_most
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document :func:`write_json` writes (see the module docstring)."""

@@ -1,12 +1,23 @@
 """The catalog: SQLAlchemy models, the single-writer database and the repository."""
 
+from tiering.catalog.copies import Copies, CopyRow
 from tiering.catalog.db import Database, decay, upgrade
 from tiering.catalog.lock import CatalogLock
-from tiering.catalog.models import FileRecord, FileState, Migration, MigrationPhase, PolicyVersion
+from tiering.catalog.models import (
+    Copy,
+    FileRecord,
+    FileState,
+    Migration,
+    MigrationPhase,
+    PolicyVersion,
+)
 from tiering.catalog.repo import Catalog, NewFile, TierUsage
 
 __all__ = [
     "Catalog",
+    "Copies",
+    "Copy",
+    "CopyRow",
     "Database",
     "FileRecord",
     "FileState",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -116,31 +116,48 @@ class Database:
         # Bumped by every committed write that may change where or what a file is; caches of
         # records are valid while it stands still (see Catalog's cached reads).
         self.generation = 0
+        # The same, per file, for writes that name the files they change (``write(files=)``):
+        # a move changes one record, and must not send every read of every other file back to
+        # SQLite. Kept to a bounded number of files (see _bump_files).
+        self._file_generations: dict[int, int] = {}
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(self._reader, expire_on_commit=False)
 
+    #: Most files with their own write counter; past it the counters restart (see stamp).
+    FILE_GENERATIONS_MAX = 65_536
+
     @contextmanager
-    def write(self, *, changes_files: bool = True) -> Iterator[Session]:
+    def write(
+        self, *, changes_files: bool = True, files: Collection[int] | None = None
+    ) -> Iterator[Session]:
         """A write transaction: committed on exit, rolled back on error.
 
         ``changes_files=False`` is for writes that change no file's place, state or content (the
-        access counters), so cached records stay valid across them.
+        access counters), so cached records stay valid across them. ``files`` narrows a write
+        that changes files to the records with these ids: it must change no other record and
+        no relpath (a move's claim, switch or release), so cached records of other files, and
+        which record a relpath names, stay valid across it.
 
         Raises
         ------
         CatalogBusy
             When another process held the database past ``busy_timeout``.
         """
+        ids = tuple(files) if changes_files and files is not None else None
         with self._write_lock:
             try:
-                if changes_files:
-                    # Odd while writing: a record read now is not cached (see Catalog).
+                # Odd while writing: a record read now is not cached (see Catalog).
+                if ids is not None:
+                    self._bump_files(ids, before=True)
+                elif changes_files:
                     self.generation += 1
                 try:
                     with self._write_sessions() as session, session.begin():
                         yield session
                 finally:
-                    if changes_files:
+                    if ids is not None:
+                        self._bump_files(ids, before=False)
+                    elif changes_files:
                         self.generation += 1
             except OperationalError as exc:
                 if _is_busy(exc):
@@ -148,6 +165,23 @@ class Database:
                         "the catalog stayed locked by another process; try again"
                     ) from exc
                 raise
+
+    def _bump_files(self, files: Collection[int], *, before: bool) -> None:
+        """Called holding the write lock, before and after a scoped write."""
+        gens = self._file_generations
+        if before and len(gens) >= self.FILE_GENERATIONS_MAX:
+            # No scoped write is in progress (we hold the lock): restart the counters, and
+            # move the global generation past every stamp taken with the old ones.
+            gens.clear()
+            self.generation += 2
+        for f in files:
+            gens[f] = gens.get(f, 0) + 1
+
+    def stamp(self, file_id: int) -> tuple[int, int]:
+        """What a cached record of ``file_id`` is valid for: take it *before* reading the record;
+        the record may be kept while :meth:`stamp` still returns the same pair, and only if
+        both numbers are even (no write that may change it was in progress)."""
+        return self.generation, self._file_generations.get(file_id, 0)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

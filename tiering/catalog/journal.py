@@ -32,6 +32,11 @@ def temp_name_for(file_id: int, intent_id: int) -> str:
     return f".{file_id}.{intent_id}{TEMP_SUFFIX}"
 
 
+def _files(intent: Migration) -> tuple[int, ...] | None:
+    """What a write of ``intent``'s file changes: its record alone (None: unknown, so all)."""
+    return None if intent.file_id is None else (intent.file_id,)
+
+
 @dataclass(frozen=True)
 class SwitchOutcome:
     committed: bool
@@ -67,7 +72,8 @@ class Journal:
             It is already on ``dst_tier``.
         """
         now = time.time() if now is None else now
-        with self.db.write() as s:
+        # The write changes this file's record alone: every other cached record stays valid.
+        with self.db.write(files=(file_id,)) as s:
             rec = s.get(FileRecord, file_id)
             if rec is None:
                 raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
@@ -126,7 +132,7 @@ class Journal:
         and the intent still ``copying``. ``committed`` is False when someone else won.
         """
         now = time.time() if now is None else now
-        with self.db.write() as s:
+        with self.db.write(files=_files(intent)) as s:
             rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
             row = s.get(Migration, intent.id)
             if (
@@ -153,7 +159,7 @@ class Journal:
 
     def finish(self, intent_id: int, *, error: str | None = None, now: float | None = None) -> None:
         """Step 10: a switched intent becomes ``done``."""
-        with self.db.write() as s:
+        with self.db.write(changes_files=False) as s:  # the intent's row only
             row = s.get(Migration, intent_id)
             if row is not None and row.phase == MigrationPhase.SWITCHED:
                 row.phase = MigrationPhase.DONE
@@ -177,7 +183,7 @@ class Journal:
         the intent's generation); returns whether it did.
         """
         now = time.time() if now is None else now
-        with self.db.write() as s:
+        with self.db.write(files=_files(intent)) as s:
             row = s.get(Migration, intent.id)
             if row is not None and row.phase in MigrationPhase.OPEN:
                 row.phase = phase

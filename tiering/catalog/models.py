@@ -17,12 +17,14 @@ from sqlalchemy import (
     Select,
     String,
     Text,
+    UniqueConstraint,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
     "Base",
+    "Copy",
     "FileRecord",
     "FileState",
     "Migration",
@@ -128,6 +130,30 @@ class Migration(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Copy(Base):
+    """A cached copy of a file's bytes somewhere other than its tier.
+
+    A file's ``tier`` is where its authoritative bytes are; a copy is only ever a cache of
+    them, dropped freely, never the only copy. ``host`` names the machine that holds it and
+    ``location`` where there: a memory tier's name (pinned host memory), later ``cuda:N`` or
+    another host's tier. ``generation`` is the file's when it was copied: a copy of another
+    generation is stale. A row is written once the copy is complete and verified, and deleted
+    when it is dropped; a host deletes its in-memory rows when it starts, as memory does not
+    survive a restart. Deleting the file deletes its copies' rows (ON DELETE CASCADE).
+    """
+
+    __tablename__ = "copies"
+    __table_args__ = (UniqueConstraint("file_id", "host", "location"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    file_id: Mapped[int] = mapped_column(ForeignKey("files.id", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    location: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 def owned_file_ids() -> Select[int | None]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
@@ -46,53 +48,66 @@ class Catalog:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._cache: dict[int | str, tuple[FileRecord, int]] = {}
+        self._cache: dict[int, tuple[FileRecord, tuple[int, int]]] = {}
+        self._paths: dict[str, tuple[int, int]] = {}  # relpath -> (file id, generation)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, file_id: int, *, cached: bool = False) -> FileRecord:
         """One record. ``cached`` may answer from memory, for the read path: the record's place,
         state and content are current, its access counters may lag the last flush."""
-        key: int | str = file_id
-        rec = self._cache_get(key) if cached else None
+        rec = self._cache_get(file_id) if cached else None
         if rec is None:
-            generation = self.db.generation
+            stamp = self.db.stamp(file_id)
             with self.db.read() as s:
                 rec = s.get(FileRecord, file_id)
             if rec is not None:
-                self._cache_put(key, rec, generation)
+                self._cache_put(file_id, rec, stamp)
         if rec is None:
             raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
         return rec
 
     def lookup(self, relpath: str, *, cached: bool = False) -> FileRecord:
         """One record by relpath; ``cached`` as for :meth:`get`."""
-        rec = self._cache_get(relpath) if cached else None
-        if rec is None:
-            generation = self.db.generation
-            with self.db.read() as s:
-                rec = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
-            if rec is not None:
-                self._cache_put(relpath, rec, generation)
-        if rec is None:
+        if cached:
+            # Which record a relpath names changes only with writes that bump the global
+            # generation; the record itself comes from the per-file cache.
+            hit = self._paths.get(relpath)
+            if hit is not None and hit[1] == self.db.generation:
+                with contextlib.suppress(FileNotFound):
+                    rec = self.get(hit[0], cached=True)
+                    if rec.relpath == relpath:
+                        return rec
+        generation = self.db.generation
+        with self.db.read() as s:
+            found = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
+        if found is None:
             raise FileNotFound(f"no file at path {relpath!r}", path=relpath)
-        return rec
+        if cached and generation % 2 == 0:
+            self._trim(self._paths)
+            self._paths[relpath] = (found.id, generation)
+        return found
 
     # A 4 KiB load spends more time reading its record from SQLite than reading its bytes; the
-    # read path keeps records here, valid while no write that changes files has committed since.
+    # read path keeps records here, each valid while no write that may change it has committed
+    # since it was read: any write that changes files without naming them, or one naming it
+    # (Database.stamp). A move names its file, so it leaves every other record cached.
     _CACHE_MAX = 65_536
 
-    def _cache_get(self, key: int | str) -> FileRecord | None:
-        hit = self._cache.get(key)
-        if hit is None or hit[1] != self.db.generation:
+    def _cache_get(self, file_id: int) -> FileRecord | None:
+        hit = self._cache.get(file_id)
+        if hit is None or hit[1] != self.db.stamp(file_id):
             return None
         return hit[0]
 
-    def _cache_put(self, key: int | str, rec: FileRecord, generation: int) -> None:
-        if generation % 2:  # read while a write was in progress: don't keep it
+    def _cache_put(self, file_id: int, rec: FileRecord, stamp: tuple[int, int]) -> None:
+        if stamp[0] % 2 or stamp[1] % 2:  # read while a write was in progress: don't keep it
             return
-        if len(self._cache) >= self._CACHE_MAX:
-            self._cache.clear()
-        self._cache[key] = (rec, generation)
+        self._trim(self._cache)
+        self._cache[file_id] = (rec, stamp)
+
+    def _trim(self, cache: dict[Any, Any]) -> None:
+        if len(cache) >= self._CACHE_MAX:
+            cache.clear()
 
     def find(self, relpath: str) -> FileRecord | None:
         with self.db.read() as s:

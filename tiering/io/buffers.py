@@ -10,7 +10,9 @@ Two kinds, one per device type:
   segment's name.
 
 Every handle also carries ``offset`` (where the data starts inside the allocation) and
-``alloc_bytes``. Handles are plain JSON: raw bytes only, nothing is ever pickled.
+``alloc_bytes``, and a lease's handle ``read_only`` (true for buffers that several leases may
+share: the holder promised never to write them). Handles are plain JSON: raw bytes only,
+nothing is ever pickled.
 
 :func:`allocate` is the exporting side; :func:`attach` is the importing side, run in another
 process. A process cannot open its own CUDA IPC handle, so :func:`attach` of a ``cuda`` handle
@@ -371,12 +373,18 @@ class Attached:
     object's reference; the mapping itself (``cudaIpcCloseMemHandle`` or ``munmap``) goes
     when no array made from it is alive any more, so a tensor that still views the memory
     never faults.
+
+    ``read_only`` handles give a non-writable NumPy array (views of it are too); a CuPy
+    array has no such flag, so there it is the caller's promise alone.
     """
 
-    def __init__(self, array: Any, device: Device, mapping: Callable[[], Any]) -> None:
+    def __init__(
+        self, array: Any, device: Device, mapping: Callable[[], Any], read_only: bool = False
+    ) -> None:
         self._array: Any = array
         self.device = device
         self._mapping = mapping
+        self.read_only = read_only
 
     @property
     def array(self) -> Any:
@@ -431,11 +439,21 @@ def attach(handle: Mapping[str, Any], nbytes: int | None = None) -> Attached:
     size = alloc - offset if nbytes is None else int(nbytes)
     if offset < 0 or size < 0 or offset + size > alloc:
         raise InvalidInput(f"[{offset}, {offset + size}) is outside the {alloc} byte allocation")
+    read_only = handle.get("read_only") is True
     if kind == "cuda_ipc":
-        return _attach_cuda(handle, offset, size, alloc)
-    if kind == "shm":
-        return _attach_shm(str(handle["name"]), offset, size, alloc)
-    raise InvalidInput(f"unknown handle kind {kind!r}")
+        out = _attach_cuda(handle, offset, size, alloc)
+    elif kind == "shm":
+        out = _attach_shm(str(handle["name"]), offset, size, alloc)
+    else:
+        raise InvalidInput(f"unknown handle kind {kind!r}")
+    if read_only:
+        out.read_only = True
+        if isinstance(out.array, np.ndarray):
+            # The segment stays mapped read-write (a DLPack consumer older than DLPack 1.0
+            # cannot be told "read-only", and gets a writable alias; see tierd_client), but
+            # every NumPy view of it refuses writes.
+            out.array.flags.writeable = False
+    return out
 
 
 def _attach_cuda(handle: Mapping[str, Any], offset: int, size: int, alloc: int) -> Attached:

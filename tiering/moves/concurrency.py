@@ -7,6 +7,9 @@ thread-safe pieces they and the mover meet at.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +19,16 @@ from dataclasses import dataclass, field
 from tiering.catalog import FileRecord, Migration
 from tiering.errors import FileBusy
 
-__all__ = ["Claim", "FileGuards", "Progress", "ProgressBoard", "RateLimiter"]
+__all__ = [
+    "Claim",
+    "FileGuards",
+    "Progress",
+    "ProgressBoard",
+    "RateLimiter",
+    "lower_cpu_priority",
+]
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 """A move's progress callback: ``(bytes copied so far, file size)``."""
@@ -121,3 +133,31 @@ class ProgressBoard:
     def snapshot(self) -> dict[int, int]:
         with self._lock:
             return dict(self._copied)
+
+
+def lower_cpu_priority(steps: int) -> int | None:
+    """Make the calling thread ``steps`` nice levels nicer (at most 19); returns its nice value,
+    or None where a thread's priority cannot be set alone (not Linux) or the call failed.
+
+    Linux schedules threads one by one, and ``setpriority`` on a thread id sets that thread
+    only. A thread can never be made less nice again without privilege, so only threads that
+    exist for background work (a move's copy) call this. Best effort: a failure leaves the
+    thread as it was.
+    """
+    if steps <= 0 or not sys.platform.startswith("linux"):
+        # Elsewhere PRIO_PROCESS with a thread id would name a process, perhaps another one.
+        return None
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        target = min(19, now + steps)
+        if target > now:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+            # The kernel may take the core from a thread whose priority just fell at its next
+            # chance. Give it that chance now, outside the GIL: a low-priority thread preempted
+            # while holding the GIL would stall every other thread of the process.
+            os.sched_yield()
+        return target
+    except OSError as exc:
+        log.debug("could not lower the priority of thread %d: %s", tid, exc)
+        return None

@@ -23,7 +23,7 @@ from tiering.catalog.journal import Journal
 from tiering.moves.concurrency import Claim, FileGuards, Progress, ProgressBoard, RateLimiter
 from tiering.moves.failures import Cancelled
 from tiering.moves.recovery import RecoveryReport, recover
-from tiering.moves.steps import CHUNK, STEPS, MoveRunner, MoveSettings
+from tiering.moves.steps import CHUNK, COPY_NICE, STEPS, MoveRunner, MoveSettings
 from tiering.tiers import Tier, Tiers
 
 # Names defined in the modules above are re-exported: the package's __init__, its files and
@@ -55,6 +55,9 @@ class Mover:
         Bytes that may still be placed on a tier (free space capped by its quota).
     chunk_size:
         Bytes per read/write of the copy.
+    copy_nice:
+        Nice levels below the process for the thread that copies (see
+        :meth:`~tiering.moves.steps.MoveRunner._copy`); 0 copies in the move's thread.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class Mover:
         limiter: RateLimiter | None = None,
         room: Callable[[Tier], int] | None = None,
         chunk_size: int = CHUNK,
+        copy_nice: int = COPY_NICE,
     ) -> None:
         self.catalog = catalog
         self.journal = journal
@@ -76,7 +80,9 @@ class Mover:
         # One settings object shared with the runner: ``room``, ``chunk_size`` and ``hook``
         # below are views of it, so a change made here is seen by a move at its next step.
         self.settings = MoveSettings(
-            room=room or (lambda tier: tier.space().free), chunk_size=chunk_size
+            room=room or (lambda tier: tier.space().free),
+            chunk_size=chunk_size,
+            copy_nice=copy_nice,
         )
         self._board = ProgressBoard()
         self._runner = MoveRunner(
@@ -106,6 +112,15 @@ class Mover:
     @chunk_size.setter
     def chunk_size(self, value: int) -> None:
         self.settings.chunk_size = value
+
+    @property
+    def copy_nice(self) -> int:
+        """Nice levels below the process for the thread that copies; 0: the move's thread."""
+        return self.settings.copy_nice
+
+    @copy_nice.setter
+    def copy_nice(self, value: int) -> None:
+        self.settings.copy_nice = value
 
     @property
     def hook(self) -> Callable[[str], None] | None:

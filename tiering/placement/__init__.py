@@ -1,9 +1,13 @@
 """Placement: which tier each file belongs on. Access counting (heat), the policy and its planner
-(a pure function: moves and their reasons), and the scheduler that submits planned moves."""
+(a pure function: moves and their reasons), and the scheduler that submits planned moves; the
+memory tier's cache planner (also pure) and :class:`MemoryCache`, which runs its fills and drops
+against the catalog."""
 
 from tiering.placement.access import AccessTracker
+from tiering.placement.cache import CachedCopy, CacheDrop, CacheFill, CachePlan, plan_cache
 from tiering.placement.current import CurrentPolicy, PolicyInfo
 from tiering.placement.explain import Decision, Reason, decide, plan
+from tiering.placement.memory import CachePassReport, MemoryCache
 from tiering.placement.policy import (
     FileView,
     PlannedMove,
@@ -11,12 +15,21 @@ from tiering.placement.policy import (
     TierPolicy,
     TierState,
     default_policy,
+    memory_rule,
 )
 from tiering.placement.scheduler import PassReport, Scheduler
 from tiering.placement.space import TierInfo, room, tier_infos, tier_states
 
 __all__ = [
     "AccessTracker",
+    "CacheDrop",
+    "CacheFill",
+    "CachePassReport",
+    "CachePlan",
+    "CachedCopy",
+    "MemoryCache",
+    "memory_rule",
+    "plan_cache",
     "Decision",
     "Reason",
     "decide",

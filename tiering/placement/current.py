@@ -35,14 +35,20 @@ class CurrentPolicy:
         The configured tiers, fastest first; every policy is validated against them.
     half_life_s:
         The built-in default policy's half-life.
+    memory:
+        The memory tier's name (first of ``tier_names``), if one is configured.
     """
 
-    def __init__(self, tier_names: list[str], *, half_life_s: float) -> None:
+    def __init__(
+        self, tier_names: list[str], *, half_life_s: float, memory: str | None = None
+    ) -> None:
         self.tier_names = tier_names
+        self.memory = memory
         #: Where versions are stored, set when the catalog opens. Until then the default is in
         #: force, which is all that heat and quotas need.
         self.store: PolicyStore | None = None
-        self._info = PolicyInfo(0, default_policy(tier_names, half_life_s=half_life_s), None, None)
+        default = default_policy(tier_names, half_life_s=half_life_s, memory=memory)
+        self._info = PolicyInfo(0, default, None, None)
 
     @property
     def info(self) -> PolicyInfo:
@@ -78,14 +84,18 @@ class CurrentPolicy:
         InvalidPolicy
             The document does not validate (nothing is stored).
         """
-        policy = Policy.parse(document, self.tier_names)
+        policy = self.parse(document)
         stored = self._store().save(policy.document(), author=author)
         self._info = PolicyInfo(stored.version, policy, stored.created_at, stored.author)
         return self._info
 
+    def parse(self, document: object) -> Policy:
+        """Validate ``document`` against these tiers (see :meth:`Policy.parse`)."""
+        return Policy.parse(document, self.tier_names, memory=self.memory)
+
     def _apply(self, stored: StoredPolicy) -> None:
         try:
-            policy = Policy.parse(stored.document, self.tier_names)
+            policy = self.parse(stored.document)
         except InvalidInput as exc:
             # Stored under another tier list: keep serving with the current one, loudly.
             log.error("stored policy version %d does not fit these tiers: %s", stored.version, exc)

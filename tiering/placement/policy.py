@@ -27,7 +27,7 @@ watermark, and nothing ever goes past the free space of the tier's filesystem.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ __all__ = [
     "TierPolicy",
     "TierState",
     "default_policy",
+    "memory_rule",
 ]
 
 DAY = 86_400.0
@@ -109,8 +110,14 @@ class Policy(BaseModel):
     enabled: bool = Field(default=True, description="Whether the scheduler moves files by itself")
 
     @classmethod
-    def parse(cls, document: object, tier_names: Sequence[str]) -> Policy:
+    def parse(
+        cls, document: object, tier_names: Sequence[str], *, memory: str | None = None
+    ) -> Policy:
         """Validate a JSON document against the engine's tiers.
+
+        ``memory`` names the memory tier (the first of ``tier_names``): a document without
+        rules for it gets the default ones (see :func:`memory_rule`), so a policy set before
+        the memory tier was configured still applies.
 
         Raises
         ------
@@ -120,6 +127,15 @@ class Policy(BaseModel):
         """
         if not isinstance(document, Mapping):
             raise InvalidPolicy("the policy must be a JSON object")
+        tiers = document.get("tiers")
+        if memory is not None and isinstance(tiers, Mapping) and memory not in tiers:
+            storage = [tiers[n] for n in tier_names if n != memory and n in tiers]
+            fastest = (
+                storage[0].get("min_heat") if storage and isinstance(storage[0], Mapping) else 0
+            )
+            if isinstance(fastest, int | float) and not isinstance(fastest, bool):
+                rule = memory_rule(float(fastest)).model_dump(mode="json")
+                document = {**document, "tiers": {memory: rule, **tiers}}
         try:
             policy = cls.model_validate(dict(document))
         except ValidationError as exc:
@@ -157,6 +173,14 @@ class Policy(BaseModel):
             raise InvalidPolicy("; ".join(problems))
         return self.model_copy(update={"tiers": dict(ordered)})
 
+    def without(self, names: Collection[str]) -> Policy:
+        """This policy without the rules of ``names``: the storage planner plans over the
+        storage tiers alone, never the memory tier (a cache, not a home)."""
+        if not any(n in self.tiers for n in names):
+            return self
+        kept = {n: tp for n, tp in self.tiers.items() if n not in names}
+        return self.model_copy(update={"tiers": kept})
+
     def document(self) -> dict[str, Any]:
         """The policy as a JSON-able document (what ``parse`` accepts)."""
         return self.model_dump(mode="json")
@@ -174,17 +198,30 @@ def _explain(exc: ValidationError) -> str:
     return "; ".join(parts) or "invalid policy"
 
 
-def default_policy(tier_names: Sequence[str], *, half_life_s: float = DAY) -> Policy:
+def memory_rule(fastest_min_heat: float) -> TierPolicy:
+    """The memory tier's default rules: twice the heat of the fastest storage tier's (10 when
+    that one takes every file). Its quota is the configured one."""
+    return TierPolicy(min_heat=2 * fastest_min_heat if fastest_min_heat > 0 else 10.0)
+
+
+def default_policy(
+    tier_names: Sequence[str], *, half_life_s: float = DAY, memory: str | None = None
+) -> Policy:
     """The policy in force until someone sets one.
 
     For the default tiers this is ≥ 100 → nvme, ≥ 10 → ssd, otherwise hdd. Other tier lists get
-    thresholds by rank: the slowest 0, then 10, 100, 1000... towards the fastest.
+    thresholds by rank: the slowest 0, then 10, 100, 1000... towards the fastest. ``memory``
+    names the memory tier, first in ``tier_names``: the storage tiers get the thresholds they
+    would have without it, and it gets :func:`memory_rule` (≥ 200 above the default tiers).
     """
-    n = len(tier_names)
+    storage = [n for n in tier_names if n != memory]
+    n = len(storage)
     tiers = {
         name: TierPolicy(min_heat=0.0 if rank == n - 1 else float(10 ** (n - 1 - rank)))
-        for rank, name in enumerate(tier_names)
+        for rank, name in enumerate(storage)
     }
+    if memory is not None:
+        tiers = {memory: memory_rule(tiers[storage[0]].min_heat), **tiers}
     return Policy(tiers=tiers, half_life_s=half_life_s)
 
 

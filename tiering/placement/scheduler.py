@@ -46,6 +46,9 @@ class Scheduler:
         Returns the policy in force (reloaded from the catalog when it changed).
     planner:
         Returns the moves the policy wants now.
+    cache:
+        Called after each planning pass: the memory tier's planner runs then, on its own
+        thread (its fills do not hold up the moves).
     """
 
     def __init__(
@@ -53,10 +56,12 @@ class Scheduler:
         mover: Mover,
         policy: Callable[[], Policy],
         planner: Callable[[Policy], list[PlannedMove]],
+        cache: Callable[[], None] | None = None,
     ) -> None:
         self.mover = mover
         self._policy = policy
         self._planner = planner
+        self._cache = cache
         self._queue: deque[Claim] = deque()
         self._running: dict[int, threading.Thread] = {}  # slots in use
         self._threads: list[threading.Thread] = []  # every worker not yet joined
@@ -124,6 +129,8 @@ class Scheduler:
                 continue
             report.claimed.append(claim)
             self.submit(claim)
+        if self._cache is not None:
+            self._cache()
         self.passes += 1
         self.last_pass = report
         return report

@@ -23,6 +23,7 @@ from tiering.io.buffers import BufferPool
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation
+from tiering.serving.residency import Residency
 
 __all__ = ["LoadContext", "fill"]
 
@@ -50,9 +51,15 @@ class LoadContext:
         self.stats = Stats()
         self._storages: dict[Device, GpuDirectStorage] = {}
         self._storage_lock = threading.Lock()
+        #: The read-only copies of shared loads and GPU prefetches (see serving.residency).
+        self.residency = Residency(self.leases, self.stats, self._record_access)
         #: Who may hold copies of files in memory, asked in order before a file is read from
         #: its tier (the GPU residency first, then the memory tier; see serving.held).
-        self.holders: list[Holder] = []
+        self.holders: list[Holder] = [self.residency]
+
+    def _record_access(self, file_id: int) -> None:
+        assert self.engine.access is not None
+        self.engine.access.record(file_id)
 
     def close(self) -> None:
         self.leases.stop()

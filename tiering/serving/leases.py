@@ -4,6 +4,13 @@ The budget is reserved *before* anything is allocated (:meth:`LeaseTable.reserve
 concurrent requests together never hold more than it, not even for a moment. A reservation
 becomes a lease when the load succeeded (:meth:`LeaseTable.grant`) and is given back when it
 failed. Expired leases are freed by a reaper thread; :meth:`LeaseTable.stop` frees them all.
+
+Several leases may hand out one buffer (:meth:`LeaseTable.share`): the read-only copies of
+``shared=true`` loads and GPU prefetches (see :mod:`tiering.serving.residency`). A
+:class:`Holding` counts who holds such a buffer (its leases, and loads copying from it): its
+bytes are charged against the budget once, and it goes back to the pool only when the last
+holder lets go. A holding is never revived: a buffer taken again from the pool gets a new
+one, so a stale reference can never hand out another load's bytes.
 """
 
 from __future__ import annotations
@@ -22,9 +29,24 @@ from tiering.io import Device, IoReport
 from tiering.io.buffers import BufferPool, DeviceBuffer
 from tiering.periodic import Periodic
 
-__all__ = ["Lease", "LeaseTable", "Reservation"]
+__all__ = ["Holding", "Lease", "LeaseTable", "Reservation"]
 
 log = logging.getLogger(__name__)
+
+
+class Holding:
+    """Who holds one granted buffer: its leases and pins (see :meth:`LeaseTable.hold`).
+
+    Made by :meth:`LeaseTable.grant`; ``count`` falls to 0 exactly once, and the buffer is then
+    freed (or pooled). ``on_last`` is called just before that, outside the table's lock.
+    """
+
+    __slots__ = ("buffer", "count", "on_last")
+
+    def __init__(self, buffer: DeviceBuffer) -> None:
+        self.buffer = buffer
+        self.count = 1
+        self.on_last: Callable[[Holding], None] | None = None
 
 
 @dataclass
@@ -33,7 +55,9 @@ class Lease:
 
     ``nbytes`` of data start at ``offset`` inside the allocation; ``dtype`` and ``shape``
     describe them. ``tensors`` is set for safetensors loads: name → ``(offset, dtype, shape,
-    nbytes)`` inside this buffer.
+    nbytes)`` inside this buffer. ``read_only`` leases hand out a buffer that other leases
+    may share (the holder promised never to write it); ``reused`` says this lease was granted
+    over such a buffer that was already resident (no byte was read for it).
     """
 
     id: str
@@ -50,15 +74,19 @@ class Lease:
     report: IoReport | None
     offset: int = 0
     tensors: dict[str, Any] = field(default_factory=dict)
+    read_only: bool = False
+    reused: bool = False
+    holding: Holding | None = field(default=None, repr=False, compare=False)
 
     @property
     def alloc_bytes(self) -> int:
         return self.buffer.alloc_bytes
 
     def handle(self) -> dict[str, Any]:
-        """The buffer's handle, with the data's offset."""
+        """The buffer's handle, with the data's offset and whether it is read-only."""
         h = self.buffer.handle()
         h["offset"] = self.offset
+        h["read_only"] = self.read_only
         return h
 
 
@@ -228,8 +256,12 @@ class LeaseTable:
         ttl_s: float | None = None,
         offset: int = 0,
         tensors: dict[str, Any] | None = None,
+        read_only: bool = False,
     ) -> Lease:
-        """Turn a reservation with its attached buffer into a lease."""
+        """Turn a reservation with its attached buffer into a lease.
+
+        A ``read_only`` lease's buffer may be handed out again by :meth:`share`.
+        """
         buf = reservation.buffer
         if buf is None:
             raise InvalidInput("no buffer attached to the reservation")
@@ -252,11 +284,83 @@ class LeaseTable:
             report=report,
             offset=offset,
             tensors=tensors or {},
+            read_only=read_only,
+            holding=Holding(buf),
         )
         reservation._granted()
         with self._lock:
             self._leases[lease.id] = lease
         return lease
+
+    def share(
+        self,
+        holding: Holding,
+        *,
+        nbytes: int,
+        dtype: str,
+        shape: tuple[int, ...],
+        kind: str,
+        file_ids: tuple[int, ...],
+        report: IoReport | None,
+        ttl_s: float | None = None,
+        offset: int = 0,
+        tensors: dict[str, Any] | None = None,
+    ) -> Lease | None:
+        """A new read-only lease over a buffer others hold already; nothing is reserved or
+        allocated (the bytes are charged once, to the holding). None when its last holder
+        has let go meanwhile (the caller then loads afresh)."""
+        ttl = self.ttl(ttl_s)
+        buf = holding.buffer
+        if offset < 0 or offset + nbytes > buf.alloc_bytes:
+            raise InvalidInput(f"[{offset}, {offset + nbytes}) is outside the allocation")
+        now = self._clock()
+        lease = Lease(
+            id=secrets.token_hex(12),
+            device=buf.device,
+            buffer=buf,
+            nbytes=nbytes,
+            dtype=dtype,
+            shape=shape,
+            created_at=now,
+            expires_at=now + ttl,
+            ttl_s=ttl,
+            kind=kind,
+            file_ids=file_ids,
+            report=report,
+            offset=offset,
+            tensors=tensors or {},
+            read_only=True,
+            reused=True,
+            holding=holding,
+        )
+        with self._lock:
+            if holding.count <= 0:
+                return None
+            holding.count += 1
+            self._leases[lease.id] = lease
+        return lease
+
+    def hold(self, holding: Holding) -> bool:
+        """Pin a held buffer (a load copying from it) until :meth:`unhold`; False when its
+        last holder has let go already."""
+        with self._lock:
+            if holding.count <= 0:
+                return False
+            holding.count += 1
+            return True
+
+    def unhold(self, holding: Holding) -> None:
+        """Undo one :meth:`hold`."""
+        self._unref(holding)
+
+    def watch(self, holding: Holding, on_last: Callable[[Holding], None]) -> bool:
+        """Call ``on_last(holding)`` when its last holder lets go, before the buffer is freed
+        or pooled; False (and never called) when that has happened already."""
+        with self._lock:
+            if holding.count <= 0:
+                return False
+            holding.on_last = on_last
+            return True
 
     def get(self, lease_id: str) -> Lease:
         with self._lock:
@@ -297,10 +401,26 @@ class LeaseTable:
             self._free(lease)
 
     def _free(self, lease: Lease) -> None:
+        if lease.holding is None:  # not granted by this table: it holds the buffer alone
+            lease.holding = Holding(lease.buffer)
+        self._unref(lease.holding)
+
+    def _unref(self, holding: Holding) -> None:
+        with self._lock:
+            holding.count -= 1
+            if holding.count > 0:
+                return
+            on_last, holding.on_last = holding.on_last, None
+        buf = holding.buffer
         try:
-            self.pool.put(lease.buffer)
+            if on_last is not None:
+                try:
+                    on_last(holding)  # before the pool can hand the buffer to another load
+                except Exception:
+                    log.exception("dropping the resident copy in %s failed", buf.device)
+            self.pool.put(buf)
         finally:
-            self._unreserve(lease.device, lease.alloc_bytes)
+            self._unreserve(buf.device, buf.alloc_bytes)
 
     def reap(self, now: float | None = None) -> int:
         """Free every expired lease; returns how many."""

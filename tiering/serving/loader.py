@@ -30,8 +30,10 @@ from tiering.serving.gathers import gather_rows
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.leases import Lease, LeaseTable
 from tiering.serving.loads import FanOut, LoadItem, load_many, load_one
+from tiering.serving.memory import MemoryHolder
 from tiering.serving.models import Models
 from tiering.serving.prefetch import start_prefetch
+from tiering.serving.residency import Residency
 from tiering.serving.safetensors import TensorsLoaded, load_shards
 
 __all__ = ["Loader"]
@@ -48,6 +50,8 @@ class Loader:
         self, engine: Engine, config: LoaderConfig | None = None, observer: Observer | None = None
     ) -> None:
         self._ctx = ctx = LoadContext(engine, config or LoaderConfig(), observer)
+        if engine.memory is not None:  # asked after the GPU residency: see LoadContext.holders
+            ctx.holders.append(MemoryHolder(engine, engine.memory))
         self.leases: LeaseTable = ctx.leases
         self.jobs = JobTable(
             concurrency=ctx.config.prefetch_concurrency, retention_s=ctx.config.job_retention_s
@@ -63,6 +67,11 @@ class Loader:
     @property
     def config(self) -> LoaderConfig:
         return self._ctx.config
+
+    @property
+    def residency(self) -> Residency:
+        """The read-only copies of shared loads and GPU prefetches, by content."""
+        return self._ctx.residency
 
     @property
     def observer(self) -> Observer | None:
@@ -108,8 +117,16 @@ class Loader:
         dtype: str = "uint8",
         shape: Sequence[int] | None = None,
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> Lease:
         """Load ``length`` bytes (default: to the end) from ``offset`` into a new lease.
+
+        ``shared=True`` is a read-only contract: the caller promises never to write the
+        buffer. In return, a range already resident on ``device`` (from an earlier shared load
+        or a GPU prefetch of the same file at the same generation) is handed out again: the
+        same allocation (CUDA IPC handle or shared-memory segment), no read, no new bytes
+        against the budget. Otherwise it is read into a new read-only buffer that stays
+        resident while any lease holds it. The lease and its handle say ``read_only``.
 
         Raises
         ------
@@ -132,6 +149,7 @@ class Loader:
             dtype=dtype,
             shape=shape,
             ttl_s=ttl_s,
+            shared=shared,
         )
 
     def load_batch(
@@ -140,18 +158,20 @@ class Loader:
         *,
         device: str | Device = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> list[Lease]:
         """Load many ranges at once, all or nothing.
 
         Every file is opened, every range checked and the budget of all of them reserved
         before the first byte is read; the reads then run ``load_concurrency`` at a time.
+        ``shared`` applies to every item (see :meth:`load`).
 
         Raises
         ------
         TooLarge
             More than ``max_batch_items`` items.
         """
-        return load_many(self._ctx, self._fan_out, items, device=device, ttl_s=ttl_s)
+        return load_many(self._ctx, self._fan_out, items, device=device, ttl_s=ttl_s, shared=shared)
 
     def gather(
         self,
@@ -194,8 +214,12 @@ class Loader:
         names: Sequence[str] | None = None,
         device: str | Device = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> TensorsLoaded:
         """Load the tensors (all, or ``names``) of safetensors shards: one lease per shard.
+
+        ``shared`` (see :meth:`load`): a shard whose selected tensors are resident on
+        ``device`` is handed out again, allocation and layout as they are.
 
         Raises
         ------
@@ -204,7 +228,7 @@ class Loader:
         TooLarge
             More than ``max_batch_items`` files.
         """
-        return load_shards(self._ctx, files, names=names, device=device, ttl_s=ttl_s)
+        return load_shards(self._ctx, files, names=names, device=device, ttl_s=ttl_s, shared=shared)
 
     # -- prefetch ----------------------------------------------------------------------------
     def prefetch(
@@ -218,10 +242,12 @@ class Loader:
         """Start a background job that warms ``files`` up; returns it at once.
 
         Targets: ``gpu`` loads each file into a lease on ``device`` (default ``cuda:0``) and
-        keeps it for ``ttl_s``; ``nvme`` promotes each file to the fastest tier through the
-        mover; ``page_cache`` reads each file through, so the next load is hot. A file on an
-        object-store tier has no page cache: ``page_cache`` promotes it to the nearest faster
-        local tier instead (a file with none is reported as the job's error for that file).
+        keeps it for ``ttl_s``, as a read-only resident copy (a ``shared`` load of the file is
+        handed the same allocation, and other loads copy from it); ``nvme`` promotes each
+        file to the fastest tier through the mover; ``page_cache`` reads each file through,
+        so the next load is hot. A file on an object-store tier has no page cache:
+        ``page_cache`` promotes it to the nearest faster local tier instead (a file with none
+        is reported as the job's error for that file).
 
         Raises
         ------

@@ -1,24 +1,32 @@
-"""Plain loads: one file or byte range into a lease, and batches of them, all or nothing."""
+"""Plain loads: one file or byte range into a lease, and batches of them, all or nothing.
+
+A ``shared`` load (see :mod:`tiering.serving.residency`) is read-only: a range already
+resident on its device is handed out again (the same allocation, no read), and a range that
+is not is read into a new read-only buffer that becomes resident for the next shared load.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tiering.errors import TooLarge
+from tiering.catalog import FileRecord
+from tiering.errors import BufferNotFound, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
 from tiering.io.buffers import alloc_size
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, fill
 from tiering.serving.leases import Lease, Reservation
+from tiering.serving.residency import ResidentKey, authoritative_stat
+from tiering.tiers import Stat, Tier
 
 __all__ = ["FanOut", "LoadItem", "load_many", "load_one"]
 
@@ -79,8 +87,12 @@ def load_one(
     dtype: str,
     shape: Sequence[int] | None,
     ttl_s: float | None,
+    shared: bool = False,
 ) -> Lease:
     """One range into a new lease; see :meth:`tiering.serving.Loader.load`."""
+    if shared:
+        item = LoadItem(file, offset, length, dtype, shape, None)
+        return load_shared(ctx, None, [item], device=device, ttl_s=ttl_s, op="load")[0]
     dev = ctx.device(device)
     dt = parse_dtype(dtype)
     ctx.leases.ttl(ttl_s)
@@ -112,6 +124,7 @@ def load_many(
     *,
     device: str | Device,
     ttl_s: float | None,
+    shared: bool = False,
 ) -> list[Lease]:
     """Many ranges at once, all or nothing; see :meth:`tiering.serving.Loader.load_batch`."""
     if len(items) > ctx.config.max_batch_items:
@@ -119,6 +132,8 @@ def load_many(
             f"{len(items)} items is over the limit of {ctx.config.max_batch_items}",
             limit=ctx.config.max_batch_items,
         )
+    if shared:
+        return load_shared(ctx, fan_out, items, device=device, ttl_s=ttl_s, op="batch")
     ctx.leases.ttl(ttl_s)
     prepared: list[
         tuple[
@@ -175,3 +190,166 @@ def load_many(
         assert lease.report is not None
         ctx.observe("batch", lease.device, lease.report)
     return leases
+
+
+# -- shared loads -------------------------------------------------------------------------------
+def record_of(ctx: LoadContext, ref: FileRef) -> FileRecord:
+    """The record of a file reference, from the read path's cache where it can."""
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        return ctx.engine.catalog.get(ref, cached=True)
+    if isinstance(ref, str):
+        return ctx.engine.lookup(ref, cached=True)
+    return ctx.record(ref)  # raises the clear error for a bad reference
+
+
+@dataclass
+class _Wanted:
+    """One item of a shared load, checked against its catalog record."""
+
+    dev: Device
+    rec: FileRecord
+    tier: Tier
+    offset: int
+    n: int
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    key: ResidentKey
+
+
+@dataclass
+class _Fill:
+    """A content of a shared load that is not resident: read into a new read-only buffer."""
+
+    want: _Wanted
+    stat: Stat | None
+    storage: GpuDirectStorage
+    file: GdsFile
+    res: Reservation
+    lease: Lease | None = None
+
+
+def load_shared(
+    ctx: LoadContext,
+    fan_out: FanOut | None,
+    items: Sequence[LoadItem],
+    *,
+    device: str | Device,
+    ttl_s: float | None,
+    op: str,
+) -> list[Lease]:
+    """Read-only leases of ``items``, all or nothing: resident contents are handed out again
+    (see :meth:`~tiering.serving.residency.Residency.find_range`), the others read once each
+    (items of one content in the request share its read) and made resident."""
+    ctx.leases.ttl(ttl_s)
+    wanted: list[_Wanted] = []
+    for it in items:
+        dev = ctx.device(it.device or device)
+        dt = parse_dtype(it.dtype)
+        rec = record_of(ctx, it.file)
+        n = check_range(it.offset, it.length, rec.size)
+        shp = check_shape(n, dt, it.shape)
+        tier = ctx.engine.tiers.get(rec.tier)
+        key = ResidentKey.bytes(rec, dev, it.offset, n)
+        wanted.append(_Wanted(dev, rec, tier, it.offset, n, dt, shp, key))
+    out: list[Lease | None] = [None] * len(wanted)
+    granted: list[Lease] = []
+    residency = ctx.residency
+    try:
+        with residency.claim(w.key for w in wanted), contextlib.ExitStack() as stack:
+            pending: list[int] = []
+            for i, w in enumerate(wanted):
+                found = residency.find_range(w.rec, w.dev, w.offset, w.n, w.dtype.itemsize, w.tier)
+                hit = None
+                if found is not None:
+                    hit = residency.grant_shared(
+                        found[0], w.rec, kind="load", ttl_s=ttl_s, offset=found[1],
+                        nbytes=w.n, dtype=w.dtype.name, shape=w.shape,
+                    )  # fmt: skip
+                if hit is not None:
+                    out[i] = hit
+                    granted.append(hit)
+                else:
+                    pending.append(i)
+            # One read per content, widest first: a range inside another of the request (the
+            # same content, or a part of it) is handed out of that one's buffer.
+            fills: dict[ResidentKey, _Fill] = {}
+            source: dict[int, tuple[_Fill, int]] = {}
+            for i in sorted(pending, key=lambda i: -wanted[i].n):
+                w = wanted[i]
+                fl = fills.get(w.key) or _covering(fills.values(), w)
+                if fl is None:
+                    fl = fills[w.key] = _open_fill(ctx, stack, w)
+                source[i] = (fl, w.offset - fl.want.offset)
+            for fl in fills.values():
+                fl.res.attach(ctx.leases.pool.get(fl.want.dev, fl.want.n))
+            calls: list[Callable[[], IoReport]] = [
+                functools.partial(_read, fl) for fl in fills.values()
+            ]
+            reports = fan_out.run(calls) if fan_out is not None else [c() for c in calls]
+            for fl, report in zip(fills.values(), reports, strict=True):
+                w = fl.want
+                fl.lease = ctx.leases.grant(
+                    fl.res, nbytes=w.n, dtype=w.dtype.name, shape=w.shape, kind="load",
+                    file_ids=(w.rec.id,), report=report, ttl_s=ttl_s, read_only=True,
+                )  # fmt: skip
+                granted.append(fl.lease)
+                if fl.stat is not None:
+                    residency.register(w.key, fl.lease, fl.stat)
+            handed: set[ResidentKey] = set()
+            for i in pending:
+                w = wanted[i]
+                fl, at = source[i]
+                assert fl.lease is not None and fl.lease.holding is not None
+                if w.key == fl.want.key and w.key not in handed:
+                    handed.add(w.key)
+                    out[i] = fl.lease
+                    continue
+                again = residency.share(
+                    fl.lease.holding, w.rec, kind="load", ttl_s=ttl_s, offset=at,
+                    nbytes=w.n, dtype=w.dtype.name, shape=w.shape,
+                )  # fmt: skip
+                if again is None:
+                    raise BufferNotFound(
+                        f"buffer {fl.lease.id} expired before the reply; ask for a longer ttl_s",
+                        buffer_id=fl.lease.id,
+                    )
+                granted.append(again)
+                out[i] = again
+    except BaseException:
+        ctx.leases.release_many([lease.id for lease in granted])
+        raise
+    leases = [lease for lease in out if lease is not None]
+    for lease in leases:
+        assert lease.report is not None
+        ctx.observe(op, lease.device, lease.report)
+    return leases
+
+
+def _open_fill(ctx: LoadContext, stack: contextlib.ExitStack, w: _Wanted) -> _Fill:
+    # The stat comes first: a change after it shows in a later one (see authoritative_stat).
+    stat = authoritative_stat(w.rec, w.tier)
+    storage = ctx.storage(w.dev)
+    f, _file_id = stack.enter_context(ctx.open(w.rec.id, storage))
+    check_range(w.offset, w.n, f.size())
+    res = stack.enter_context(ctx.leases.reserve(w.dev, alloc_size(w.dev, w.n)))
+    return _Fill(w, stat, storage, f, res)
+
+
+def _covering(fills: Iterable[_Fill], w: _Wanted) -> _Fill | None:
+    """A fill of this request whose range holds ``w``'s, a whole number of items in."""
+    for fl in fills:
+        f = fl.want
+        if (
+            f.key.file_id == w.key.file_id
+            and f.key.generation == w.key.generation
+            and f.dev == w.dev
+            and f.offset <= w.offset
+            and w.offset + w.n <= f.offset + f.n
+            and (w.offset - f.offset) % w.dtype.itemsize == 0
+        ):
+            return fl
+    return None
+
+
+def _read(fl: _Fill) -> IoReport:
+    return fill(fl.storage, fl.file, fl.want.offset, fl.res, fl.want.n)

@@ -223,9 +223,13 @@ class Models:
         prefix: str | None = None,
         device: str | Device = "cpu",
         ttl_s: float | None = None,
+        shared: bool = False,
     ) -> TensorsLoaded:
         """Load a model's tensors (all, the ``names`` given, or those starting with
         ``prefix``) into one lease per shard, the shards concurrently.
+
+        ``shared``: read-only leases, handed out again from resident shards (see
+        :meth:`tiering.serving.Loader.load`).
 
         Raises
         ------
@@ -247,6 +251,7 @@ class Models:
             device=device,
             ttl_s=ttl_s,
             select=self._selector(lay, names, prefix),
+            shared=shared,
         )
 
     @staticmethod

@@ -1,5 +1,5 @@
-"""Prefetch: background jobs that warm files up into GPU leases, the fastest tier or the page
-cache, with progress in bytes and files and cancellation between chunks.
+"""Prefetch: background jobs that warm files up into GPU leases, the memory tier, the fastest
+tier or the page cache, with progress in bytes and files and cancellation between chunks.
 
 Files on an object-store tier load into GPU leases like any other (ranged reads, no local
 copy). ``nvme`` promotes them to the fastest tier through the mover (parallel ranged GETs into
@@ -22,11 +22,11 @@ from tiering.moves import Cancelled
 from tiering.serving.config import FileRef, MiB
 from tiering.serving.context import LoadContext
 from tiering.serving.jobs import Job, JobCancelled, JobTable
-from tiering.tiers import Tier
+from tiering.tiers import FillCancelled, Tier
 
 __all__ = ["PREFETCH_TARGETS", "start_prefetch"]
 
-PREFETCH_TARGETS = ("gpu", "nvme", "page_cache")
+PREFETCH_TARGETS = ("gpu", "memory", "nvme", "page_cache")
 
 
 def start_prefetch(
@@ -59,6 +59,14 @@ def start_prefetch(
         ctx.leases.ttl(ttl_s)
     elif device is not None:
         raise InvalidInput(f"device applies to target gpu only, not {target}")
+    keep_s = 0.0
+    if target == "memory":
+        if ctx.engine.memory is None:
+            raise InvalidInput(
+                'target memory needs a memory tier: configure one ([[tiers]] kind = "memory" '
+                "with quota_bytes, listed first)"
+            )
+        keep_s = ctx.leases.ttl(ttl_s)
     job = Job(
         id="",
         kind="prefetch",
@@ -75,6 +83,8 @@ def start_prefetch(
             lambda j: _prefetch_gpu(ctx, j, todo, gpu_dev, ttl_s),
             lambda j: _prefetch_cleanup(ctx, j),
         )
+    if target == "memory":
+        return jobs.submit(job, lambda j: _prefetch_memory(ctx, j, todo, keep_s))
     if target == "nvme":
         return jobs.submit(job, lambda j: _prefetch_nvme(ctx, j, todo))
     return jobs.submit(job, lambda j: _prefetch_page_cache(ctx, j, todo))
@@ -98,45 +108,75 @@ def _file_error(job: Job, rec: FileRecord, exc: TierdError) -> None:
 def _prefetch_gpu(
     ctx: LoadContext, job: Job, recs: list[FileRecord], dev: Device, ttl_s: float | None
 ) -> None:
+    # Every warm buffer is a read-only resident copy (see serving.residency): a shared load of
+    # the file is handed the same allocation, other loads copy from it, and a file that is
+    # resident on the device already is handed out again instead of read.
     storage = ctx.storage(dev)
     chunk = ctx.config.prefetch_chunk_bytes
+    residency = ctx.residency
     for rec in recs:
         job.check()
         try:
-            with ctx.open(rec.id, storage) as (f, file_id):
-                n = f.size()
-                with ctx.leases.reserve(dev, alloc_size(dev, n)) as res:
-                    buf = res.attach(ctx.leases.pool.get(dev, n))
-                    arr = buf.array()
-                    storage.device.make_current()
-                    started = time.perf_counter()
-                    pos = 0
-                    while pos < n:
-                        job.check()
-                        k = min(chunk, n - pos)
-                        storage.load_to_gpu(f, pos, arr[pos : pos + k])
-                        pos += k
-                        job.add(nbytes=k)
-                    del arr
-                    buf.synchronize()
-                    report = IoReport(n, f.io_path, f.tier_key, time.perf_counter() - started)
-                    lease = ctx.leases.grant(
-                        res,
-                        nbytes=n,
-                        dtype="uint8",
-                        shape=(n,),
-                        kind="prefetch",
-                        file_ids=(file_id,),
-                        report=report,
-                        ttl_s=ttl_s,
-                    )
+            cur = ctx.engine.catalog.get(rec.id, cached=True)
+            tier = ctx.engine.tiers.get(cur.tier)
+            key = residency.whole(cur, dev)
+            with residency.claim([key]):
+                entry = residency.find(key, cur, tier)
+                lease = None
+                if entry is not None:
+                    lease = residency.grant_shared(entry, cur, kind="prefetch", ttl_s=ttl_s)
+                if lease is not None:
+                    job.add(nbytes=lease.nbytes)
+                else:
+                    stat = residency.stat_now(cur, tier)  # before the read, as a copy needs
+                    with ctx.open(cur.id, storage) as (f, file_id):
+                        n = f.size()
+                        with ctx.leases.reserve(dev, alloc_size(dev, n)) as res:
+                            buf = res.attach(ctx.leases.pool.get(dev, n))
+                            arr = buf.array()
+                            storage.device.make_current()
+                            started = time.perf_counter()
+                            parts: list[IoReport] = []
+                            pos = 0
+                            while pos < n:
+                                job.check()
+                                k = min(chunk, n - pos)
+                                parts.append(storage.load_to_gpu(f, pos, arr[pos : pos + k]))
+                                pos += k
+                                job.add(nbytes=k)
+                            del arr
+                            buf.synchronize()
+                            # Where the bytes came from: the slowest of the chunks' sources.
+                            slow = next((p for p in parts if p.cold), parts[0] if parts else None)
+                            report = IoReport(
+                                n,
+                                f.io_path,
+                                f.tier_key,
+                                time.perf_counter() - started,
+                                slow.cold if slow else False,
+                                source=slow.source if slow else "page_cache",
+                            )
+                            lease = ctx.leases.grant(
+                                res,
+                                nbytes=n,
+                                dtype="uint8",
+                                shape=(n,),
+                                kind="prefetch",
+                                file_ids=(file_id,),
+                                report=report,
+                                ttl_s=ttl_s,
+                                read_only=True,
+                            )
+                    if stat is not None:
+                        residency.register(key, lease, stat)
         except TierdError as exc:
             _file_error(job, rec, exc)
             continue
         with job.lock:
             job.lease_ids.append(lease.id)
             job.files_done += 1
-        ctx.observe("prefetch", dev, report)
+        assert lease.report is not None
+        ctx.observe("prefetch", dev, lease.report)
 
 
 def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
@@ -221,3 +261,29 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
         finally:
             content.close()
         job.add(files=1)
+
+
+def _prefetch_memory(ctx: LoadContext, job: Job, recs: list[FileRecord], keep_s: float) -> None:
+    """Copy each file into the memory tier (one access counted each), kept there ``keep_s``
+    whatever its heat; a file already there is done at once. A file that does not fit (the
+    copies there are hotter, or host memory is low) is the job's error for that file."""
+    memory = ctx.engine.memory
+    assert memory is not None
+    for rec in recs:
+        job.check()
+        base = job.bytes_done
+
+        def progress(n: int) -> None:
+            job.add(nbytes=n)
+
+        try:
+            if ctx.engine.access is not None:
+                ctx.engine.access.record(rec.id)
+            memory.fill(rec.id, cancel=job.cancel, progress=progress, keep_s=keep_s)
+        except FillCancelled as exc:
+            raise JobCancelled from exc
+        except TierdError as exc:
+            _file_error(job, rec, exc)
+        with job.lock:
+            job.bytes_done = base + rec.size
+            job.files_done += 1

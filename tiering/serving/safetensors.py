@@ -3,6 +3,11 @@
 The data path (:mod:`tiering.io`) parses the headers and lays the selected tensors out; this
 module reserves the budget of each shard's buffer as the data path asks for it, and turns the
 shards into leases with a name → location map.
+
+A ``shared`` load is read-only: a shard whose selected tensors are resident on the device
+(the same selection of the same file at the same generation, see
+:mod:`tiering.serving.residency`) is handed out again, allocation and layout as they are; the
+other shards are read into read-only buffers that become resident.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiering.errors import InvalidInput, TooLarge
-from tiering.io import Device, GdsFile
+from tiering.io import Device, GdsFile, GpuDirectStorage, ShardLayout
 from tiering.io.buffers import alloc_size
+from tiering.io.safetensors import SafetensorsHeader, parse_header
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
 from tiering.serving.leases import Lease, Reservation
+from tiering.serving.loads import record_of
+from tiering.serving.residency import ResidentKey, authoritative_stat
 
 __all__ = ["Select", "TensorLoc", "TensorsLoaded", "load_shards"]
 
@@ -52,6 +60,7 @@ def load_shards(
     device: str | Device,
     ttl_s: float | None,
     select: Select | None = None,
+    shared: bool = False,
 ) -> TensorsLoaded:
     """Tensors of safetensors shards; see :meth:`tiering.serving.Loader.load_safetensors`.
 
@@ -68,6 +77,8 @@ def load_shards(
     dev = ctx.device(device)
     ctx.leases.ttl(ttl_s)
     storage = ctx.storage(dev)
+    if shared:
+        return _load_shared(ctx, storage, files, names, select, ttl_s)
     lock = threading.Lock()
     reserved: list[Reservation] = []
     by_array: dict[int, Reservation] = {}
@@ -83,7 +94,6 @@ def load_shards(
         return arr
 
     leases: list[Lease] = []
-    tensors: dict[str, TensorLoc] = {}
     with contextlib.ExitStack() as stack:
         opened = [stack.enter_context(ctx.open(ref, storage)) for ref in files]
         if select is not None:
@@ -96,38 +106,146 @@ def load_shards(
                 if not shard.tensors:
                     res.cancel()  # nothing selected from this shard
                     continue
-                assert res.buffer is not None
-                res.buffer.synchronize()
-                layout = {
-                    name: {
-                        "offset": at,
-                        "dtype": t.dtype,
-                        "shape": list(t.shape),
-                        "nbytes": t.nbytes,
-                    }
-                    for name, (at, t) in shard.tensors.items()
-                }
-                n = int(shard.buffer.nbytes)
-                lease = ctx.leases.grant(
-                    res,
-                    nbytes=n,
-                    dtype="uint8",
-                    shape=(n,),
-                    kind="safetensors",
-                    file_ids=(file_id,),
-                    report=shard.report,
-                    ttl_s=ttl_s,
-                    tensors=layout,
-                )
-                leases.append(lease)
-                for name, (at, t) in shard.tensors.items():
-                    tensors[name] = TensorLoc(lease.id, at, t.dtype, t.shape, t.nbytes)
+                leases.append(_grant(ctx, res, shard, file_id, ttl_s, read_only=False))
         except BaseException:
             ctx.leases.release_many([lease.id for lease in leases])
             for res in reserved:
                 res.cancel()
             raise
+    return _loaded(ctx, dev, leases)
+
+
+def _grant(
+    ctx: LoadContext,
+    res: Reservation,
+    shard: ShardLayout,
+    file_id: int,
+    ttl_s: float | None,
+    *,
+    read_only: bool,
+) -> Lease:
+    """One shard's reservation, filled, as a lease with its tensors' layout."""
+    assert res.buffer is not None
+    res.buffer.synchronize()
+    layout = {
+        name: {"offset": at, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
+        for name, (at, t) in shard.tensors.items()
+    }
+    n = int(shard.buffer.nbytes)
+    return ctx.leases.grant(
+        res,
+        nbytes=n,
+        dtype="uint8",
+        shape=(n,),
+        kind="safetensors",
+        file_ids=(file_id,),
+        report=shard.report,
+        ttl_s=ttl_s,
+        tensors=layout,
+        read_only=read_only,
+    )
+
+
+def _loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
+    """The reply of a load: every lease's tensors by name; each lease reported."""
+    tensors: dict[str, TensorLoc] = {}
     for lease in leases:
+        for name, t in lease.tensors.items():
+            tensors[name] = TensorLoc(
+                lease.id, int(t["offset"]), t["dtype"], tuple(t["shape"]), int(t["nbytes"])
+            )
         assert lease.report is not None
         ctx.observe("safetensors", dev, lease.report)
     return TensorsLoaded(leases, tensors)
+
+
+def _selection(
+    headers: Sequence[SafetensorsHeader], names: Sequence[str] | None
+) -> list[list[str]]:
+    """The tensors selected from each shard (sorted), checked as the data path checks them: a
+    tensor in two shards, or a name in none, is an error."""
+    owner: dict[str, Any] = {}
+    for h in headers:
+        for name in h.tensors:
+            if name in owner:
+                raise InvalidInput(
+                    f"tensor {name!r} is in both {owner[name]} and {h.path}", tensor=name
+                )
+            owner[name] = h.path
+    wanted = set(owner) if names is None else set(names)
+    missing = sorted(wanted - owner.keys())
+    if missing:
+        raise InvalidInput(
+            f"tensor(s) not in any shard: {', '.join(missing[:10])}", missing=missing
+        )
+    return [sorted(n for n in h.tensors if n in wanted) for h in headers]
+
+
+def _load_shared(
+    ctx: LoadContext,
+    storage: GpuDirectStorage,
+    files: Sequence[FileRef],
+    names: Sequence[str] | None,
+    select: Select | None,
+    ttl_s: float | None,
+) -> TensorsLoaded:
+    """A shared load: resident shards handed out again, the others read and made resident."""
+    dev = storage.device
+    residency = ctx.residency
+    recs = [record_of(ctx, ref) for ref in files]
+    tiers = [ctx.engine.tiers.get(r.tier) for r in recs]
+    # Before anything is opened or read: a change after it shows (see authoritative_stat).
+    stats = [authoritative_stat(r, t) for r, t in zip(recs, tiers, strict=True)]
+    leases: dict[int, Lease] = {}
+    reserved: list[Reservation] = []
+    lock = threading.Lock()
+
+    by_array: dict[int, Reservation] = {}
+
+    def alloc(nbytes: int) -> Any:
+        res = ctx.leases.reserve(dev, alloc_size(dev, nbytes))
+        with lock:
+            reserved.append(res)
+        arr = res.attach(ctx.leases.pool.get(dev, nbytes)).array()[:nbytes]
+        with lock:
+            by_array[id(arr)] = res
+        return arr
+
+    try:
+        with contextlib.ExitStack() as stack:
+            opened = [stack.enter_context(ctx.open(r.id, storage)) for r in recs]
+            if select is not None:
+                names = select([f for f, _ in opened])
+            headers = []
+            for f, _id in opened:
+                with f._use():
+                    headers.append(parse_header(f.path, f.size(), f.read_bytes))
+            chosen = _selection(headers, names)
+            keys = {
+                i: ResidentKey.tensors(recs[i], dev, sel) for i, sel in enumerate(chosen) if sel
+            }
+            stack.enter_context(residency.claim(keys.values()))
+            for i, key in keys.items():
+                entry = residency.find(key, recs[i], tiers[i])
+                if entry is not None:
+                    hit = residency.grant_shared(entry, recs[i], kind="safetensors", ttl_s=ttl_s)
+                    if hit is not None:
+                        leases[i] = hit
+            todo = [i for i in keys if i not in leases]
+            if todo:
+                storage.device.make_current()
+                wanted = None if names is None else [n for i in todo for n in chosen[i]]
+                shards = storage.load_safetensors_raw([opened[i][0] for i in todo], wanted, alloc)
+                for i, shard in zip(todo, shards, strict=True):
+                    res = by_array[id(shard.buffer)]
+                    lease = _grant(ctx, res, shard, recs[i].id, ttl_s, read_only=True)
+                    leases[i] = lease
+                    stat = stats[i]
+                    if stat is not None:
+                        residency.register(keys[i], lease, stat)
+    except BaseException:
+        ctx.leases.release_many([lease.id for lease in leases.values()])
+        for res in reserved:
+            res.cancel()
+        raise
+    return _loaded(ctx, dev, [leases[i] for i in sorted(leases)])

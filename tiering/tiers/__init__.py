@@ -4,6 +4,9 @@ A tier is one implementation of :class:`Tier`'s few primitives (open for ranged 
 walk, write then publish, remove, space): :class:`DirectoryTier` for a local directory,
 ``ObjectTier`` for an S3-protocol bucket prefix. Moves, recovery, scan, uploads and loads use
 only those primitives.
+
+:class:`MemoryTier` is no Tier: it caches copies of files in pinned host memory above them,
+and never holds a file of its own.
 """
 
 from tiering.tiers._base import (
@@ -19,6 +22,7 @@ from tiering.tiers._base import (
 from tiering.tiers._directory import DirectorySource, DirectoryTier
 from tiering.tiers._dirwriter import DirectoryWriter, write_all
 from tiering.tiers._futures import settle
+from tiering.tiers._memory import FillCancelled, MemoryEntry, MemoryTier
 from tiering.tiers._tiers import KINDS, Tiers, make_tier
 from tiering.tiers._writeback import start_writeback
 
@@ -29,6 +33,9 @@ __all__ = [
     "DirectorySource",
     "DirectoryTier",
     "DirectoryWriter",
+    "FillCancelled",
+    "MemoryEntry",
+    "MemoryTier",
     "Published",
     "Source",
     "Space",

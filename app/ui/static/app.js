@@ -350,6 +350,9 @@
     const rows = res.body.map((t) => {
       const cap = t.capacity_bytes || 1;
       const color = tierColor(t.name);
+      // The memory tier caches copies in pinned host memory: its capacity is its quota.
+      const mem = t.kind === "memory";
+      const what = mem ? "copies" : "tierd's files";
       const other = Math.max(0, t.used_bytes - t.file_bytes);
       const hasQuota = t.quota_bytes !== null && t.quota_bytes !== undefined;
       // The quota's place on the disk, where it is far enough from the left to be seen.
@@ -362,9 +365,9 @@
         h("span", { class: "meter-text" },
           h("b", { text: fmtBytes(t.file_bytes) }), ` in ${t.files} objects`),
       ] : [
-        h("span", { class: "meter-label", text: "disk" }),
+        h("span", { class: "meter-label", text: mem ? "memory" : "disk" }),
         bar([
-          { frac: t.file_bytes / cap, color, title: `tierd's files: ${fmtBytes(t.file_bytes)}` },
+          { frac: t.file_bytes / cap, color, title: `${what}: ${fmtBytes(t.file_bytes)}` },
           { frac: other / cap, color: "var(--other)", title: `other data: ${fmtBytes(other)}` },
         ], { marks }),
         h("span", { class: "meter-text" },
@@ -390,7 +393,7 @@
           h("span", { class: "badge kind", title: "tier backend", text: t.kind || t.backend || "directory" }),
           t.gds ? h("span", { class: "badge ok", title: "loads take GPUDirect Storage", text: "GDS" }) : null,
           h("span", { class: "path mono", title: t.path, text: t.path }),
-          h("span", { class: "files", text: `${t.files} ${t.files === 1 ? "file" : "files"} · ${fmtBytes(t.file_bytes)}` })),
+          h("span", { class: "files", text: `${t.files} ${mem ? (t.files === 1 ? "copy" : "copies") : (t.files === 1 ? "file" : "files")} · ${fmtBytes(t.file_bytes)}` })),
         h("div", { class: "meters" }, meters));
     });
     fill(box, rows.length ? rows : [h("p", { class: "empty", text: "No tiers configured." })]);

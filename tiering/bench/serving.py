@@ -1,0 +1,434 @@
+"""``tierd bench serving``: what moves between tiers cost the requests served meanwhile.
+
+Starts the service (uvicorn, its own process, the embedded default's tiers and its file
+watcher, under a temporary data dir) holding small files on ``nvme`` that clients read, and
+files of ``move_size`` (24 MiB) that movers carry between ``ssd`` and ``nvme``. From this
+process, ``clients`` threads, each with its own connections, send requests back to back, the
+three kinds in turn:
+
+- ``read_4k``: ``GET /v1/files/{id}/content`` with a 4 KiB ``Range``;
+- ``load_4k`` and ``load_1m``: ``POST /v1/load`` of 4 KiB or 1 MiB into ``cpu`` (shared
+  memory) through :mod:`tierd_client`, the buffer opened here and read, then released
+  (``DELETE /v1/buffers/{id}``): one request of this kind is the load and its release.
+
+Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
+are checked at the end: a wrong byte or a failed request stops the bench, never a figure.
+
+The run alternates windows of ``duration_s``: idle (no move), then busy (``movers`` threads
+each moving its own file back and forth with ``POST /v1/migrations?wait=true``, so the moves
+run on the server's workers under the policy's bandwidth cap, 256 MiB/s by default). A request
+counts in a window when it started and ended inside it; a window's rate counts the requests
+completed in it. Latencies (p50, p99) pool the requests of every window of a phase, as one
+window holds too few for a steady p99; the request rate is the median of the windows, and its
+ratio the median of each busy window's rate over the idle window just before it. Alternating
+windows make a drift in the host's load (other work on a shared machine) fall on both phases
+alike. The ratios carry the targets of issue 11: p99 at most 1.5x idle, rate at least 0.8x.
+The server's CPU (from ``/proc``) and this process's are reported per phase, so a reader sees
+where the cores went.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from tiering.checksum import Hasher
+
+from ._measure import MiB, format_size, percentile
+from ._objrun import cpu_of
+from ._report import BenchRow, Report
+from .rest import server_process
+
+__all__ = ["KINDS", "run"]
+
+#: Request kinds: (name, bytes read, whether it is a load into ``cpu``).
+KINDS: tuple[tuple[str, int, bool], ...] = (
+    ("read_4k", 4096, False),
+    ("load_4k", 4096, True),
+    ("load_1m", MiB, True),
+)
+#: Targets of issue 11: busy p99 over idle p99 at most, busy rate over idle rate at least.
+P99_AT_MOST, RATE_AT_LEAST = 1.5, 0.8
+_SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
+_WARMUP_S = 1.0  # connections, pools and first leases, before the first window
+_SETTLE_S = 0.5  # after the movers stop, before the next idle window: the last fsyncs land
+
+
+@dataclass
+class _Sample:
+    kind: int  # index in KINDS
+    t0: float
+    t1: float
+    seconds: float  # t1 - t0 less the time spent checking the bytes
+
+
+@dataclass
+class _Window:
+    busy: bool
+    t0: float
+    t1: float = 0.0
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+    moves: int = 0
+
+
+@dataclass
+class _Shared:
+    """What the client and mover threads share with the measuring thread."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    failed: list[BaseException] = field(default_factory=list)
+    moves: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the measuring thread (which raises it) and stop everyone."""
+        self.failed.append(exc)
+        self.stop.set()
+
+
+def _write(path: Path, data: bytes) -> str:
+    """``data`` at ``path``, fsynced; returns its checksum."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    h = Hasher()
+    h.update(data)
+    return h.value()
+
+
+def _file_id(http: httpx.Client, relpath: str) -> int:
+    r = http.get("/v1/files/lookup", params={"path": relpath})
+    r.raise_for_status()
+    return int(r.json()["id"])
+
+
+def _client_loop(
+    url: str, files: dict[int, np.ndarray], seed: int, shared: _Shared, out: list[_Sample]
+) -> None:
+    """One client: requests back to back, the kinds in turn, until ``shared.stop``."""
+    from tierd_client import Client  # the client is its own package; only this bench needs it
+
+    rng = np.random.default_rng(seed)
+    ids = sorted(files)
+    try:
+        # Reads as a plain HTTP client sends them; loads through tierd's client, which opens
+        # the shared memory and releases the lease as an inference process would.
+        with Client(url, timeout=60) as api, httpx.Client(base_url=url, timeout=60) as http:
+            i = seed  # clients start at different kinds, so every kind is in flight at once
+            while not shared.stop.is_set():
+                kind = i % len(KINDS)
+                i += 1
+                name, length, is_load = KINDS[kind]
+                fid = ids[int(rng.integers(len(ids)))]
+                data = files[fid]
+                off = int(rng.integers(0, (len(data) - length) // 4096 + 1)) * 4096
+                want = data[off : off + length]
+                t0 = time.perf_counter()
+                if is_load:
+                    with api.load(fid, offset=off, length=length, device="cpu") as buf:
+                        c0 = time.perf_counter()
+                        ok = np.array_equal(np.asarray(buf.array), want)
+                        check = time.perf_counter() - c0
+                else:
+                    r = http.get(
+                        f"/v1/files/{fid}/content",
+                        headers={"Range": f"bytes={off}-{off + length - 1}"},
+                    )
+                    c0 = time.perf_counter()
+                    if r.status_code != 206:
+                        raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
+                    ok = r.content == want.tobytes()
+                    check = time.perf_counter() - c0
+                t1 = time.perf_counter()
+                if not ok:
+                    raise AssertionError(f"{name} of file {fid} at {off}: the bytes differ")
+                out.append(_Sample(kind, t0, t1, t1 - t0 - check))
+    except BaseException as exc:
+        shared.fail(exc)
+
+
+def _mover_loop(
+    url: str, fid: int, tiers: tuple[str, str], stop: threading.Event, shared: _Shared
+) -> None:
+    """Move file ``fid`` back and forth between ``tiers`` until ``stop``, one move at a time."""
+    try:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            where = http.get(f"/v1/files/{fid}").json()["tier"]
+            while not stop.is_set() and not shared.stop.is_set():
+                to = tiers[1] if where == tiers[0] else tiers[0]
+                body = {"file_id": fid, "to_tier": to}
+                r = http.post("/v1/migrations", params={"wait": "true"}, json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(
+                        f"move of file {fid} to {to}: HTTP {r.status_code}: {r.text}"
+                    )
+                (mig,) = r.json()["migrations"]
+                if mig["state"] != "done":
+                    raise RuntimeError(f"move of file {fid} to {to} ended {mig['state']}: {mig}")
+                where = to
+                with shared.lock:
+                    shared.moves += 1
+    except BaseException as exc:
+        shared.fail(exc)
+
+
+def run(
+    duration_s: float = 5.0,
+    *,
+    repeats: int = 4,
+    clients: int = 16,
+    movers: int = 2,
+    move_size: int = 24 * MiB,
+    cap_mib_s: float | None | Literal["policy"] = "policy",
+    directory: Path | None = None,
+    say: Callable[[str], None] = lambda s: None,
+) -> Report:
+    """Measure requests from ``clients`` threads at idle and while ``movers`` files of
+    ``move_size`` bytes move between tiers, in ``repeats`` pairs of windows of ``duration_s``.
+
+    ``cap_mib_s``: the policy's bandwidth cap on moves, MiB/s; None for no cap, ``"policy"``
+    (the default) keeps the policy's default. The data dir goes under ``directory`` (default:
+    the system's temporary directory).
+    """
+    if duration_s <= 0 or repeats < 1 or clients < 1 or movers < 1 or move_size < 1:
+        raise ValueError("duration, repeats, clients, movers and move size must be positive")
+    rng = np.random.default_rng(11)
+    serve = [rng.integers(0, 256, _SERVE_SIZE, dtype=np.uint8) for _ in range(_SERVE_FILES)]
+    setup: dict[str, Any] = {
+        "duration_s": duration_s,
+        "repeats": repeats,
+        "clients": clients,
+        "movers": movers,
+        "move_size_bytes": move_size,
+        "serve_files": _SERVE_FILES,
+        "serve_file_bytes": _SERVE_SIZE,
+        "kinds": [k[0] for k in KINDS],
+    }
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=directory) as tmp:
+        data = Path(tmp) / "data"
+        setup["data_dir"] = str(data)
+        say(f"writing {_SERVE_FILES} files of {format_size(_SERVE_SIZE)} and {movers} of "
+            f"{format_size(move_size)} under {data}; starting tierd")  # fmt: skip
+        for i, arr in enumerate(serve):
+            _write(data / "nvme" / "serve" / f"f{i}.bin", arr.tobytes())
+        sums = [
+            _write(data / "ssd" / "move" / f"m{j}.bin", os.urandom(move_size))
+            for j in range(movers)
+        ]
+        # The watcher on, as `tierd serve` runs: it sees every move's writes.
+        with server_process(data, env={"TIERD_WATCH": "true"}) as (url, pid):
+            with httpx.Client(base_url=url, timeout=60) as http:
+                files = {_file_id(http, f"serve/f{i}.bin"): a for i, a in enumerate(serve)}
+                moving = {_file_id(http, f"move/m{j}.bin"): sums[j] for j in range(movers)}
+                setup["cap_bytes_per_s"] = _set_policy(http, cap_mib_s, movers)
+            windows, samples = _measure(
+                url, pid, files, list(moving), duration_s, repeats, clients, say
+            )
+            with httpx.Client(base_url=url, timeout=60) as http:
+                _check_moved(http, moving)
+    return _report(setup, windows, samples)
+
+
+def _set_policy(
+    http: httpx.Client, cap_mib_s: float | None | Literal["policy"], movers: int
+) -> int | None:
+    """No moves by heat (only the movers' count), room for every mover, the cap asked for;
+    returns the cap in force."""
+    doc = http.get("/v1/policy").json()["policy"]
+    doc |= {"enabled": False, "concurrency": max(doc["concurrency"], movers)}
+    if cap_mib_s != "policy":
+        doc["bandwidth_bytes_per_s"] = int(cap_mib_s * MiB) if cap_mib_s else None
+    r = http.put("/v1/policy", json=doc)
+    r.raise_for_status()
+    cap: int | None = r.json()["policy"]["bandwidth_bytes_per_s"]
+    return cap
+
+
+def _check_moved(http: httpx.Client, moving: dict[int, str]) -> None:
+    """Each moved file's bytes, read back whole, still have the checksum they were written with."""
+    for fid, want in moving.items():
+        h = Hasher()
+        with http.stream("GET", f"/v1/files/{fid}/content") as r:
+            r.raise_for_status()
+            for chunk in r.iter_bytes():
+                h.update(chunk)
+        if h.value() != want:
+            raise AssertionError(f"moved file {fid}: the bytes differ ({h.value()} != {want})")
+
+
+def _measure(
+    url: str,
+    pid: int,
+    files: dict[int, np.ndarray],
+    moving: list[int],
+    duration_s: float,
+    repeats: int,
+    clients: int,
+    say: Callable[[str], None],
+) -> tuple[list[_Window], list[_Sample]]:
+    shared = _Shared()
+    per_client: list[list[_Sample]] = [[] for _ in range(clients)]
+    threads = [
+        threading.Thread(
+            target=_client_loop,
+            args=(url, files, c, shared, per_client[c]),
+            name=f"tierd-bench-client-{c}",
+            daemon=True,
+        )
+        for c in range(clients)
+    ]
+    windows: list[_Window] = []
+
+    def window(busy: bool) -> _Window:
+        w = _Window(
+            busy, time.perf_counter(), server_cpu=cpu_of(pid), client_cpu=time.process_time()
+        )
+        moves0 = shared.moves
+        shared.stop.wait(duration_s)
+        w.t1 = time.perf_counter()
+        w.server_cpu = cpu_of(pid) - w.server_cpu
+        w.client_cpu = time.process_time() - w.client_cpu
+        w.moves = shared.moves - moves0
+        windows.append(w)
+        return w
+
+    say(f"{clients} clients: {repeats} x ({duration_s:g} s idle, {duration_s:g} s while "
+        f"{len(moving)} files move)")  # fmt: skip
+    for t in threads:
+        t.start()
+    try:
+        shared.stop.wait(_WARMUP_S)
+        for r in range(repeats):
+            if shared.stop.is_set():
+                break
+            idle = window(False)
+            stop_moving = threading.Event()
+            movers = [
+                threading.Thread(
+                    target=_mover_loop,
+                    args=(url, fid, ("ssd", "nvme"), stop_moving, shared),
+                    name=f"tierd-bench-mover-{fid}",
+                    daemon=True,
+                )
+                for fid in moving
+            ]
+            for m in movers:
+                m.start()
+            busy = window(True)
+            stop_moving.set()
+            for m in movers:
+                m.join()
+            shared.stop.wait(_SETTLE_S)
+            done = [s for out in per_client for s in out]
+            say(f"  pair {r + 1}: idle {_rate_of(idle, done):.0f} req/s, "
+                f"during {busy.moves} moves {_rate_of(busy, done):.0f} req/s")  # fmt: skip
+    finally:
+        shared.stop.set()
+        for t in threads:
+            t.join()
+    if shared.failed:
+        raise shared.failed[0]
+    return windows, [s for out in per_client for s in out]
+
+
+def _inside(w: _Window, samples: list[_Sample]) -> list[_Sample]:
+    return [s for s in samples if s.t0 >= w.t0 and s.t1 <= w.t1]
+
+
+def _rate_of(w: _Window, samples: list[_Sample]) -> float:
+    return sum(1 for s in samples if w.t0 <= s.t1 < w.t1) / (w.t1 - w.t0)
+
+
+def _label(phase: str) -> str:
+    return "idle" if phase == "idle" else "while files move"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _report(setup: dict[str, Any], windows: list[_Window], samples: list[_Sample]) -> Report:
+    cap = setup.get("cap_bytes_per_s")
+    report = Report(
+        "serving",
+        f"tierd bench serving: {setup['clients']} clients over REST, idle vs while "
+        f"{setup['movers']} files of {format_size(setup['move_size_bytes'])} move between "
+        f"tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'}); "
+        f"{setup['repeats']} pairs of {setup['duration_s']:g} s windows",
+        setup,
+    )
+    phases = {"idle": [w for w in windows if not w.busy], "busy": [w for w in windows if w.busy]}
+    rates = {phase: [_rate_of(w, samples) for w in ws] for phase, ws in phases.items()}
+    setup["windows"] = [
+        {"busy": w.busy, "seconds": w.t1 - w.t0, "requests_per_s": _rate_of(w, samples),
+         "moves": w.moves, "server_cpu_s": w.server_cpu, "client_cpu_s": w.client_cpu}
+        for w in windows
+    ]  # fmt: skip
+    pooled = {phase: [s for w in ws for s in _inside(w, samples)] for phase, ws in phases.items()}
+    for k, name in ((None, "all"), *((k, kind[0]) for k, kind in enumerate(KINDS))):
+        for phase, got in pooled.items():
+            ms = [s.seconds * 1e3 for s in got if k is None or s.kind == k]
+            report.add(
+                BenchRow(
+                    f"{name}_p99_{phase}_ms",
+                    f"{'every request' if k is None else name}, p99, {_label(phase)}",
+                    percentile(ms, 99) if ms else None,
+                    "ms",
+                    note=f"(p50 {percentile(ms, 50):.2f} ms, {len(ms)} requests)"
+                    if ms
+                    else "no requests",
+                )
+            )
+        report.compare(f"{name}_p99_busy_ms", f"{name}_p99_idle_ms", at_most=P99_AT_MOST)
+    for phase, values in rates.items():
+        report.add(
+            BenchRow(
+                f"rate_{phase}",
+                f"requests completed per second, {_label(phase)}",
+                _median(values),
+                "req/s",
+                note=f"(median of {len(values)} windows)",
+            )
+        )
+    pairs = [b / a for a, b in zip(rates["idle"], rates["busy"], strict=False) if a > 0]
+    row = report.rows["rate_busy"]
+    if pairs and row.value is not None:
+        # Each busy window over the idle one before it (see the module docstring).
+        row.vs, row.ratio = "rate_idle", statistics.median(pairs)
+        row.target, row.met = f">= {RATE_AT_LEAST:g}x", row.ratio >= RATE_AT_LEAST
+        row.note = f"(median of {len(pairs)} windows; the ratio: median of the pairs')"
+    for phase, ws in phases.items():
+        clients = _median([w.client_cpu / (w.t1 - w.t0) for w in ws])
+        report.add(
+            BenchRow(
+                f"server_cpu_{phase}",
+                f"server CPU, {_label(phase)}",
+                _median([w.server_cpu / (w.t1 - w.t0) for w in ws]),
+                "cores",
+                note=f"(this process, the clients: {clients:.2f} cores)" if clients else "",
+            )
+        )
+    busy = phases["busy"]
+    report.add(
+        BenchRow(
+            "moved_mib_s",
+            "bytes moved while serving",
+            _median([w.moves * setup["move_size_bytes"] / MiB / (w.t1 - w.t0) for w in busy]),
+            "MiB/s",
+            note=f"({sum(w.moves for w in busy)} moves in {len(busy)} windows)",
+        )
+    )
+    return report

@@ -1,0 +1,399 @@
+"""GPU residency: the read-only copies tierd holds in device (and shared) memory, found by
+content, handed out again and copied from.
+
+A lease's buffer is normally the client's to write (a trainer may update embedding rows in
+place), so tierd cannot serve another load from it: its bytes may no longer be the file's.
+Only **read-only** buffers are resident copies: those of loads with ``shared=true`` (the caller
+promises never to write them) and those of GPU prefetches. Each is an :class:`Entry` of the
+:class:`Residency`, named by a :class:`ResidentKey`: the file's id and catalog generation, the
+device, and what of the file it holds (a byte range, or a selection of safetensors tensors).
+An entry also keeps the :class:`~tiering.tiers.Stat` of the authoritative file, taken
+*before* its bytes were read, so a file rewritten behind tierd's back (same size, new bytes)
+fails :func:`~tiering.serving.held.still_current` and is never served from the copy.
+
+The residency serves loads two ways:
+
+- **shared loads** (:meth:`Residency.find`, :meth:`Residency.grant_shared`): a load with
+  ``shared=true`` whose content is resident on its device gets a new lease over the *same
+  allocation* (same CUDA IPC handle or shared-memory segment, at an offset for a range
+  inside a resident range): no new device bytes, no copy, no read. Concurrent shared loads of
+  one content wait for the first to fill it (:meth:`Residency.claim`), so N processes started
+  together still read and hold one copy.
+- **copies** (:meth:`Residency.acquire`, the :class:`~tiering.serving.held.Holder` of the
+  loader): any load of a file resident *whole* on a GPU copies it device → device on that
+  GPU (source ``gpu``), over NVLink/PCIe from another GPU where peer access is possible
+  (``peer``), or device → host for a ``cpu`` target; the load's own buffer stays its own.
+
+An entry lives exactly as long as its buffer: the lease table calls back when the last lease
+(or copy in flight) lets go, and the entry is dropped before the buffer can be reused. A
+stale entry (its file changed) is forgotten at once; its buffer stays with the leases that
+hold it, which keep the bytes they were given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiering.catalog import FileRecord, FileState
+from tiering.errors import TierdError
+from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
+from tiering.serving.held import Held, still_current
+from tiering.serving.leases import Holding, Lease, LeaseTable
+from tiering.tiers import Stat, Tier
+
+__all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
+
+log = logging.getLogger(__name__)
+
+_SERVABLE = (FileState.STABLE, FileState.MIGRATING)
+
+
+@dataclass(frozen=True)
+class ResidentKey:
+    """What a resident copy holds: ``what`` is ``("bytes", offset, length)`` of the file, or
+    ``("tensors", digest)`` for the packed safetensors tensors whose sorted names hash to
+    ``digest`` (their layout is the entry's)."""
+
+    file_id: int
+    generation: int
+    device: Device
+    what: tuple[Any, ...]
+
+    @staticmethod
+    def bytes(rec: FileRecord, device: Device, offset: int, length: int) -> ResidentKey:
+        return ResidentKey(rec.id, rec.generation, device, ("bytes", offset, length))
+
+    @staticmethod
+    def tensors(rec: FileRecord, device: Device, names: Iterable[str]) -> ResidentKey:
+        # A digest, not the names: a large model's shard selects thousands of them.
+        h = hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()
+        return ResidentKey(rec.id, rec.generation, device, ("tensors", h))
+
+    def order(self) -> tuple[str, int, int, str]:
+        """A total order, so that loads claiming several keys never wait on each other."""
+        return (str(self.device), self.file_id, self.generation, repr(self.what))
+
+
+@dataclass(eq=False)
+class Entry:
+    """One resident copy: ``nbytes`` of data at the start of the buffer ``holding`` holds."""
+
+    key: ResidentKey
+    holding: Holding
+    stat: Stat
+    nbytes: int
+    tensors: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> Device:
+        return self.key.device
+
+    def whole(self, rec: FileRecord) -> bool:
+        return self.key.what == ("bytes", 0, rec.size)
+
+    def current(self, rec: FileRecord, tier: Tier) -> bool:
+        """Still a copy of what ``rec`` names (generation, and the file on disk now)."""
+        probe = Held(self.key.file_id, self.key.generation, self.stat, None, self.device, "gpu")
+        return rec.state in _SERVABLE and still_current(probe, rec, tier)
+
+
+def authoritative_stat(rec: FileRecord, tier: Tier) -> Stat | None:
+    """The authoritative file now, taken *before* reading bytes that become a resident copy.
+
+    A change after this stat shows in a later one (a new inode, size or time), so the copy is
+    never served stale. None when the file on disk is not the one the catalog records (gone, or
+    another size): such a read is not kept. An object-store tier's copy is checked by the ETag
+    the catalog recorded, which every load of it is pinned to.
+    """
+    if tier.local_root is None:
+        return Stat(size=rec.size, mtime_ns=0, version=rec.etag or "", etag=rec.etag)
+    try:
+        now = tier.stat(rec.relpath)
+    except TierdError:
+        return None
+    return now if now is not None and now.size == rec.size else None
+
+
+class _Claim:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
+class Residency:
+    """The resident copies of one loader, by content; see the module docstring.
+
+    Parameters
+    ----------
+    leases:
+        The lease table whose read-only buffers the entries are.
+    stats:
+        Where a lease granted over a resident copy is counted (the ``copy`` path, 0 bytes).
+    on_access:
+        ``on_access(file_id)``: count one access of a file served from a copy.
+    """
+
+    def __init__(self, leases: LeaseTable, stats: Stats, on_access: Callable[[int], None]) -> None:
+        self._leases = leases
+        self._stats = stats
+        self._on_access = on_access
+        self._lock = threading.Lock()
+        self._entries: dict[ResidentKey, Entry] = {}
+        self._by_file: dict[int, list[Entry]] = {}
+        self._by_holding: dict[int, Entry] = {}
+        self._claims: dict[ResidentKey, _Claim] = {}
+
+    # -- claims ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claim(self, keys: Iterable[ResidentKey]) -> Iterator[None]:
+        """Hold ``keys`` against other shared loads until the block ends (single flight).
+
+        The second of two shared loads of one content waits here while the first reads it, then
+        finds its entry. Keys are taken in one total order, so two loads claiming overlapping
+        sets never deadlock.
+        """
+        taken: list[tuple[ResidentKey, _Claim]] = []
+        try:
+            for key in sorted(set(keys), key=ResidentKey.order):
+                with self._lock:
+                    c = self._claims.get(key)
+                    if c is None:
+                        c = self._claims[key] = _Claim()
+                    c.users += 1
+                try:
+                    c.lock.acquire()
+                except BaseException:
+                    self._unclaim(key, c)
+                    raise
+                taken.append((key, c))
+            yield
+        finally:
+            for key, c in reversed(taken):
+                c.lock.release()
+                self._unclaim(key, c)
+
+    def _unclaim(self, key: ResidentKey, c: _Claim) -> None:
+        with self._lock:
+            c.users -= 1
+            if c.users == 0:
+                del self._claims[key]
+
+    # -- finding copies ------------------------------------------------------------------------
+    @staticmethod
+    def whole(rec: FileRecord, device: Device) -> ResidentKey:
+        """The key of the whole file on ``device``."""
+        return ResidentKey.bytes(rec, device, 0, rec.size)
+
+    @staticmethod
+    def stat_now(rec: FileRecord, tier: Tier) -> Stat | None:
+        """:func:`authoritative_stat`: take it before reading what becomes a copy."""
+        return authoritative_stat(rec, tier)
+
+    def find(self, key: ResidentKey, rec: FileRecord, tier: Tier) -> Entry | None:
+        """The current entry of exactly ``key``; a stale one is forgotten."""
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.current(rec, tier):
+            return entry
+        self._forget(entry)
+        return None
+
+    def find_range(
+        self,
+        rec: FileRecord,
+        device: Device,
+        offset: int,
+        length: int,
+        itemsize: int,
+        tier: Tier,
+    ) -> tuple[Entry, int] | None:
+        """A current entry on ``device`` holding bytes ``[offset, offset + length)`` of the
+        file, and where they start in it: the exact range, else a resident range around it
+        whose start lies a whole number of items before (so the data stays aligned)."""
+        exact = self.find(ResidentKey.bytes(rec, device, offset, length), rec, tier)
+        if exact is not None:
+            return exact, 0
+        with self._lock:
+            around = [
+                e
+                for e in self._by_file.get(rec.id, ())
+                if e.device == device
+                and e.key.generation == rec.generation
+                and e.key.what[0] == "bytes"
+                and e.key.what[1] <= offset
+                and offset + length <= e.key.what[1] + e.key.what[2]
+                and (offset - e.key.what[1]) % max(1, itemsize) == 0
+            ]
+        for e in around:
+            if e.current(rec, tier):
+                return e, offset - e.key.what[1]
+            self._forget(e)
+        return None
+
+    # -- leases over copies ----------------------------------------------------------------------
+    def grant_shared(
+        self,
+        entry: Entry,
+        rec: FileRecord,
+        *,
+        kind: str,
+        ttl_s: float | None,
+        offset: int = 0,
+        nbytes: int | None = None,
+        dtype: str = "uint8",
+        shape: tuple[int, ...] | None = None,
+    ) -> Lease | None:
+        """A new lease over ``entry``'s allocation (no read, no copy, no new bytes); see
+        :meth:`share`. None when the entry's last holder let go meanwhile (load afresh)."""
+        n = entry.nbytes if nbytes is None else nbytes
+        return self.share(
+            entry.holding, rec, kind=kind, ttl_s=ttl_s, offset=offset, nbytes=n, dtype=dtype,
+            shape=shape, tensors=entry.tensors,
+        )  # fmt: skip
+
+    def share(
+        self,
+        holding: Holding,
+        rec: FileRecord,
+        *,
+        kind: str,
+        ttl_s: float | None,
+        offset: int,
+        nbytes: int,
+        dtype: str = "uint8",
+        shape: tuple[int, ...] | None = None,
+        tensors: dict[str, Any] | None = None,
+    ) -> Lease | None:
+        """A new read-only lease of ``nbytes`` at ``offset`` of a held read-only buffer,
+        counted as one access of ``rec`` and one 0-byte operation under the ``copy`` path (its
+        report says so: no byte was read for it). None when its last holder let go."""
+        started = time.perf_counter()
+        lease = self._leases.share(
+            holding,
+            nbytes=nbytes,
+            dtype=dtype,
+            shape=shape if shape is not None else (nbytes,),
+            kind=kind,
+            file_ids=(rec.id,),
+            report=None,
+            ttl_s=ttl_s,
+            offset=offset,
+            tensors=tensors,
+        )
+        if lease is None:
+            return None
+        # The bytes were in memory already: on the GPU, or in host (shared) memory.
+        source: LoadSource = "gpu" if lease.device.is_cuda else "memory"
+        begun = self._stats.begin("copy", rec.tier, source)
+        self._stats.end("copy", rec.tier, begun, 0, True, source)
+        lease.report = IoReport(0, "copy", rec.tier, time.perf_counter() - started, source=source)
+        self._on_access(rec.id)
+        return lease
+
+    def register(self, key: ResidentKey, lease: Lease, stat: Stat) -> Entry | None:
+        """Make ``lease``'s read-only buffer the resident copy of ``key`` (replacing an older
+        entry of that key). None when its leases are gone already."""
+        holding = lease.holding
+        if holding is None or not lease.read_only:
+            return None
+        entry = Entry(key, holding, stat, lease.nbytes, dict(lease.tensors))
+        with self._lock:
+            old = self._entries.get(key)
+            if old is not None:
+                self._unindex(old)
+            self._entries[key] = entry
+            self._by_file.setdefault(key.file_id, []).append(entry)
+            self._by_holding[id(holding)] = entry
+        # Watched only once indexed: were the leases gone in between, no callback would come
+        # to drop it, so it is dropped here.
+        if not self._leases.watch(holding, self._dropped):
+            self._forget(entry)
+            return None
+        return entry
+
+    # -- the Holder of serving.held --------------------------------------------------------------
+    def acquire(self, rec: FileRecord, device: Device) -> Held | None:
+        """A copy of the whole file on a GPU for a read into ``device``, pinned until released:
+        one on ``device`` itself, else one on a GPU that ``device`` can read directly (peer
+        access), else, for a ``cpu`` target, any; None when there is none."""
+        with self._lock:
+            found = [
+                e
+                for e in self._by_file.get(rec.id, ())
+                if e.device.is_cuda and e.key.generation == rec.generation and e.whole(rec)
+            ]
+        if not found:
+            return None
+        order = [e for e in found if e.device == device]
+        others = [e for e in found if e.device != device]
+        if device.is_cuda:
+            order += [e for e in others if _peer(device.index, e.device.index)]
+        else:
+            order += others
+        for e in order:
+            if self._leases.hold(e.holding):
+                return Held(
+                    file_id=rec.id,
+                    generation=e.key.generation,
+                    stat=e.stat,
+                    array=e.holding.buffer.array()[: e.nbytes],
+                    held_on=e.device,
+                    holder="gpu",
+                    _release=functools.partial(self._leases.unhold, e.holding),
+                )
+        return None
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes of the resident copies per device (allocations, as the budget counts them)."""
+        out: dict[str, int] = {}
+        for e in self.entries():
+            dev = str(e.device)
+            out[dev] = out.get(dev, 0) + e.holding.buffer.alloc_bytes
+        return out
+
+    def _dropped(self, holding: Holding) -> None:
+        with self._lock:
+            entry = self._by_holding.get(id(holding))
+            if entry is not None and entry.holding is holding:
+                self._unindex(entry)
+
+    def _forget(self, entry: Entry) -> None:
+        with self._lock:
+            self._unindex(entry)
+
+    def _unindex(self, entry: Entry) -> None:
+        # Under self._lock.
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        same = self._by_file.get(entry.key.file_id)
+        if same is not None:
+            same[:] = [e for e in same if e is not entry]
+            if not same:
+                del self._by_file[entry.key.file_id]
+        if self._by_holding.get(id(entry.holding)) is entry:
+            del self._by_holding[id(entry.holding)]
+
+
+def _peer(dst: int, src: int) -> bool:
+    try:
+        return peer_access(dst, src)
+    except Exception as exc:  # a copy it cannot make is no reason to fail the load
+        log.warning("peer access cuda:%d -> cuda:%d unavailable: %s", dst, src, exc)
+        return False
