@@ -329,6 +329,22 @@ def bench_models(
     _finish(report, json_path)
 
 
+@bench_cli.command("memory")
+def bench_memory(
+    size: Annotated[str, typer.Option("--size", help="Size of the file.")] = "4GiB",
+    device: DeviceOpt = "auto",
+    repeats: Annotated[
+        int, typer.Option("--repeats", "--repeat", help="Timed loads (median).", min=1)
+    ] = 5,
+    json_path: JsonOpt = None,
+) -> None:
+    """Loads from the memory tier and from GPU-resident copies against the page cache."""
+    from tiering.bench.memory import run
+
+    report = run(_size(size, minimum=1 << 20), device, repeats=repeats, say=progress())
+    _finish(report, json_path)
+
+
 @bench_cli.command("object-store")
 def bench_object_store(
     size: Annotated[str, typer.Option("--size", help="Size of the object moved.")] = "1GiB",

@@ -158,9 +158,10 @@ class GatherRequest(_OneFile):
 
 
 class PrefetchRequest(_ManyFiles):
-    target: Literal["gpu", "nvme", "page_cache"] = Field(
+    target: Literal["gpu", "memory", "nvme", "page_cache"] = Field(
         description="gpu: keep a warm, read-only lease: a resident copy that shared loads are "
-        "handed and other loads copy from; nvme: promote to the fastest tier; "
+        "handed and other loads copy from; memory: copy into the memory tier (422 without "
+        "one), kept there ttl_s whatever its heat; nvme: promote to the fastest tier; "
         "page_cache: read through"
     )
     device: str | None = Field(default=None, max_length=32, description="For gpu: cuda:N or cpu")

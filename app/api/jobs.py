@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import Field
 
 from app.api.deps import LoaderDep
 from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
-from app.schemas_loads import JobOut
-from app.schemas_loads import PrefetchRequest as _PrefetchRequest
+from app.schemas_loads import JobOut, PrefetchRequest
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[require_data])
-
-
-class PrefetchRequest(_PrefetchRequest):
-    """What to warm up, and where (the memory tier among the targets)."""
-
-    # Widened here until app.schemas_loads names the memory target itself.
-    target: Literal["gpu", "memory", "nvme", "page_cache"] = Field(  # type: ignore[assignment]
-        description="gpu: keep a warm lease; memory: copy into the memory tier (422 without "
-        "one), kept there ttl_s whatever its heat; nvme: promote to the fastest tier; "
-        "page_cache: read through"
-    )
 
 
 @router.post(

@@ -25,7 +25,7 @@ __all__ = [
     "Progress",
     "ProgressBoard",
     "RateLimiter",
-    "lower_cpu_priority",
+    "lower_priority",
 ]
 
 log = logging.getLogger(__name__)
@@ -135,29 +135,26 @@ class ProgressBoard:
             return dict(self._copied)
 
 
-def lower_cpu_priority(steps: int) -> int | None:
-    """Make the calling thread ``steps`` nice levels nicer (at most 19); returns its nice value,
-    or None where a thread's priority cannot be set alone (not Linux) or the call failed.
+def lower_priority(native_id: int | None, steps: int) -> int | None:
+    """Make thread ``native_id`` ``steps`` nice levels nicer (at most 19); returns its nice
+    value, or None where a thread's priority cannot be set alone (not Linux) or the call failed.
 
     Linux schedules threads one by one, and ``setpriority`` on a thread id sets that thread
-    only. A thread can never be made less nice again without privilege, so only threads that
-    exist for background work (a move's copy) call this. Best effort: a failure leaves the
-    thread as it was.
+    only. Call it from another thread, as the caller holds the GIL and the target therefore
+    does not: a thread whose priority falls while it holds the GIL may lose its core on the
+    spot and stall every thread of the process until it runs again. A thread can never be
+    made less nice again without privilege, so only threads that exist for background work (a
+    move's copy) are lowered. Best effort: a failure leaves the thread as it was.
     """
-    if steps <= 0 or not sys.platform.startswith("linux"):
+    if native_id is None or steps <= 0 or not sys.platform.startswith("linux"):
         # Elsewhere PRIO_PROCESS with a thread id would name a process, perhaps another one.
         return None
-    tid = threading.get_native_id()
     try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
+        now = os.getpriority(os.PRIO_PROCESS, native_id)
         target = min(19, now + steps)
         if target > now:
-            os.setpriority(os.PRIO_PROCESS, tid, target)
-            # The kernel may take the core from a thread whose priority just fell at its next
-            # chance. Give it that chance now, outside the GIL: a low-priority thread preempted
-            # while holding the GIL would stall every other thread of the process.
-            os.sched_yield()
+            os.setpriority(os.PRIO_PROCESS, native_id, target)
         return target
     except OSError as exc:
-        log.debug("could not lower the priority of thread %d: %s", tid, exc)
+        log.debug("could not lower the priority of thread %d: %s", native_id, exc)
         return None

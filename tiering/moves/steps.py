@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ from tiering.moves.concurrency import (
     Progress,
     ProgressBoard,
     RateLimiter,
-    lower_cpu_priority,
+    lower_priority,
 )
 from tiering.moves.failures import (
     Abort,
@@ -89,6 +90,7 @@ STEPS = (
 CHUNK = 4 << 20
 #: How many nice levels below the process the thread that copies a move's bytes runs.
 COPY_NICE = 10
+_POLL_S = (0.001, 0.016)  # a move looks whether its copy has finished: first, then at most
 
 
 @dataclass
@@ -318,20 +320,28 @@ class MoveRunner:
 
         def work() -> None:
             try:
-                lower_cpu_priority(nice)
                 done.append(self._copy_loop(claim, source, writer, size, progress, cancel, stop))
             except BaseException as exc:  # re-raised in the move's thread below
                 failed.append(exc)
 
         thread = threading.Thread(target=work, name=f"tierd-copy-{claim.intent.id}", daemon=True)
         thread.start()
+        # From here, which holds the GIL, so the copy thread does not (see lower_priority).
+        lower_priority(thread.native_id, nice)
         try:
-            thread.join()
+            # Polled, not joined: a thread blocked in join() is woken by the copy thread's exit
+            # while that thread still holds the GIL, and the kernel may then preempt the
+            # low-priority thread there, GIL and all. Polled, it exits waking no one.
+            poll = _POLL_S[0]
+            while thread.is_alive():
+                time.sleep(poll)
+                poll = min(2 * poll, _POLL_S[1])
         except BaseException:
             # The source and writer are closed after this returns: the copy must stop first.
             stop.set()
             thread.join()
             raise
+        thread.join()
         if failed:
             raise failed[0]
         return done[0]
