@@ -27,6 +27,7 @@ from .safetensors import (
     TensorInfo,
     convert,
     parse_header,
+    select_tensors,
 )
 
 __all__ = ["Allocate", "ShardLayout", "ShardStorage", "load_shards", "load_shards_raw"]
@@ -166,23 +167,10 @@ def load_shards_raw(
             files.append(f)
             with f._use():
                 headers.append(parse_header(f.path, f.size(), f.read_bytes))
-        owner: dict[str, Path] = {}
-        for h in headers:
-            for name in h.tensors:
-                if name in owner:
-                    raise InvalidInput(
-                        f"tensor {name!r} is in both {owner[name]} and {h.path}", tensor=name
-                    )
-                owner[name] = h.path
-        wanted = set(owner) if names is None else set(names)
-        missing = sorted(wanted - owner.keys())
-        if missing:
-            raise InvalidInput(
-                f"tensor(s) not in any shard: {', '.join(missing[:10])}", missing=missing
-            )
+        chosen = [set(picked) for picked in select_tensors(headers, names)]
         jobs = [
-            (f, h, [t for n, t in h.tensors.items() if n in wanted])
-            for f, h in zip(files, headers, strict=True)
+            (f, h, [t for n, t in h.tensors.items() if n in picked])  # in file order
+            for f, h, picked in zip(files, headers, chosen, strict=True)
         ]
         alloc: Allocate = allocate or storage.device.empty
         return storage._fan_out(_loader(storage, alloc), [(j,) for j in jobs])

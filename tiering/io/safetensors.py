@@ -18,14 +18,14 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from tiering.errors import InvalidDtype, MalformedFile
+from tiering.errors import InvalidDtype, InvalidInput, MalformedFile
 
 from ._stats import IoReport
 
@@ -37,6 +37,7 @@ __all__ = [
     "TensorInfo",
     "parse_header",
     "read_header",
+    "select_tensors",
 ]
 
 # safetensors' own limit; a larger length is a corrupt or hostile file.
@@ -272,3 +273,30 @@ def convert(arr: Any, dtype: str, framework: str) -> Any:
         if ml is not None and hasattr(ml, spec.exact):
             return arr.view(getattr(ml, spec.exact))
     return arr
+
+
+def select_tensors(
+    headers: Sequence[SafetensorsHeader], names: Iterable[str] | None
+) -> list[list[str]]:
+    """The tensors ``names`` selects (all when None) from each shard, sorted per shard.
+
+    Raises
+    ------
+    InvalidInput
+        A tensor is in two shards, or a name is in none.
+    """
+    owner: dict[str, Any] = {}
+    for h in headers:
+        for name in h.tensors:
+            if name in owner:
+                raise InvalidInput(
+                    f"tensor {name!r} is in both {owner[name]} and {h.path}", tensor=name
+                )
+            owner[name] = h.path
+    wanted = set(owner) if names is None else set(names)
+    missing = sorted(wanted - owner.keys())
+    if missing:
+        raise InvalidInput(
+            f"tensor(s) not in any shard: {', '.join(missing[:10])}", missing=missing
+        )
+    return [sorted(n for n in h.tensors if n in wanted) for h in headers]

@@ -243,6 +243,22 @@ class LeaseTable:
             )
         return float(ttl_s)
 
+    def _new(
+        self, buf: DeviceBuffer, holding: Holding, ttl_s: float | None, **fields: Any
+    ) -> Lease:
+        ttl = self.ttl(ttl_s)
+        now = self._clock()
+        return Lease(
+            id=secrets.token_hex(12),
+            device=buf.device,
+            buffer=buf,
+            created_at=now,
+            expires_at=now + ttl,
+            ttl_s=ttl,
+            holding=holding,
+            **fields,
+        )
+
     def grant(
         self,
         reservation: Reservation,
@@ -267,25 +283,19 @@ class LeaseTable:
             raise InvalidInput("no buffer attached to the reservation")
         if buf.alloc_bytes != reservation.nbytes:
             raise InvalidInput("buffer size differs from the bytes reserved for it")
-        ttl = self.ttl(ttl_s)
-        now = self._clock()
-        lease = Lease(
-            id=secrets.token_hex(12),
-            device=reservation.device,
-            buffer=buf,
+        lease = self._new(
+            buf,
+            Holding(buf),
+            ttl_s,
             nbytes=nbytes,
             dtype=dtype,
             shape=shape,
-            created_at=now,
-            expires_at=now + ttl,
-            ttl_s=ttl,
             kind=kind,
             file_ids=file_ids,
             report=report,
             offset=offset,
             tensors=tensors or {},
             read_only=read_only,
-            holding=Holding(buf),
         )
         reservation._granted()
         with self._lock:
@@ -309,21 +319,16 @@ class LeaseTable:
         """A new read-only lease over a buffer others hold already; nothing is reserved or
         allocated (the bytes are charged once, to the holding). None when its last holder
         has let go meanwhile (the caller then loads afresh)."""
-        ttl = self.ttl(ttl_s)
         buf = holding.buffer
         if offset < 0 or offset + nbytes > buf.alloc_bytes:
             raise InvalidInput(f"[{offset}, {offset + nbytes}) is outside the allocation")
-        now = self._clock()
-        lease = Lease(
-            id=secrets.token_hex(12),
-            device=buf.device,
-            buffer=buf,
+        lease = self._new(
+            buf,
+            holding,
+            ttl_s,
             nbytes=nbytes,
             dtype=dtype,
             shape=shape,
-            created_at=now,
-            expires_at=now + ttl,
-            ttl_s=ttl,
             kind=kind,
             file_ids=file_ids,
             report=report,
@@ -331,7 +336,6 @@ class LeaseTable:
             tensors=tensors or {},
             read_only=True,
             reused=True,
-            holding=holding,
         )
         with self._lock:
             if holding.count <= 0:

@@ -21,7 +21,7 @@ from typing import Any
 from tiering.errors import InvalidInput, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, ShardLayout
 from tiering.io.buffers import alloc_size
-from tiering.io.safetensors import SafetensorsHeader, parse_header
+from tiering.io.safetensors import parse_header, select_tensors
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
 from tiering.serving.leases import Lease, Reservation
@@ -159,28 +159,6 @@ def _loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded
     return TensorsLoaded(leases, tensors)
 
 
-def _selection(
-    headers: Sequence[SafetensorsHeader], names: Sequence[str] | None
-) -> list[list[str]]:
-    """The tensors selected from each shard (sorted), checked as the data path checks them: a
-    tensor in two shards, or a name in none, is an error."""
-    owner: dict[str, Any] = {}
-    for h in headers:
-        for name in h.tensors:
-            if name in owner:
-                raise InvalidInput(
-                    f"tensor {name!r} is in both {owner[name]} and {h.path}", tensor=name
-                )
-            owner[name] = h.path
-    wanted = set(owner) if names is None else set(names)
-    missing = sorted(wanted - owner.keys())
-    if missing:
-        raise InvalidInput(
-            f"tensor(s) not in any shard: {', '.join(missing[:10])}", missing=missing
-        )
-    return [sorted(n for n in h.tensors if n in wanted) for h in headers]
-
-
 def _load_shared(
     ctx: LoadContext,
     storage: GpuDirectStorage,
@@ -220,7 +198,7 @@ def _load_shared(
             for f, _id in opened:
                 with f._use():
                     headers.append(parse_header(f.path, f.size(), f.read_bytes))
-            chosen = _selection(headers, names)
+            chosen = select_tensors(headers, names)
             keys = {
                 i: ResidentKey.tensors(recs[i], dev, sel) for i, sel in enumerate(chosen) if sel
             }
