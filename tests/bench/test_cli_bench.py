@@ -44,9 +44,14 @@ def run_to_json(
 
 def test_help_lists_the_sub_benchmarks() -> None:
     text = " ".join(bench("--help").split())
-    for name in ("data", "access", "mover", "rest", "--access", "--size", "--json"):
+    for name in ("data", "access", "mover", "rest", "serving", "--access", "--size", "--json"):
         assert name in text
-    for sub, option in (("access", "--files"), ("mover", "--dst"), ("rest", "--small")):
+    for sub, option in (
+        ("access", "--files"),
+        ("mover", "--dst"),
+        ("rest", "--small"),
+        ("serving", "--movers"),
+    ):
         assert option in bench(sub, "--help")
 
 

@@ -32,6 +32,19 @@ def test_bench_runs_and_cleans_up(tmp_path):
     for key in ("base_fromfile", "tierd_hot", "lat_hot_p50", "tierd_gather", "tierd_safetensors"):
         assert rows[key].value and rows[key].value > 0, key
     assert rows["tierd_hot"].vs == "base_fromfile" and rows["tierd_hot"].ratio > 0
+    # Every load row has its CPU cost beside it, and only load rows do.
+    loads = [k for k, r in rows.items() if r.unit == "GB/s" and r.value is not None]
+    assert {f"{k}_cpu" for k in loads} == {k for k, r in rows.items() if r.unit == "CPU-s/GB"}
+    for key in loads:
+        cpu = rows[f"{key}_cpu"]
+        assert (
+            cpu.value is not None
+            and cpu.value >= 0
+            and cpu.label.strip().endswith(rows[key].label.strip())
+        )
+    keys = list(rows)
+    assert keys.index("tierd_hot_cpu") == keys.index("tierd_hot") + 1  # printed beside it
+    assert (rows["tierd_hot_cpu"].value or 0) > 0  # reading 2 MiB takes some CPU
     assert report.setup["backend"] == "host" and report.setup["cold"] is False
     assert list(tmp_path.iterdir()) == []  # test files removed
     assert render(report).row_count == len(rows)

@@ -50,9 +50,17 @@ def test_the_copy_runs_on_a_nicer_thread_and_the_bytes_arrive(eng: Engine) -> No
 
 
 def test_copy_nice_zero_copies_in_the_moves_own_thread(eng: Engine) -> None:
-    put(eng, "f.bin", payload(100_000))
+    put(eng, "f.bin", payload(300_000))
+    eng.mover.chunk_size = 64 << 10
     eng.mover.copy_nice = 0
     name, _ = _copying_thread(eng, "f.bin")
+    assert name == threading.current_thread().name
+
+
+def test_a_file_of_one_chunk_is_copied_in_the_moves_own_thread(eng: Engine) -> None:
+    put(eng, "small.bin", payload(64 << 10))
+    eng.mover.chunk_size = 64 << 10
+    name, _ = _copying_thread(eng, "small.bin")
     assert name == threading.current_thread().name
 
 

@@ -5,7 +5,8 @@ Sub-benchmarks, each a module with one entry point that returns a :class:`Report
 - :mod:`.data_path` (``tierd bench``, ``tierd bench data``): files into GPU or host memory;
 - :mod:`.access` (``tierd bench access``): access counting and its cost to reads;
 - :mod:`.mover` (``tierd bench mover``): the migration copy path against ``cp``;
-- :mod:`.rest` (``tierd bench rest``): loads over REST against in-process reads.
+- :mod:`.rest` (``tierd bench rest``): loads over REST against in-process reads;
+- :mod:`.serving` (``tierd bench serving``): requests served while files move between tiers.
 
 This package itself exports only the shared result model, table and JSON writer, so importing
 it needs neither CUDA, torch, a catalog nor a server; import a sub-benchmark to run it.

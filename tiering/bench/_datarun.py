@@ -1,7 +1,8 @@
 """One run of the data-path bench: its settings, its report, and how it times a figure.
 
 The measuring modules (:mod:`._peers` for the host's ceilings and other loaders,
-:mod:`._tierd_io` for tierd's own paths) take a :class:`DataRun` and add rows to its report.
+:mod:`._tierd_io` for tierd's own paths) take a :class:`DataRun` and add rows to its report:
+each load's GB/s, and beside it (``<key>_cpu``) the process CPU-seconds it cost per GB.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from tiering.config import TierConfig
 from tiering.io import GdsConfig, GpuDirectStorage, TierIo
 
 from ._datafiles import drop_cache
-from ._measure import device_sync, timed
-from ._report import BenchRow, Report, format_value
+from ._measure import device_sync, gbps, timed_cpu
+from ._report import BenchRow, Report, cpu_row, format_value
 
 __all__ = ["DataRun"]
 
@@ -54,21 +55,38 @@ class DataRun:
         self.say(f"  {row.label}: {format_value(row.value, row.unit)} {row.note}")
         return row
 
-    def timed(self, fn: Callable[[], Any], repeats: int | None = None, warmup: int = 1) -> float:
-        """Median seconds of ``fn`` (this run's repeats by default), device synchronised."""
-        return timed(fn, repeats or self.repeats, warmup=warmup, sync=self.sync)
+    def timed(
+        self, fn: Callable[[], Any], repeats: int | None = None, warmup: int = 1
+    ) -> tuple[float, float]:
+        """Median seconds and CPU seconds of ``fn`` (this run's repeats by default), device
+        synchronised (see :func:`timed_cpu`)."""
+        return timed_cpu(fn, repeats or self.repeats, warmup=warmup, sync=self.sync)
 
-    def cold_timed(self, path: Path, fn: Callable[[], Any], repeats: int | None = None) -> float:
-        """Median seconds of ``fn`` with ``path`` dropped from the page cache before each run."""
-        times = []
+    def cold_timed(
+        self, path: Path, fn: Callable[[], Any], repeats: int | None = None
+    ) -> tuple[float, float]:
+        """Median seconds and CPU seconds of ``fn`` with ``path`` dropped from the page cache
+        before each run (the drop itself is off both clocks)."""
+        times, cpus = [], []
         for _ in range(repeats or self.repeats):
             drop_cache(path)
             self.sync()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             self.sync()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+            cpus.append(time.process_time() - c0)
+        return statistics.median(times), statistics.median(cpus)
+
+    def rate(
+        self, key: str, label: str, nbytes: int, timing: tuple[float, float], **kw: Any
+    ) -> BenchRow:
+        """A GB/s row for ``nbytes`` moved in ``timing``'s seconds, and beside it its CPU cost
+        (``<key>_cpu``, CPU-s/GB; see :func:`~._report.cpu_row`)."""
+        seconds, cpu = timing
+        row = self.add(BenchRow(key, label, gbps(nbytes, seconds), "GB/s", **kw))
+        self.add(cpu_row(key, label, cpu, nbytes))
+        return row
 
     def storage(self, io: TierIo | None = None) -> GpuDirectStorage:
         """tierd's data path onto this run's device, its directory as the (one) fast tier."""

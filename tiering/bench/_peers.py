@@ -17,7 +17,7 @@ import numpy as np
 
 from ._datafiles import odirect_read, warm
 from ._datarun import DataRun
-from ._measure import GiB, MiB, free_gpu, frees_gpu, gbps
+from ._measure import GiB, MiB, free_gpu, frees_gpu
 from ._report import BenchRow
 
 __all__ = ["baselines", "ceilings", "kvikio_per_row", "kvikio_sweep"]
@@ -35,23 +35,18 @@ def ceilings(run: DataRun, data: Path) -> None:
         dst = cp.empty(n, cp.uint8)
         # More runs than elsewhere: each is short, and this figure is every ratio's yardstick.
         t = run.timed(lambda: dst.set(src), max(5, run.repeats))
-        run.add(BenchRow("ceil_pinned_h2d", "pinned host -> device copy", gbps(n, t), "GB/s"))
+        run.rate("ceil_pinned_h2d", "pinned host -> device copy", n, t)
         del dst, host, src
         free_gpu()
     if run.cold:
-        best = 0.0
+        timings = []
         for threads in (1, 4):
             t = run.cold_timed(data, functools.partial(odirect_read, data, threads))
-            run.add(
-                BenchRow(
-                    f"odirect_{threads}t",
-                    f"O_DIRECT read, {threads} thread(s), cold",
-                    gbps(run.size, t),
-                    "GB/s",
-                )
-            )
-            best = max(best, gbps(run.size, t))
-        run.add(BenchRow("ceil_odirect", "O_DIRECT ceiling (best of above)", best, "GB/s"))
+            label = f"O_DIRECT read, {threads} thread(s), cold"
+            run.rate(f"odirect_{threads}t", label, run.size, t)
+            timings.append(t)
+        best = min(timings)  # the fastest, with its own CPU cost
+        run.rate("ceil_odirect", "O_DIRECT ceiling (best of above)", run.size, best)
 
 
 @frees_gpu
@@ -72,26 +67,12 @@ def _kvikio(run: DataRun, data: Path) -> None:
 
     with kvikio_defaults.set(run.kvikio_defaults):
         t = run.timed(kv)
-    run.add(
-        BenchRow(
-            "base_kvikio",
-            "KvikIO defaults, hot",
-            gbps(run.size, t),
-            "GB/s",
-            note=f"({nthreads} thread(s), compat={kvikio_defaults.get('compat_mode')})",
-        )
-    )
+    note = f"({nthreads} thread(s), compat={kvikio_defaults.get('compat_mode')})"
+    run.rate("base_kvikio", "KvikIO defaults, hot", run.size, t, note=note)
     with kvikio_defaults.set({"num_threads": 16, "task_size": 4 * MiB}):
         t = run.timed(kv)
-    run.add(
-        BenchRow(
-            "ref_kvikio_tuned",
-            "KvikIO 16 threads, 4 MiB tasks, hot",
-            gbps(run.size, t),
-            "GB/s",
-            note="(tuned by hand, reference)",
-        )
-    )
+    label = "KvikIO 16 threads, 4 MiB tasks, hot"
+    run.rate("ref_kvikio_tuned", label, run.size, t, note="(tuned by hand, reference)")
 
 
 def baselines(run: DataRun, data: Path, shards: list[Path]) -> None:
@@ -101,14 +82,12 @@ def baselines(run: DataRun, data: Path, shards: list[Path]) -> None:
     if run.cuda:
         cp = importlib.import_module("cupy")
         t = run.timed(lambda: cp.asarray(np.fromfile(data, dtype=np.uint8)))
-        run.add(
-            BenchRow("base_fromfile", "np.fromfile + copy to GPU, hot", gbps(run.size, t), "GB/s")
-        )
+        run.rate("base_fromfile", "np.fromfile + copy to GPU, hot", run.size, t)
         free_gpu()
         _kvikio(run, data)
     else:
         t = run.timed(lambda: np.fromfile(data, dtype=np.uint8))
-        run.add(BenchRow("base_fromfile", "np.fromfile, hot", gbps(run.size, t), "GB/s"))
+        run.rate("base_fromfile", "np.fromfile, hot", run.size, t)
     _safetensors(run, shards)
 
 
@@ -131,9 +110,7 @@ def _safetensors(run: DataRun, shards: list[Path]) -> None:
             st.load_file(str(p), **kwargs)
 
     t = run.timed(load)
-    run.add(
-        BenchRow("base_safetensors", label, gbps(total, t), "GB/s", note=f"({len(shards)} shards)")
-    )
+    run.rate("base_safetensors", label, total, t, note=f"({len(shards)} shards)")
     free_gpu()
 
 
@@ -160,15 +137,7 @@ def kvikio_per_row(run: DataRun, data: Path, n: int) -> None:
 
     with kvikio_defaults.set({"num_threads": 16}):
         t = run.timed(per_row)
-    run.add(
-        BenchRow(
-            "ref_gather_kvikio",
-            "KvikIO one pread per row, hot",
-            gbps(n * rb, t),
-            "GB/s",
-            note="(16 threads)",
-        )
-    )
+    run.rate("ref_gather_kvikio", "KvikIO one pread per row, hot", n * rb, t, note="(16 threads)")
 
 
 @frees_gpu
@@ -189,11 +158,5 @@ def kvikio_sweep(run: DataRun, data: Path) -> None:
 
         with kvikio_defaults.set({"num_threads": threads}):
             t = run.timed(kv)
-        run.add(
-            BenchRow(
-                f"sweep_kvikio_{threads}x{task}",
-                f"  KvikIO pool, {threads} threads x {task} MiB",
-                gbps(run.size, t),
-                "GB/s",
-            )
-        )
+        label = f"  KvikIO pool, {threads} threads x {task} MiB"
+        run.rate(f"sweep_kvikio_{threads}x{task}", label, run.size, t)

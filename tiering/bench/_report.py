@@ -41,6 +41,7 @@ from rich.text import Text
 __all__ = [
     "BenchRow",
     "Report",
+    "cpu_row",
     "describe_device",
     "describe_machine",
     "format_value",
@@ -66,6 +67,13 @@ class BenchRow:
     target: str | None = None
     met: bool | None = None
     note: str = ""
+
+
+def cpu_row(key: str, label: str, cpu_s: float, nbytes: int) -> BenchRow:
+    """The CPU cost of row ``key`` (``label``), which moved ``nbytes`` using ``cpu_s`` CPU
+    seconds: a row of its own beside it, ``<key>_cpu`` in CPU-s/GB, so that CPU figures can be
+    compared and held to targets like any other."""
+    return BenchRow(f"{key}_cpu", f"  CPU cost of {label}", cpu_s / (nbytes / 1e9), "CPU-s/GB")
 
 
 def _finite(value: Any) -> Any:

@@ -40,29 +40,15 @@ def loads(run: DataRun, data: Path) -> None:
         t = run.timed(load, warmup=2)
         r = last[0].report
         io = gds.config.io_for("bench", 0)
-        run.add(
-            BenchRow(
-                "tierd_hot",
-                "tierd load, hot",
-                gbps(run.size, t),
-                "GB/s",
-                note=f"(path={r.io_path}, {io.threads} threads x {io.task_size >> 20} MiB)",
-            )
-        )
+        note = f"(path={r.io_path}, {io.threads} threads x {io.task_size >> 20} MiB)"
+        run.rate("tierd_hot", "tierd load, hot", run.size, t, note=note)
         last[0] = None
         free_gpu()
         if run.cold:
             t = run.cold_timed(data, load)
             r = last[0].report
-            run.add(
-                BenchRow(
-                    "tierd_cold",
-                    "tierd load, cold",
-                    gbps(run.size, t),
-                    "GB/s",
-                    note=f"(path={r.io_path}, cold settings used={r.cold})",
-                )
-            )
+            note = f"(path={r.io_path}, cold settings used={r.cold})"
+            run.rate("tierd_cold", "tierd load, cold", run.size, t, note=note)
             last[0] = None
             free_gpu()
         _latency(run, gds, f, data)
@@ -132,16 +118,14 @@ def gather(run: DataRun, data: Path) -> int:
         run.sync()
         first = time.perf_counter() - t0
         t = run.timed(once, max(run.repeats, 5))
-        run.add(
-            BenchRow(
-                "tierd_gather",
-                f"gather {n} random {run.row_bytes} B rows, hot",
-                gbps(nbytes, t),
-                "GB/s",
-                target=">= 5 GB/s",
-                met=gbps(nbytes, t) >= 5,
-                note=f"(first call, mapping the file: {first * 1e3:.0f} ms)",
-            )
+        run.rate(
+            "tierd_gather",
+            f"gather {n} random {run.row_bytes} B rows, hot",
+            nbytes,
+            t,
+            target=">= 5 GB/s",
+            met=gbps(nbytes, t[0]) >= 5,
+            note=f"(first call, mapping the file: {first * 1e3:.0f} ms)",
         )
     return n
 
@@ -160,15 +144,8 @@ def safetensors(run: DataRun, shards: list[Path]) -> None:
 
         t = run.timed(load, warmup=2)
         paths = {r.io_path for r in last[0].reports.values()}
-        run.add(
-            BenchRow(
-                "tierd_safetensors",
-                f"tierd safetensors, {len(shards)} shards, hot",
-                gbps(total, t),
-                "GB/s",
-                note=f"(path={','.join(sorted(paths))})",
-            )
-        )
+        label = f"tierd safetensors, {len(shards)} shards, hot"
+        run.rate("tierd_safetensors", label, total, t, note=f"(path={','.join(sorted(paths))})")
         last[0] = None
         free_gpu()
 
@@ -192,14 +169,8 @@ def sweep_hot(run: DataRun, data: Path) -> None:
         io = TierIo(threads=threads, task_size=task * MiB)
         with _kvikio_pool(threads), run.storage(io) as gds, gds.open_file(data) as f:
             t = run.timed(functools.partial(gds.read, f))
-        run.add(
-            BenchRow(
-                f"sweep_hot_{threads}x{task}",
-                f"  tierd hot, {threads} threads x {task} MiB",
-                gbps(run.size, t),
-                "GB/s",
-            )
-        )
+        label = f"  tierd hot, {threads} threads x {task} MiB"
+        run.rate(f"sweep_hot_{threads}x{task}", label, run.size, t)
         free_gpu()
 
 
@@ -209,12 +180,6 @@ def sweep_cold(run: DataRun, data: Path) -> None:
         cfg = GdsConfig(cold_io=TierIo(threads=threads, task_size=task * MiB))
         with GpuDirectStorage(run.device, cfg) as gds, gds.open_file(data) as f:
             t = run.cold_timed(data, functools.partial(gds.read, f), 1)
-        run.add(
-            BenchRow(
-                f"sweep_cold_{threads}x{task}",
-                f"  cold, {threads} threads x {task} MiB",
-                gbps(run.size, t),
-                "GB/s",
-            )
-        )
+        label = f"  cold, {threads} threads x {task} MiB"
+        run.rate(f"sweep_cold_{threads}x{task}", label, run.size, t)
         free_gpu()

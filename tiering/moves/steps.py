@@ -36,8 +36,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from tiering.catalog import Catalog, FileRecord, FileState, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
@@ -300,95 +301,111 @@ class MoveRunner:
         progress: Progress | None,
         cancel: threading.Event | None,
     ) -> int:
-        """Step 4 on a thread of its own, at ``copy_nice`` below the process's priority.
+        """Step 4: copy and hash, on a thread of its own at ``copy_nice`` below the process.
 
-        The copy is a move's CPU work (page-cache copies and the hash), and on a busy host
-        it competes with serving: measured on two cores with 16 clients, requests served fell
-        by half while 24 MiB files moved (``tierd bench serving``). At a lower priority the
-        copy takes the cores serving leaves idle. Only the copy: the catalog steps hold the
-        GIL for milliseconds, and a low-priority thread preempted while holding it would stall
-        every request (priority inversion); the copy loop holds it for microseconds between
-        system calls. The copy thread is started and joined here, so it never outlives the
-        move.
+        The copy is a move's CPU work (page-cache copies and the hash), and on a busy host it
+        competes with serving for the cores (``tierd bench serving``): at a lower priority it
+        takes what serving leaves. Only the copy loop, which holds the GIL for microseconds
+        between system calls: a low-priority thread that loses its core while holding the
+        GIL stalls every thread of the process until it runs again, so the work that holds
+        the GIL longer or makes system calls under it stays here, at the move's priority: the
+        catalog steps, and the first read (which allocates the chunk buffer) and the last
+        close (which frees it). The copy thread is started and ended here, so it never
+        outlives the move.
         """
         nice = self.settings.copy_nice
-        if nice <= 0:
-            return self._copy_loop(claim, source, writer, size, progress, cancel, None)
-        stop = threading.Event()  # set when the waiting thread is interrupted
-        done: list[int] = []
-        failed: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                done.append(self._copy_loop(claim, source, writer, size, progress, cancel, stop))
-            except BaseException as exc:  # re-raised in the move's thread below
-                failed.append(exc)
-
-        thread = threading.Thread(target=work, name=f"tierd-copy-{claim.intent.id}", daemon=True)
-        thread.start()
-        # From here, which holds the GIL, so the copy thread does not (see lower_priority).
-        lower_priority(thread.native_id, nice)
+        chunks = source.chunks(self.settings.chunk_size)
         try:
-            # Polled, not joined: a thread blocked in join() is woken by the copy thread's exit
-            # while that thread still holds the GIL, and the kernel may then preempt the
-            # low-priority thread there, GIL and all. Polled, it exits waking no one.
-            poll = _POLL_S[0]
-            while thread.is_alive():
-                time.sleep(poll)
-                poll = min(2 * poll, _POLL_S[1])
-        except BaseException:
-            # The source and writer are closed after this returns: the copy must stop first.
-            stop.set()
+            if nice <= 0 or size <= self.settings.chunk_size:
+                # One chunk costs less CPU than a thread and its start: copied here.
+                return self._copy_loop(claim, chunks, writer, size, progress, cancel, None)
+            first = self._next(claim, chunks, cancel, None)
+            stop = threading.Event()  # set when the waiting thread is interrupted
+            done: list[int] = []
+            failed: list[BaseException] = []
+
+            def work() -> None:
+                try:
+                    done.append(
+                        self._copy_loop(claim, chunks, writer, size, progress, cancel, stop, first)
+                    )
+                except BaseException as exc:  # re-raised in the move's thread below
+                    failed.append(exc)
+
+            thread = threading.Thread(
+                target=work, name=f"tierd-copy-{claim.intent.id}", daemon=True
+            )
+            thread.start()
+            # From here, which holds the GIL, so the copy thread does not (see lower_priority).
+            lower_priority(thread.native_id, nice)
+            try:
+                # Polled, not joined: a thread blocked in join() is woken by the copy thread's
+                # exit while that thread still holds the GIL, and the kernel may then preempt
+                # the low-priority thread there, GIL and all. Polled, it exits waking no one.
+                poll = _POLL_S[0]
+                while thread.is_alive():
+                    time.sleep(poll)
+                    poll = min(2 * poll, _POLL_S[1])
+            except BaseException:
+                # The source and writer are closed after this returns: the copy must stop.
+                stop.set()
+                thread.join()
+                raise
             thread.join()
-            raise
-        thread.join()
-        if failed:
-            raise failed[0]
-        return done[0]
+            if failed:
+                raise failed[0]
+            return done[0]
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # stops a read-ahead source's GETs now, not at garbage collection
+
+    def _next(
+        self,
+        claim: Claim,
+        chunks: Iterator[memoryview],
+        cancel: threading.Event | None,
+        stop: threading.Event | None,
+    ) -> memoryview | None:
+        """The next chunk of the source, or None at its end; stops a move asked to stop."""
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the engine is stopping; the move was abandoned")
+        if stop is not None and stop.is_set():
+            raise Cancelled("the move was interrupted")
+        try:
+            return next(chunks, None)
+        except OSError as exc:
+            raise storage_error(exc, f"reading {claim.record.relpath!r}") from exc
 
     def _copy_loop(
         self,
         claim: Claim,
-        source: Source,
+        chunks: Iterator[memoryview],
         writer: Writer,
         size: int,
         progress: Progress | None,
         cancel: threading.Event | None,
         stop: threading.Event | None,
+        first: memoryview | None | Literal[False] = False,
     ) -> int:
+        """Write and hash ``chunks`` (after ``first``, when the caller already read it)."""
         off = 0
         iid = claim.intent.id
-        first = True
-        chunks = source.chunks(self.settings.chunk_size)
-        try:
-            while True:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("the engine is stopping; the move was abandoned")
-                if stop is not None and stop.is_set():
-                    raise Cancelled("the move was interrupted")
-                try:
-                    chunk = next(chunks, None)
-                except OSError as exc:
-                    raise storage_error(exc, f"reading {claim.record.relpath!r}") from exc
-                if chunk is None:
-                    break
-                n = len(chunk)
-                try:
-                    writer.write(chunk)
-                except OSError as exc:
-                    raise storage_error(exc, f"writing to tier {writer.tier.name}") from exc
-                off += n
-                self.board.set(iid, off)
-                if progress is not None:
-                    progress(off, size)
-                if first:
-                    first = False
-                    self.settings.at("copying")
-                self.limiter.acquire(n, cancel)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()  # stops a read-ahead source's GETs now, not at garbage collection
+        chunk = self._next(claim, chunks, cancel, stop) if first is False else first
+        while chunk is not None:
+            n = len(chunk)
+            try:
+                writer.write(chunk)
+            except OSError as exc:
+                raise storage_error(exc, f"writing to tier {writer.tier.name}") from exc
+            off += n
+            self.board.set(iid, off)
+            if progress is not None:
+                progress(off, size)
+            if off == n:
+                self.settings.at("copying")
+            self.limiter.acquire(n, cancel)
+            chunk = self._next(claim, chunks, cancel, stop)
         return off
 
     def _verify_source(self, src: Tier, rec: FileRecord, source: Source, copied: int) -> None:
