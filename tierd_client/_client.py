@@ -308,10 +308,11 @@ class Client(ModelsMixin):
         poll_s: float = 0.2,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Start a prefetch job (``gpu``, ``nvme`` or ``page_cache``); returns the job.
+        """Start a prefetch job (``gpu``, ``memory``, ``nvme`` or ``page_cache``); returns the job.
 
         ``gpu`` keeps each file as a warm, read-only lease (``job["buffer_ids"]``): a resident
-        copy that ``shared=True`` loads are handed and other loads copy from.
+        copy that ``shared=True`` loads are handed and other loads copy from. ``memory``
+        copies each file into the server's memory tier (pinned host memory; 422 without one).
 
         With ``wait=True`` it follows the job to its end, showing a progress bar on stderr
         (rich's where installed, else a line of text; ``progress=False``: silently), and

@@ -123,8 +123,8 @@ class ModelsMixin:
         poll_s: float = 0.2,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Warm every file of a model with one job (``gpu``, ``nvme`` or ``page_cache``);
-        returns the job, or with ``wait=True`` follows it to its end as
+        """Warm every file of a model with one job (``gpu``, ``memory``, ``nvme`` or
+        ``page_cache``); returns the job, or with ``wait=True`` follows it to its end as
         :meth:`~tierd_client.Client.prefetch` does (a progress bar; Ctrl-C or ``timeout``
         cancels it).
 

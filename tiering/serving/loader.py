@@ -243,7 +243,8 @@ class Loader:
 
         Targets: ``gpu`` loads each file into a lease on ``device`` (default ``cuda:0``) and
         keeps it for ``ttl_s``, as a read-only resident copy (a ``shared`` load of the file is
-        handed the same allocation, and other loads copy from it); ``nvme`` promotes each
+        handed the same allocation, and other loads copy from it); ``memory`` copies each
+        file into the engine's memory tier (InvalidInput without one); ``nvme`` promotes each
         file to the fastest tier through the mover; ``page_cache`` reads each file through,
         so the next load is hot. A file on an object-store tier has no page cache:
         ``page_cache`` promotes it to the nearest faster local tier instead (a file with none
