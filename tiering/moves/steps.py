@@ -323,8 +323,10 @@ class MoveRunner:
             stop = threading.Event()  # set when the waiting thread is interrupted
             done: list[int] = []
             failed: list[BaseException] = []
+            lowered = threading.Event()  # the copy starts only once its priority is set
 
             def work() -> None:
+                lowered.wait()
                 try:
                     done.append(
                         self._copy_loop(claim, chunks, writer, size, progress, cancel, stop, first)
@@ -337,7 +339,10 @@ class MoveRunner:
             )
             thread.start()
             # From here, which holds the GIL, so the copy thread does not (see lower_priority).
-            lower_priority(thread.native_id, nice)
+            try:
+                lower_priority(thread.native_id, nice)
+            finally:
+                lowered.set()
             try:
                 # Polled, not joined: a thread blocked in join() is woken by the copy thread's
                 # exit while that thread still holds the GIL, and the kernel may then preempt
