@@ -142,8 +142,10 @@ class BufferSettings(BaseModel):
     job_retention_s: float = Field(
         default=3600.0, gt=0, description="How long finished jobs stay visible"
     )
-    gpu_cache_bytes: int = Field(
-        default=2 << 30, ge=0, description="Released GPU buffers kept for reuse, per device"
+    gpu_cache_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Released GPU buffers kept for reuse, per device (unset: up to the budget)",
     )
     gpu_cache_idle_s: float = Field(
         default=30.0, ge=0, description="How long a released GPU buffer is kept for reuse"

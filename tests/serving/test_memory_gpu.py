@@ -26,7 +26,7 @@ def test_memory_fill_is_pinned_by_cuda_and_loads_into_cuda(tmp_path: Path) -> No
     from tiering.tiers._pinned import pinning_backend
 
     assert pinning_backend() == "cuda"
-    data = os.urandom(64 * MiB + 4099)
+    data = os.urandom(64 * MiB + 3 * 4096)  # whole rows of 1024 float32, for the gather
     settings = memory_settings(tmp_path / "data", quota=256 * MiB)
     with Engine(settings.engine_config()) as eng:
         rec = put(eng, "w.bin", data, tier="ssd")
@@ -47,7 +47,7 @@ def test_memory_fill_is_pinned_by_cuda_and_loads_into_cuda(tmp_path: Path) -> No
             got = cp.asnumpy(part.buffer.array()[part.offset : part.offset + part.nbytes])
             assert got.tobytes() == data[MiB + 3 : 6 * MiB + 3]
             ld.leases.release(part.id)
-            rows = np.frombuffer(data[: 64 * MiB], np.float32).reshape(-1, 1024)
+            rows = np.frombuffer(data, np.float32).reshape(-1, 1024)
             g = ld.gather(rec.id, dim=1024, indices=[5, 0, 7, 5], device="cuda:0")
             got = cp.asnumpy(g.buffer.array()[g.offset : g.offset + g.nbytes])
             assert got.tobytes() == rows[[5, 0, 7, 5]].tobytes()

@@ -96,7 +96,7 @@ def _ceiling(run: _Run, device: str) -> tuple[float, float]:
 
     index = int(device.split(":")[1])
     pinned = cp.cuda.PinnedMemory(run.size)
-    host = np.frombuffer(pinned, dtype=np.uint8, count=run.size)
+    host = np.frombuffer(cp.cuda.PinnedMemoryPointer(pinned, 0), dtype=np.uint8, count=run.size)
     host[:] = 1
     with cp.cuda.Device(index):
         dst = cp.empty(run.size, dtype=cp.uint8)

@@ -197,12 +197,13 @@ class BufferPool:
 
     ``cudaMalloc``, ``cudaFree`` (which synchronises the device) and the IPC handle cost far
     more than a 4 KiB read. A released GPU buffer therefore waits here, with its handle, for
-    the next allocation of its size: at most ``max_idle_bytes`` per device, for at most
-    ``idle_s`` seconds. Shared-memory segments are never kept: a released lease's name must
-    stop opening.
+    the next allocation of its size: at most ``max_idle_bytes`` per device (None: no cap of
+    its own, the owner keeps leased plus idle within its budget with :meth:`trim`), for at
+    most ``idle_s`` seconds. Shared-memory segments are never kept: a released lease's name
+    must stop opening.
     """
 
-    def __init__(self, max_idle_bytes: int = 2 << 30, idle_s: float = 30.0) -> None:
+    def __init__(self, max_idle_bytes: int | None = 2 << 30, idle_s: float = 30.0) -> None:
         self.max_idle_bytes = max_idle_bytes
         self.idle_s = idle_s
         self._lock = threading.Lock()
@@ -227,7 +228,8 @@ class BufferPool:
         if keep:
             with self._lock:
                 held = self._bytes.get(buf.device, 0)
-                keep = held + buf.alloc_bytes <= self.max_idle_bytes
+                cap = self.max_idle_bytes
+                keep = cap is None or held + buf.alloc_bytes <= cap
                 if keep:
                     self._bytes[buf.device] = held + buf.alloc_bytes
                     key = (buf.device, buf.alloc_bytes)
