@@ -12,14 +12,21 @@ import pytest
 
 from tests.conftest import LiveServer, make_settings
 from tierd_client import Client
+from tiering.io.buffers import idle_prefix
 
 MiB = 1 << 20
 
 
-def shm_segments() -> set[str]:
-    """tierd's shared-memory segments of this process (the server runs in it)."""
+def shm_segments(*, idle: bool = False) -> set[str]:
+    """tierd's shared-memory segments of this process (the server runs in it): those of live
+    leases, and with ``idle`` also the released ones waiting in the pool for reuse."""
     prefix = f"tierd-{os.getpid()}-"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    waiting = idle_prefix()
+    return {
+        n
+        for n in os.listdir("/dev/shm")
+        if n.startswith(prefix) and (idle or not n.startswith(waiting))
+    }
 
 
 @pytest.fixture
@@ -33,11 +40,11 @@ def buffer_settings(data_dir: Path) -> Any:
 
 @pytest.fixture
 def server(buffer_settings: Any) -> Iterator[LiveServer]:
-    before = shm_segments()
+    before = shm_segments(idle=True)
     with LiveServer(buffer_settings) as srv:
         yield srv
-    # Shutdown frees every lease: no segment outlives the server.
-    assert shm_segments() - before == set()
+    # Shutdown frees every lease and empties the pool: no segment outlives the server.
+    assert shm_segments(idle=True) - before == set()
 
 
 @pytest.fixture

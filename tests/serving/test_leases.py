@@ -66,8 +66,29 @@ def test_release_frees_at_once(api, upload):
     b.close()
 
 
+def test_released_segments_wait_renamed_and_serve_the_next_lease(api, upload, server):
+    data = os.urandom(3 * MiB + 5)
+    fid = upload("p.bin", data)
+    first = api.load(fid)
+    name = first.info["handle"]["name"]
+    api.release(first.id)
+    first.close()
+    # The released name stops opening at once; the pages wait under an idle name.
+    assert name not in shm_segments(idle=True)
+    (waiting,) = shm_segments(idle=True) - shm_segments()
+    pool = server.server.config.app.state.loader.leases.pool
+    assert pool.idle_bytes()["cpu"] == 3 * MiB + 4096
+    with api.load(fid) as again:  # the same size: the same pages, under a fresh name
+        fresh = again.info["handle"]["name"]
+        assert fresh not in (name, waiting) and fresh in shm_segments()
+        assert waiting not in shm_segments(idle=True) and pool.idle_bytes()["cpu"] == 0
+        assert np.asarray(again).tobytes() == data
+    with pytest.raises(FileNotFoundError):
+        os.stat(f"/dev/shm/{name}")
+
+
 def test_shutdown_frees_every_lease(buffer_settings, data_dir):
-    before = shm_segments()
+    before = shm_segments(idle=True)
     with LiveServer(buffer_settings) as srv:
         http = httpx.Client(base_url=srv.url)
         fid = http.put("/v1/files/content", params={"path": "s.bin"}, content=b"s" * 9000).json()[
@@ -77,7 +98,7 @@ def test_shutdown_frees_every_lease(buffer_settings, data_dir):
             assert http.post("/v1/load", json={"file_id": fid, "ttl_s": 3600}).status_code == 200
         assert len(shm_segments() - before) == 3
         http.close()
-    assert shm_segments() - before == set()
+    assert shm_segments(idle=True) - before == set()
 
 
 def test_budget_holds_under_concurrent_requests(data_dir):

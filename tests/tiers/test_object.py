@@ -463,3 +463,50 @@ def test_kvikio_blocks_that_fail_are_read_again_by_botocore(
     with tier.open("retry/kv.bin") as src:
         assert b"".join(bytes(c) for c in src.chunks(PART)) == data
     assert all(r.fired == 1 for r in rules), [(r.action, r.fired) for r in rules]
+
+
+# -- obstore's GETs, and fork() ------------------------------------------------------------------
+def test_gets_go_through_obstore_where_installed(make_object_tier: Make) -> None:
+    pytest.importorskip("obstore")
+    tier = make_object_tier()
+    data = os.urandom(3 * PART + 17)
+    put(tier, "o.bin", data)
+    assert tier.store.get_engine == "obstore"
+    buf = bytearray(len(data) - 5)
+    with tier.open("o.bin") as src:
+        assert src.readinto(memoryview(buf), 5) == len(buf)
+    assert bytes(buf) == data[5:]
+    assert make_object_tier(read_engine="boto3").store.get_engine == "botocore"
+
+
+def _read_in_child(config: Any, size: int, out: Any) -> None:
+    from tiering.tiers._object import ObjectTier
+
+    tier = ObjectTier(config, 0)  # the child's own tier: a parent's threads do not fork
+    buf = bytearray(size)
+    with tier.open("f.bin") as src:
+        src.readinto(memoryview(buf), 0)
+    out.put((tier.store.get_engine, checksum(bytes(buf))))
+
+
+def test_a_child_forked_after_obstore_started_reads_with_botocore(make_object_tier: Make) -> None:
+    """obstore's runtime does not survive fork(): the child must not wait on it forever."""
+    import multiprocessing
+
+    pytest.importorskip("obstore")
+    tier = make_object_tier()
+    data = os.urandom(2 * PART)
+    put(tier, "f.bin", data)
+    with tier.open("f.bin") as src:  # the parent's runtime starts here
+        src.readinto(memoryview(bytearray(PART)), 0)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(tier.config, len(data), out))
+    child.start()
+    try:
+        assert out.get(timeout=60) == ("botocore", checksum(data))
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0

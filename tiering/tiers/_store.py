@@ -20,6 +20,7 @@ from tiering.config import TierConfig
 from tiering.errors import FileChanged, TierUnavailable
 from tiering.tiers._base import Stat
 from tiering.tiers._object_reads import ENGINES, Rings, kvikio_remote
+from tiering.tiers._obstore import ObstoreGets, obstore_module, usable_here
 from tiering.tiers._s3 import (
     STREAM_ERRORS,
     backoff,
@@ -97,6 +98,22 @@ class S3Store:
             read_timeout=read_timeout,
         )
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"tierd-s3-{config.name}")
+        # Ranged GETs through obstore where it is installed (a third of botocore's CPU per
+        # byte, see tiering.tiers._obstore), unless the tier asked for botocore by name.
+        self._obstore = obstore_module() if read_engine != "boto3" else None
+        self._gets: ObstoreGets | None = None
+        self._gets_args: dict[str, Any] = {
+            "tier": config.name,
+            "bucket": self.bucket,
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "connections": workers + 16,
+            "max_attempts": max_attempts,
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+        }
+        #: Who sends the tier's ranged GETs: "obstore" or "botocore".
+        self.get_engine = "obstore" if self._obstore is not None else "botocore"
         self._closed = False
         self._lock = threading.Lock()
         self._quick_client: Any = None
@@ -148,11 +165,16 @@ class S3Store:
     def get_into(self, key: str, version: str, view: memoryview, start: int) -> None:
         """Fill ``view`` with the bytes at ``start`` of ``key`` at ETag ``version``.
 
+        Through obstore where it is installed (:mod:`tiering.tiers._obstore`), else botocore:
         botocore retries the request until the headers arrive; a body that breaks or stalls
         after that is resumed here from the last byte received, with backoff and jitter.
         """
-        n, pos, attempt = len(view), 0, 0
         where = self.url_of(key)
+        gets = self._obstore_gets()
+        if gets is not None:
+            gets.get_into(key, version, view, start, where)
+            return
+        n, pos, attempt = len(view), 0, 0
         while pos < n:
             try:
                 resp = self.client.get_object(
@@ -190,6 +212,26 @@ class S3Store:
                 time.sleep(backoff(attempt))
             finally:
                 body.close()
+
+    def _obstore_gets(self) -> ObstoreGets | None:
+        """obstore's client, made at the first GET: it takes the credentials the AWS chain has
+        then. None without obstore, or while the chain has no credentials (botocore's request
+        then fails with the tier's usual ``no_credentials``)."""
+        if self._obstore is None:
+            return None
+        if not usable_here():  # a child forked after the runtime started: botocore
+            return None
+        if self._gets is not None:
+            return self._gets
+        with self._lock:
+            if self._gets is None:
+                try:
+                    self._gets = ObstoreGets(
+                        self._obstore, changed=self._changed, **self._gets_args
+                    )
+                except ValueError as exc:  # Boto3CredentialProvider: the chain found none
+                    log.debug("tier %s: GETs by botocore for now: %s", self.name, exc)
+        return self._gets
 
     def _changed(self, key: str, version: str) -> FileChanged:
         relpath = self.relpath_of(key)
