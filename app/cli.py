@@ -19,6 +19,7 @@ from rich.table import Table
 from app.schemas import FileOut, TierOut
 from app.settings import Settings, get_settings
 from tiering.catalog import upgrade
+from tiering.catalog.backends import redact
 from tiering.engine import Engine
 from tiering.errors import TierdError, Unavailable
 
@@ -170,7 +171,7 @@ def db_upgrade(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
 
     quiet_alembic()
     upgrade(settings.catalog_url)
-    out.print(f"catalog at {settings.catalog_url} is up to date")
+    out.print(f"catalog at {redact(settings.catalog_url)} is up to date")  # no password
 
 
 @cli.command()

@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from tiering.catalog.backends import normalize_url
 from tiering.config import EngineConfig, TierConfig
 from tiering.serving import LoaderConfig
 
@@ -199,7 +200,9 @@ class Settings(BaseSettings):
         default=1.0, gt=0, description="How often the memory tier checks the host's free memory"
     )
     catalog_url: str = Field(
-        default="", description="SQLAlchemy URL; default <data_dir>/catalog.db"
+        default="",
+        description="SQLAlchemy URL: sqlite:///path/catalog.db (default <data_dir>/catalog.db), "
+        "or postgresql+psycopg://user@host:5432/db for hosts sharing one catalog",
     )
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on")
@@ -244,6 +247,12 @@ class Settings(BaseSettings):
         default_factory=BufferSettings,
         description="Buffer leases, budgets and prefetch jobs (TIERD_BUFFERS__*)",
     )
+
+    @field_validator("catalog_url")
+    @classmethod
+    def _supported_catalog(cls, url: str) -> str:
+        # Refused here with the reason, not when the engine first connects.
+        return normalize_url(url) if url else url
 
     @field_validator("tiers")
     @classmethod

@@ -22,8 +22,9 @@ from app.settings import Settings, get_settings
 from tests.helpers import SHM, engine_settings
 from tiering.engine import Engine
 
-# The S3-protocol server (moto on loopback) and object-tier fixtures, for every test folder.
-pytest_plugins = ["tests.s3"]
+# The S3-protocol server (moto on loopback) and object-tier fixtures, and a real PostgreSQL
+# (Debian's server on loopback) with the catalog_backend switch, for every test folder.
+pytest_plugins = ["tests.s3", "tests.pg_support"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -105,8 +106,8 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings(data_dir: Path) -> Settings:
-    return make_settings(data_dir)
+def settings(data_dir: Path, catalog_overrides: dict[str, Any]) -> Settings:
+    return make_settings(data_dir, **catalog_overrides)
 
 
 @pytest.fixture
@@ -190,8 +191,8 @@ def shm_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def esettings(tmp_path: Path) -> Settings:
-    return engine_settings(tmp_path / "data")
+def esettings(tmp_path: Path, catalog_overrides: dict[str, Any]) -> Settings:
+    return engine_settings(tmp_path / "data", **catalog_overrides)
 
 
 @pytest.fixture

@@ -78,7 +78,8 @@ class Engine:
         self.db: Database | None = None
         self._catalog: Catalog | None = None
         self.access: AccessTracker | None = None
-        self._lock = CatalogLock(config.catalog_url)
+        # Keyed by host on PostgreSQL: hosts share its catalog, one tierd each.
+        self._lock = CatalogLock(config.catalog_url, host_id=config.host_id)
         self.started_at: float | None = None
         self.last_scan: ScanReport | None = None
         self.last_recovery: RecoveryReport | None = None

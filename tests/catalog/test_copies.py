@@ -1,24 +1,23 @@
 """The catalog's table of cached copies: migration 0005 up and down on real data, and the
 rules of its rows (written only for the generation copied, gone with their file, forgotten
-per host at start)."""
+per host at start). On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy.exc
 from alembic import command
 from alembic.config import Config
 
+from tests.catalog.conftest import run_sql
 from tiering.catalog import Copies, Database
 from tiering.catalog.db import migrations_dir, upgrade
 
 _FILE = (
     "INSERT INTO files (relpath, tier, size, mtime_ns, state, generation, access_count, heat,"
-    " heat_at, created_at, updated_at) VALUES (?, 'nvme', 10, 1, ?, ?, 0, 0, 0, 0, 0)"
+    " heat_at, created_at, updated_at) VALUES (:p, 'nvme', 10, 1, :s, :g, 0, 0, 0, 0, 0)"
 )
 
 
@@ -29,19 +28,20 @@ def _downgrade(url: str, revision: str) -> None:
     command.downgrade(cfg, revision)
 
 
-def _tables(db: Path) -> set[str]:
-    with sqlite3.connect(db) as c:
-        return {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+def _tables(url: str) -> set[str]:
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        return set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
 
 
-def test_0005_upgrades_and_downgrades_keeping_the_files(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    url = f"sqlite:///{path}"
+def test_0005_upgrades_and_downgrades_keeping_the_files(empty_catalog_url: str) -> None:
+    url = empty_catalog_url
     upgrade(url, "0004")
-    with sqlite3.connect(path) as c:
-        c.execute(_FILE, ("a", "stable", 3))
+    run_sql(url, _FILE, {"p": "a", "s": "stable", "g": 3})
     upgrade(url)
-    assert "copies" in _tables(path)
+    assert "copies" in _tables(url)
     db = Database(url)
     copies = Copies(db)
     assert copies.record(1, host="h", location="ram", generation=3, size=10, states=["stable"])
@@ -50,9 +50,8 @@ def test_0005_upgrades_and_downgrades_keeping_the_files(tmp_path: Path) -> None:
     ]
     db.dispose()
     _downgrade(url, "0004")
-    assert "copies" not in _tables(path)
-    with sqlite3.connect(path) as c:
-        assert c.execute("SELECT relpath, generation FROM files").fetchall() == [("a", 3)]
+    assert "copies" not in _tables(url)
+    assert run_sql(url, "SELECT relpath, generation FROM files") == [("a", 3)]
     upgrade(url)
     upgrade(url)  # a second run is a no-op
     db = Database(url)
@@ -61,13 +60,11 @@ def test_0005_upgrades_and_downgrades_keeping_the_files(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    url = f"sqlite:///{tmp_path / 'c.db'}"
+def db(empty_catalog_url: str) -> Iterator[Database]:
+    url = empty_catalog_url
     upgrade(url)
-    with sqlite3.connect(tmp_path / "c.db") as c:
-        c.execute(_FILE, ("a", "stable", 0))
-        c.execute(_FILE, ("b", "migrating", 0))
-        c.execute(_FILE, ("c", "missing", 0))
+    for path, state in (("a", "stable"), ("b", "migrating"), ("c", "missing")):
+        run_sql(url, _FILE, {"p": path, "s": state, "g": 0})
     database = Database(url)
     yield database
     database.dispose()

@@ -3,6 +3,9 @@ record cached, and never lets its own file's record be read stale.
 
 A record answered from the cache is the very object cached before (``is``); one read again
 from SQLite is a new object. The engine and its catalog are real (Alembic, SQLite, temp tiers).
+
+The cache is SQLite's: there tierd is the catalog's only writer. On PostgreSQL other hosts write
+the same records, so every read asks the database (the last test).
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ import pytest
 from sqlalchemy import select
 
 from tests.helpers import put
-from tiering.catalog import FileRecord
+from tiering.catalog import Database, FileRecord
+from tiering.catalog.journal import Journal
 from tiering.engine import Engine
 from tiering.errors import FileNotFound
 
+sqlite_only = pytest.mark.parametrize("catalog_backend", ["sqlite"])
 
+
+@sqlite_only
 def test_a_move_keeps_other_records_cached_and_its_own_current(eng: Engine) -> None:
     moving, other = put(eng, "a.bin", b"aaaa"), put(eng, "b.bin", b"bbbb")
     cat = eng.catalog
@@ -35,6 +42,7 @@ def test_a_move_keeps_other_records_cached_and_its_own_current(eng: Engine) -> N
     assert cat.get(other.id, cached=True) is not before
 
 
+@sqlite_only
 def test_a_record_read_during_a_write_of_its_file_is_not_kept(eng: Engine) -> None:
     rec = put(eng, "a.bin", b"aaaa")
     cat, db = eng.catalog, eng.catalog.db
@@ -52,6 +60,7 @@ def test_a_record_read_during_a_write_of_its_file_is_not_kept(eng: Engine) -> No
     assert cat.get(rec.id, cached=True).tier == "ssd"
 
 
+@sqlite_only
 def test_a_record_read_before_a_write_of_its_file_is_not_served_after(eng: Engine) -> None:
     rec = put(eng, "a.bin", b"aaaa")
     cat, db = eng.catalog, eng.catalog.db
@@ -67,6 +76,7 @@ def test_a_record_read_before_a_write_of_its_file_is_not_served_after(eng: Engin
     assert cat.get(rec.id, cached=True).tier == "ssd"
 
 
+@sqlite_only
 def test_counters_restart_past_their_bound_without_serving_stale_records(eng: Engine) -> None:
     recs = [put(eng, f"f{i}.bin", b"x") for i in range(4)]
     cat, db = eng.catalog, eng.catalog.db
@@ -96,3 +106,28 @@ def test_relpaths_follow_renames_and_deletes(eng: Engine) -> None:
         cat.lookup("new.bin", cached=True)
     with eng.catalog.db.read() as s:
         assert s.scalar(select(FileRecord).where(FileRecord.relpath == "new.bin")) is None
+
+
+@pytest.mark.parametrize("catalog_backend", ["postgresql"])
+def test_records_another_host_changed_are_never_served_stale(eng: Engine) -> None:
+    rec = put(eng, "a.bin", b"aaaa")
+    cat = eng.catalog
+    assert not cat.db.caches_records
+    first = cat.get(rec.id, cached=True)
+    assert cat.lookup("a.bin", cached=True).id == rec.id
+    other_host = Database(eng.config.catalog_url)  # another tierd's connections
+    try:
+        intent, _ = Journal(other_host).claim(rec.id, "ssd", reason="test")
+        assert cat.get(rec.id, cached=True).state == "migrating"
+        Journal(other_host).release(intent, phase="aborted", error="test")
+        with other_host.write() as s:
+            row = s.get(FileRecord, rec.id)
+            assert row is not None
+            row.relpath, row.generation = "b.bin", row.generation + 1
+    finally:
+        other_host.dispose()
+    now = cat.get(rec.id, cached=True)
+    assert now is not first and (now.relpath, now.generation) == ("b.bin", rec.generation + 1)
+    with pytest.raises(FileNotFound):
+        cat.lookup("a.bin", cached=True)
+    assert cat.lookup("b.bin", cached=True).id == rec.id

@@ -12,7 +12,8 @@ import pytest
 
 from tiering.errors import InsufficientSpace, InvalidInput
 from tiering.io import Device
-from tiering.io.buffers import BufferPool, alloc_size
+from tiering.io.bufferpool import BufferPool
+from tiering.io.buffers import alloc_size
 from tiering.serving.leases import Holding, Lease, LeaseTable
 
 CPU = Device("cpu")

@@ -1,4 +1,5 @@
-"""The catalog: SQLAlchemy models, the single-writer database and the repository."""
+"""The catalog: SQLAlchemy models, the database (SQLite, or PostgreSQL for hosts that share
+one) and the repository."""
 
 from tiering.catalog.copies import Copies, CopyRow
 from tiering.catalog.db import Database, decay, upgrade

@@ -11,7 +11,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
+from tiering.catalog.backends import FOR_KEY_SHARE
 from tiering.catalog.db import Database
 from tiering.catalog.models import Copy, FileRecord
 
@@ -53,8 +55,12 @@ class Copies:
         ``generation`` in one of ``states``; False (nothing written) otherwise: the copy is of
         bytes the catalog no longer names, and must be dropped. Replaces an older row of the
         same file, host and location."""
-        with self.db.write(changes_files=False) as s:
-            rec = s.get(FileRecord, file_id)
+
+        def body(s: Session) -> bool:
+            # KEY SHARE: a delete of the file in flight is waited for (and then no row is
+            # written), while moves and access counts go on. A switch that commits after this
+            # check leaves the row at an old generation, which every reader sees as stale.
+            rec = s.get(FileRecord, file_id, with_for_update=FOR_KEY_SHARE)
             if rec is None or rec.generation != generation or rec.state not in states:
                 return False
             s.execute(
@@ -74,13 +80,14 @@ class Copies:
             )
             return True
 
+        # Two threads of one host recording the same copy at once: the second replaces it.
+        return self.db.transact(body, changes_files=False, retry_unique=True)
+
     def forget(self, file_id: int, *, host: str, location: str) -> None:
-        with self.db.write(changes_files=False) as s:
-            s.execute(
-                delete(Copy).where(
-                    Copy.file_id == file_id, Copy.host == host, Copy.location == location
-                )
-            )
+        q = delete(Copy).where(
+            Copy.file_id == file_id, Copy.host == host, Copy.location == location
+        )
+        self.db.transact(lambda s: s.execute(q), changes_files=False)
 
     def forget_host(
         self, host: str, *, keep: Sequence[str] = (), location: str | None = None
@@ -88,13 +95,15 @@ class Copies:
         """Delete the rows of ``host`` (only at ``location``, when given) except those at a
         location in ``keep``; returns how many went. Run at start: what was in memory did not
         survive the restart."""
-        with self.db.write(changes_files=False) as s:
-            q = delete(Copy).where(Copy.host == host)
-            if location is not None:
-                q = q.where(Copy.location == location)
-            if keep:
-                q = q.where(Copy.location.not_in(list(keep)))
-            return int(s.execute(q).rowcount or 0)  # type: ignore[attr-defined]
+        q = delete(Copy).where(Copy.host == host)
+        if location is not None:
+            q = q.where(Copy.location == location)
+        if keep:
+            q = q.where(Copy.location.not_in(list(keep)))
+        return self.db.transact(
+            lambda s: int(s.execute(q).rowcount or 0),  # type: ignore[attr-defined]
+            changes_files=False,
+        )
 
     def list(
         self, *, host: str | None = None, location: str | None = None, file_id: int | None = None

@@ -1,83 +1,46 @@
-"""SQLite connections with the settings RELIABILITY.md asks for, and the Alembic upgrade.
+"""The catalog's database: its transactions, its backends' errors, and the Alembic upgrade.
 
-One writer: every write goes through :meth:`Database.write`, which holds a process-wide lock
-around a single dedicated connection and opens it with ``BEGIN IMMEDIATE``. SQLite 3.40 (the
-version bundled here) has the WAL-reset bug that needs two connections writing or checkpointing
-at once, so a single writer connection is a correctness measure, not only a convenience.
-Readers use their own small pool with deferred transactions.
+SQLite has one writer: every write goes through :meth:`Database.write`, which holds a
+process-wide lock around a single dedicated connection opened with ``BEGIN IMMEDIATE`` (see
+:mod:`tiering.catalog.backends` for why). PostgreSQL has many: each write is its own READ
+COMMITTED transaction that locks the rows it decides on, and :meth:`Database.transact` retries
+one that lost a deadlock. Readers use their own pool on both.
 """
 
 from __future__ import annotations
 
-import math
-import sqlite3
+import random
 import threading
-from collections.abc import Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tiering.errors import CatalogBusy, InvalidInput
+from tiering.catalog.backends import (
+    DEADLOCK,
+    LOCK_TIMEOUT,
+    QUERY_CANCELED,
+    SERIALIZATION_FAILURE,
+    SQLITE,
+    UNIQUE_VIOLATION,
+    backend_of,
+    decay,
+    make_engine,
+    normalize_url,
+    redact,
+    sqlstate,
+)
+from tiering.errors import CatalogBusy, Unavailable
 
-__all__ = ["BUSY_TIMEOUT_MS", "Database", "make_engine", "migrations_dir", "upgrade"]
+__all__ = ["BUSY_TIMEOUT_MS", "Database", "decay", "make_engine", "migrations_dir", "upgrade"]
 
 BUSY_TIMEOUT_MS = 5000
 
-
-def decay(heat: float | None, heat_at: float | None, now: float, half_life: float) -> float:
-    """Heat halves every ``half_life`` seconds; registered in SQLite as ``tierd_decay``."""
-    if not heat:
-        return 0.0
-    dt = max(0.0, now - (heat_at or now))
-    return float(heat) * math.exp2(-dt / half_life) if half_life > 0 else float(heat)
-
-
-def make_engine(
-    url: str, *, writer: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS
-) -> Engine:
-    """An engine whose connections carry tierd's SQLite settings.
-
-    ``writer`` engines hold exactly one connection and begin every transaction with
-    ``BEGIN IMMEDIATE``, so a write never upgrades a read lock half-way (which SQLite answers
-    with SQLITE_BUSY and no wait).
-    """
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite":
-        raise InvalidInput(f"unsupported catalog URL {url!r}: only sqlite is supported for now")
-    if u.database in (None, "", ":memory:"):
-        raise InvalidInput("the catalog needs a file: use sqlite:///path/to/catalog.db")
-    Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {
-        "connect_args": {"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
-    }
-    if writer:
-        kwargs.update(pool_size=1, max_overflow=0, pool_timeout=60)
-    engine = create_engine(url, **kwargs)
-    begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
-        # Let SQLAlchemy's "begin" event below decide how transactions start.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cur.execute("PRAGMA foreign_keys=ON")
-        # FULL: the migration journal lives in this database and must survive power loss.
-        cur.execute("PRAGMA synchronous=FULL")
-        cur.close()
-        dbapi_conn.create_function("tierd_decay", 4, decay, deterministic=True)
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(begin)
-
-    return engine
+T = TypeVar("T")
 
 
 def migrations_dir() -> Path:
@@ -105,13 +68,34 @@ def _is_busy(exc: OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-class Database:
-    """The writer connection and the readers of one catalog."""
+def _unreachable(exc: DBAPIError) -> bool:
+    """A lost or refused connection (libpq reports no SQLSTATE then), or a server going down."""
+    state = sqlstate(exc)
+    return bool(exc.connection_invalidated) or (
+        isinstance(exc, OperationalError)
+        and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
+    )
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self.url = url
-        self._writer = make_engine(url, writer=True, busy_timeout_ms=busy_timeout_ms)
-        self._reader = make_engine(url, busy_timeout_ms=busy_timeout_ms)
+
+class Database:
+    """The writers and the readers of one catalog (SQLite or PostgreSQL)."""
+
+    #: How many times :meth:`transact` runs a write again after a deadlock or serialization
+    #: failure (PostgreSQL), with a short random backoff.
+    RETRIES = 8
+
+    def __init__(
+        self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, name: str = "tierd"
+    ) -> None:
+        self.url = normalize_url(url)
+        self.backend = backend_of(self.url)
+        #: SQLite: one writer connection, and this process the only writer (its CatalogLock);
+        #: PostgreSQL: many writers, here and on other hosts.
+        self.single_writer = self.backend == SQLITE
+        self._writer = make_engine(
+            self.url, writer=True, busy_timeout_ms=busy_timeout_ms, name=name
+        )
+        self._reader = make_engine(self.url, busy_timeout_ms=busy_timeout_ms, name=name)
         self._write_lock = threading.Lock()
         # Bumped by every committed write that may change where or what a file is; caches of
         # records are valid while it stands still (see Catalog's cached reads).
@@ -126,6 +110,15 @@ class Database:
     #: Most files with their own write counter; past it the counters restart (see stamp).
     FILE_GENERATIONS_MAX = 65_536
 
+    @property
+    def caches_records(self) -> bool:
+        """Whether records may be kept in memory across requests (see Catalog's cached reads).
+
+        Only where this process is the catalog's only writer: on PostgreSQL another host may
+        move or rewrite a file at any moment, and nothing here would hear of it.
+        """
+        return self.single_writer
+
     @contextmanager
     def write(
         self, *, changes_files: bool = True, files: Collection[int] | None = None
@@ -136,13 +129,24 @@ class Database:
         access counters), so cached records stay valid across them. ``files`` narrows a write
         that changes files to the records with these ids: it must change no other record and
         no relpath (a move's claim, switch or release), so cached records of other files, and
-        which record a relpath names, stay valid across it.
+        which record a relpath names, stay valid across it. Both only matter where records are
+        cached (:attr:`caches_records`).
+
+        On PostgreSQL the body must lock the rows it decides on (see
+        :mod:`tiering.catalog.backends`); use :meth:`transact` to have lost deadlocks retried.
 
         Raises
         ------
         CatalogBusy
-            When another process held the database past ``busy_timeout``.
+            When another writer held the database (SQLite) or a row (PostgreSQL) past
+            ``busy_timeout``.
+        Unavailable
+            PostgreSQL cannot be reached.
         """
+        if not self.single_writer:
+            with self._postgresql_errors(), self._write_sessions() as session, session.begin():
+                yield session
+            return
         ids = tuple(files) if changes_files and files is not None else None
         with self._write_lock:
             try:
@@ -166,6 +170,61 @@ class Database:
                     ) from exc
                 raise
 
+    def transact(
+        self,
+        body: Callable[[Session], T],
+        *,
+        changes_files: bool = True,
+        files: Collection[int] | None = None,
+        retry_unique: bool = False,
+        may_retry: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``body`` in a :meth:`write` transaction and return what it returns.
+
+        On PostgreSQL a transaction that lost a deadlock or a serialization failure rolled back
+        whole, and runs again (up to :attr:`RETRIES` times). ``retry_unique`` also retries a
+        unique violation: two hosts inserting the same row at once (the body must find the
+        other's row the second time). ``may_retry`` is asked before each retry, for a body
+        with effects outside the database (it says False once they happened). SQLite never
+        needs a retry: its one writer waits for the database up front.
+        """
+        attempt = 0
+        while True:
+            try:
+                with self.write(changes_files=changes_files, files=files) as session:
+                    return body(session)
+            except DBAPIError as exc:
+                state = sqlstate(exc)
+                retryable = state in (DEADLOCK, SERIALIZATION_FAILURE) or (
+                    retry_unique and state == UNIQUE_VIOLATION
+                )
+                if not retryable or (may_retry is not None and not may_retry()):
+                    raise
+                if attempt >= self.RETRIES:
+                    raise CatalogBusy(
+                        f"a catalog write kept conflicting with other writers ({state}); try again"
+                    ) from exc
+            attempt += 1
+            # Random, so two writers that deadlocked do not meet again at once.
+            time.sleep(random.uniform(0.0, 0.002 * (2 ** min(attempt, 6))))
+
+    @contextmanager
+    def _postgresql_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            state = sqlstate(exc)
+            if state in (LOCK_TIMEOUT, QUERY_CANCELED):
+                raise CatalogBusy(
+                    "a catalog row stayed locked by another writer past busy_timeout; try again"
+                ) from exc
+            if _unreachable(exc):
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+                raise Unavailable(
+                    f"the catalog database {redact(self.url)} cannot be reached: {reason}"
+                ) from exc
+            raise
+
     def _bump_files(self, files: Collection[int], *, before: bool) -> None:
         """Called holding the write lock, before and after a scoped write."""
         gens = self._file_generations
@@ -185,6 +244,10 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
+        if not self.single_writer:
+            with self._postgresql_errors(), self._read_sessions() as session, session.begin():
+                yield session
+            return
         try:
             with self._read_sessions() as session, session.begin():
                 yield session

@@ -3,6 +3,11 @@
 Every change here is a compare-and-set inside one write transaction: on the record's state and
 generation, and on the intent's phase. A claim does not bump the generation; everything that
 changes a file's place or content does, so a move loses to any such change that slips in.
+
+On PostgreSQL, where movers on several hosts write at once, each transaction locks the file's
+record before it reads it, then the intent's row (the same order everywhere, so two of them
+wait for each other rather than deadlock): the compare-and-set reads the last committed values,
+and of two claims of one file the second waits for the first and sees it ``migrating``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from tiering.catalog.backends import FOR_WRITE, relax_commit
 from tiering.catalog.db import Database
 from tiering.catalog.models import (
     FileRecord,
@@ -35,6 +42,16 @@ def temp_name_for(file_id: int, intent_id: int) -> str:
 def _files(intent: Migration) -> tuple[int, ...] | None:
     """What a write of ``intent``'s file changes: its record alone (None: unknown, so all)."""
     return None if intent.file_id is None else (intent.file_id,)
+
+
+def _locked(s: Session, intent: Migration) -> tuple[FileRecord | None, Migration | None]:
+    """The intent's file record and its row, locked in that order (see the module docstring)."""
+    rec = (
+        s.get(FileRecord, intent.file_id, with_for_update=FOR_WRITE)
+        if intent.file_id is not None
+        else None
+    )
+    return rec, s.get(Migration, intent.id, with_for_update=FOR_WRITE)
 
 
 @dataclass(frozen=True)
@@ -72,9 +89,9 @@ class Journal:
             It is already on ``dst_tier``.
         """
         now = time.time() if now is None else now
-        # The write changes this file's record alone: every other cached record stays valid.
-        with self.db.write(files=(file_id,)) as s:
-            rec = s.get(FileRecord, file_id)
+
+        def body(s: Session) -> tuple[Migration, FileRecord]:
+            rec = s.get(FileRecord, file_id, with_for_update=FOR_WRITE)
             if rec is None:
                 raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
             if rec.state == FileState.MIGRATING:
@@ -116,6 +133,9 @@ class Journal:
             s.flush()
             return intent, rec
 
+        # The write changes this file's record alone: every other cached record stays valid.
+        return self.db.transact(body, files=(file_id,))
+
     def switch(
         self,
         intent: Migration,
@@ -132,9 +152,9 @@ class Journal:
         and the intent still ``copying``. ``committed`` is False when someone else won.
         """
         now = time.time() if now is None else now
-        with self.db.write(files=_files(intent)) as s:
-            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
-            row = s.get(Migration, intent.id)
+
+        def body(s: Session) -> SwitchOutcome:
+            rec, row = _locked(s, intent)
             if (
                 rec is None
                 or row is None
@@ -157,14 +177,23 @@ class Journal:
             s.flush()
             return SwitchOutcome(True, rec)
 
+        return self.db.transact(body, files=_files(intent))
+
     def finish(self, intent_id: int, *, error: str | None = None, now: float | None = None) -> None:
         """Step 10: a switched intent becomes ``done``."""
-        with self.db.write(changes_files=False) as s:  # the intent's row only
-            row = s.get(Migration, intent_id)
+
+        def body(s: Session) -> None:
+            if not self.db.single_writer:
+                # Losing ``done`` in a crash is harmless: recovery finds the intent switched,
+                # finds the source gone, and marks it done again.
+                relax_commit(s)
+            row = s.get(Migration, intent_id, with_for_update=FOR_WRITE)
             if row is not None and row.phase == MigrationPhase.SWITCHED:
                 row.phase = MigrationPhase.DONE
                 row.error = error
                 row.finished_at = time.time() if now is None else now
+
+        self.db.transact(body, changes_files=False)  # the intent's row only
 
     def release(
         self,
@@ -179,19 +208,22 @@ class Journal:
     ) -> bool:
         """Close a ``copying`` intent that did not switch (aborted or failed).
 
-        The record gets ``state`` back only if the intent still owns it (state ``migrating`` at
-        the intent's generation); returns whether it did.
+        The record gets ``state`` back only if the intent still owns it: the intent is still
+        open, and the record ``migrating`` at the intent's generation. (A claim keeps the
+        generation, so an intent that someone else closed must not free the record of the
+        intent that claimed the file after it.) Returns whether it did.
         """
         now = time.time() if now is None else now
-        with self.db.write(files=_files(intent)) as s:
-            row = s.get(Migration, intent.id)
-            if row is not None and row.phase in MigrationPhase.OPEN:
-                row.phase = phase
-                row.error = error
-                row.finished_at = now
-                if bytes_copied is not None:
-                    row.bytes_copied = bytes_copied
-            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
+
+        def body(s: Session) -> bool:
+            rec, row = _locked(s, intent)
+            if row is None or row.phase not in MigrationPhase.OPEN:
+                return False
+            row.phase = phase
+            row.error = error
+            row.finished_at = now
+            if bytes_copied is not None:
+                row.bytes_copied = bytes_copied
             if (
                 rec is not None
                 and rec.state == FileState.MIGRATING
@@ -202,6 +234,8 @@ class Journal:
                 rec.updated_at = now
                 return True
             return False
+
+        return self.db.transact(body, files=_files(intent))
 
     def relocate(
         self,
@@ -220,13 +254,13 @@ class Journal:
         ``mtime_ns`` and ``etag`` are the kept copy's, when recovery looked at it.
         """
         now = time.time() if now is None else now
-        with self.db.write() as s:
-            row = s.get(Migration, intent.id)
+
+        def body(s: Session) -> None:
+            rec, row = _locked(s, intent)
             if row is not None:
                 row.phase = phase
                 row.error = error
                 row.finished_at = now
-            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
             if rec is not None:
                 if rec.tier != tier:
                     rec.tier = tier
@@ -240,38 +274,53 @@ class Journal:
                 rec.detail = None
                 rec.updated_at = now
 
+        self.db.transact(body)
+
     def quarantine(self, intent: Migration, *, error: str, now: float | None = None) -> None:
         """Recovery could not decide: the file is quarantined, the intent failed."""
         now = time.time() if now is None else now
-        with self.db.write() as s:
-            row = s.get(Migration, intent.id)
+
+        def body(s: Session) -> None:
+            rec, row = _locked(s, intent)
             if row is not None:
                 row.phase = MigrationPhase.FAILED
                 row.error = error
                 row.finished_at = now
-            rec = s.get(FileRecord, intent.file_id) if intent.file_id is not None else None
             if rec is not None:
                 rec.state = FileState.QUARANTINED
                 rec.detail = error
                 rec.updated_at = now
 
+        self.db.transact(body)
+
     def unstick(self, now: float | None = None) -> list[int]:
         """Records left ``migrating`` with no open intent (never expected) go back to stable."""
         now = time.time() if now is None else now
-        with self.db.write() as s:
-            owned = owned_file_ids()
+
+        def body(s: Session) -> list[int]:
             stuck = list(
                 s.scalars(
-                    select(FileRecord).where(
-                        FileRecord.state == FileState.MIGRATING, FileRecord.id.not_in(owned)
+                    select(FileRecord)
+                    .where(
+                        FileRecord.state == FileState.MIGRATING,
+                        FileRecord.id.not_in(owned_file_ids()),
                     )
+                    .order_by(FileRecord.id)
+                    .with_for_update(**FOR_WRITE)
                 )
             )
+            # Under READ COMMITTED the subquery above read intents as they were when the
+            # statement began: a claim that committed while we waited for its record's lock
+            # shows here, and that record is not stuck.
+            owned = set(s.scalars(owned_file_ids()))
+            stuck = [r for r in stuck if r.id not in owned and r.state == FileState.MIGRATING]
             for rec in stuck:
                 rec.state = FileState.STABLE
                 rec.detail = None
                 rec.updated_at = now
             return [r.id for r in stuck]
+
+        return self.db.transact(body)
 
     # -- pins --------------------------------------------------------------------------------
     def pin(self, file_id: int, tier: str | None) -> FileRecord:
@@ -281,10 +330,14 @@ class Journal:
     def pin_many(self, file_ids: Sequence[int], tier: str | None) -> list[FileRecord]:
         """Pin (or unpin) every file of ``file_ids`` in one transaction: all, or none when one
         is missing or busy (a model's files are pinned together)."""
-        out: list[FileRecord] = []
-        with self.db.write() as s:
+
+        def body(s: Session) -> list[FileRecord]:
+            q = select(FileRecord).where(FileRecord.id.in_(list(file_ids)))
+            q = q.order_by(FileRecord.id).with_for_update(**FOR_WRITE)
+            locked = {r.id: r for r in s.scalars(q)}
+            out: list[FileRecord] = []
             for file_id in file_ids:
-                rec = s.get(FileRecord, file_id)
+                rec = locked.get(file_id)
                 if rec is None:
                     raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
                 if tier is not None and rec.state == FileState.MIGRATING:
@@ -304,7 +357,9 @@ class Journal:
                 rec.pinned_tier = tier
                 out.append(rec)
             s.flush()
-        return out
+            return out
+
+        return self.db.transact(body)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, intent_id: int) -> Migration | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from tiering.catalog.db import Database
 from tiering.catalog.models import PolicyVersion
@@ -41,7 +42,8 @@ class PolicyStore:
     def save(self, document: dict[str, Any], *, author: str | None = None) -> StoredPolicy:
         """Store ``document`` as the next version (the caller validated it)."""
         now = time.time()
-        with self.db.write() as s:
+
+        def body(s: Session) -> int:
             version = int(s.scalar(select(func.max(PolicyVersion.version))) or 0) + 1
             s.add(
                 PolicyVersion(
@@ -51,4 +53,10 @@ class PolicyStore:
                     author=author,
                 )
             )
+            s.flush()
+            return version
+
+        # Two hosts saving at once pick the same number: the second runs again and takes the
+        # next one (the version is the primary key).
+        version = self.db.transact(body, retry_unique=True)
         return StoredPolicy(version, document, now, author)

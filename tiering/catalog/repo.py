@@ -6,10 +6,14 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import BigInteger, Table, bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
 
+from tiering.catalog.backends import FOR_DELETE, FOR_WRITE, decayed_heat, relax_commit
 from tiering.catalog.db import Database
 from tiering.catalog.models import FileRecord, FileState, owned_file_ids
 from tiering.errors import FileNotFound
@@ -42,8 +46,10 @@ def _escape_like(prefix: str) -> str:
 class Catalog:
     """File records over one :class:`Database`.
 
-    Reads may run on any thread; writes are serialised by the database's single writer.
-    Returned records are detached snapshots: changing them changes nothing.
+    Reads may run on any thread. Writes are serialised by SQLite's single writer; on
+    PostgreSQL each locks the records it decides on first (in id order where it takes several),
+    so writers on other hosts wait for it rather than both win. Returned records are detached
+    snapshots: changing them changes nothing.
     """
 
     def __init__(self, db: Database) -> None:
@@ -68,6 +74,7 @@ class Catalog:
 
     def lookup(self, relpath: str, *, cached: bool = False) -> FileRecord:
         """One record by relpath; ``cached`` as for :meth:`get`."""
+        cached = cached and self.db.caches_records
         if cached:
             # Which record a relpath names changes only with writes that bump the global
             # generation; the record itself comes from the per-file cache.
@@ -91,15 +98,22 @@ class Catalog:
     # read path keeps records here, each valid while no write that may change it has committed
     # since it was read: any write that changes files without naming them, or one naming it
     # (Database.stamp). A move names its file, so it leaves every other record cached.
+    # Only where this process is the only writer (Database.caches_records): on PostgreSQL
+    # another host's move or upload would leave a kept record stale, and a stale generation
+    # would serve an old resident copy; there every read asks the database (one round trip).
     _CACHE_MAX = 65_536
 
     def _cache_get(self, file_id: int) -> FileRecord | None:
+        if not self.db.caches_records:
+            return None
         hit = self._cache.get(file_id)
         if hit is None or hit[1] != self.db.stamp(file_id):
             return None
         return hit[0]
 
     def _cache_put(self, file_id: int, rec: FileRecord, stamp: tuple[int, int]) -> None:
+        if not self.db.caches_records:
+            return
         if stamp[0] % 2 or stamp[1] % 2:  # read while a write was in progress: don't keep it
             return
         self._trim(self._cache)
@@ -171,14 +185,16 @@ class Catalog:
         A record owned by a migration is left alone, and its slot in the result is None.
         """
         now = time.time() if now is None else now
-        out: list[FileRecord | None] = []
-        with self.db.write() as s:
-            existing = {
-                r.relpath: r
-                for r in s.scalars(
-                    select(FileRecord).where(FileRecord.relpath.in_([n.relpath for n in news]))
-                )
-            }
+
+        def body(s: Session) -> list[FileRecord | None]:
+            out: list[FileRecord | None] = []
+            q = (
+                select(FileRecord)
+                .where(FileRecord.relpath.in_([n.relpath for n in news]))
+                .order_by(FileRecord.id)
+                .with_for_update(**FOR_WRITE)
+            )
+            existing = {r.relpath: r for r in s.scalars(q)}
             for new in news:
                 rec = existing.get(new.relpath)
                 if rec is not None and rec.state == FileState.MIGRATING:
@@ -207,7 +223,11 @@ class Catalog:
                 rec.updated_at = now
                 out.append(rec)
             s.flush()
-        return out
+            return out
+
+        # Another host may insert one of these relpaths first: then this runs again and
+        # updates its record instead.
+        return self.db.transact(body, retry_unique=True)
 
     def find_many(self, relpaths: Sequence[str]) -> dict[str, FileRecord]:
         out: dict[str, FileRecord] = {}
@@ -245,12 +265,17 @@ class Catalog:
         same bytes moments ago, or bytes the rename replaced. None when ``keep_id`` is gone or a
         migration owns either record."""
         now = time.time()
-        with self.db.write() as s:
-            rec = s.get(FileRecord, keep_id)
-            busy = set(s.scalars(owned_file_ids()))
-            if rec is None or rec.state == FileState.MIGRATING or rec.id in busy:
+
+        def body(s: Session) -> FileRecord | None:
+            # FOR UPDATE, not NO KEY: the relpath is a key (unique), and it changes.
+            rec = s.get(FileRecord, keep_id, with_for_update=FOR_DELETE)
+            if rec is None or rec.state == FileState.MIGRATING:
                 return None
-            other = s.scalar(select(FileRecord).where(FileRecord.relpath == new.relpath))
+            q = select(FileRecord).where(FileRecord.relpath == new.relpath)
+            other = s.scalar(q.with_for_update(**FOR_DELETE))
+            busy = set(s.scalars(owned_file_ids()))
+            if rec.id in busy:
+                return None
             if other is not None and other.id != rec.id:
                 if other.state == FileState.MIGRATING or other.id in busy:
                     return None
@@ -269,20 +294,36 @@ class Catalog:
             s.flush()
             return rec
 
+        return self.db.transact(body, retry_unique=True)
+
     def purge_missing(self) -> int:
         """Delete the records of files that are gone from disk; returns how many."""
-        with self.db.write() as s:
+
+        def body(s: Session) -> int:
+            # Under READ COMMITTED a record that a scan made stable meanwhile is re-checked
+            # against the condition after its lock is free, and stays.
             res = s.execute(delete(FileRecord).where(FileRecord.state == FileState.MISSING))
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+        return self.db.transact(body)
 
     def set_state(self, file_ids: Iterable[int], state: str, detail: str | None = None) -> int:
         """Flag files (missing, conflict) as scan found them. Files a migration owns are left
         alone, checked in the same transaction: between a move's publish and its source unlink a
         file is briefly on two tiers, which is the mover's business, not a conflict."""
-        ids = list(file_ids)
+        ids = sorted(set(file_ids))
         if not ids:
             return 0
-        with self.db.write() as s:
+
+        def body(s: Session) -> int:
+            # Lock in id order first, as every multi-record write does (no deadlock among them);
+            # a claim that committed meanwhile shows as ``migrating`` below.
+            s.execute(
+                select(FileRecord.id)
+                .where(FileRecord.id.in_(ids))
+                .order_by(FileRecord.id)
+                .with_for_update(**FOR_WRITE)
+            )
             res = s.execute(
                 update(FileRecord)
                 .where(
@@ -294,6 +335,8 @@ class Catalog:
             )
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
+        return self.db.transact(body)
+
     def delete(
         self,
         file_id: int,
@@ -301,31 +344,85 @@ class Catalog:
         generation: int | None = None,
         before_commit: Callable[[FileRecord], object] | None = None,
     ) -> bool:
-        """Remove a record; with ``generation``, only if it is still at that generation.
+        """Remove a record; with ``generation``, only if it is still at that generation. A record
+        a migration owns is never removed (False): its mover, perhaps on another host, is
+        copying it.
 
-        ``before_commit`` runs inside the write transaction, after the write lock is held: if it
-        raises, the record stays. Deleting a file's bytes there means a busy catalog can never
-        leave bytes deleted under a live record.
+        ``before_commit`` runs inside the write transaction, with the record locked (SQLite's
+        write lock, or its row on PostgreSQL): if it raises, the record stays. Deleting a file's
+        bytes there means a busy catalog can never leave bytes deleted under a live record.
         """
-        with self.db.write() as s:
-            rec = s.get(FileRecord, file_id)
+        unlinked = False
+
+        def body(s: Session) -> bool:
+            nonlocal unlinked
+            rec = s.get(FileRecord, file_id, with_for_update=FOR_DELETE)
             if rec is None or (generation is not None and rec.generation != generation):
+                return False
+            if rec.state == FileState.MIGRATING or rec.id in set(s.scalars(owned_file_ids())):
                 return False
             s.delete(rec)
             s.flush()
             if before_commit is not None:
+                unlinked = True
                 before_commit(rec)
             return True
 
+        # Never run twice once the bytes are gone: the record is then left for scan to flag.
+        return self.db.transact(body, may_retry=lambda: not unlinked)
+
     def record_accesses(self, counts: Mapping[int, int], *, now: float, half_life_s: float) -> None:
-        """Add accesses in one batch: decay each file's heat to ``now``, then add the count."""
+        """Add accesses in one batch: decay each file's heat to ``now``, then add the count.
+
+        Rows are updated in id order, so two hosts flushing overlapping batches wait for each
+        other rather than deadlock (and transact() retries one that did). On PostgreSQL the
+        batch is one statement over arrays, one round trip, and its commit does not wait for
+        the WAL flush: RELIABILITY.md lets access counters be written with ``NORMAL``, so a
+        crash may lose the last flush, never corrupt anything.
+        """
         if not counts:
             return
-        params = [{"fid": fid, "n": n, "now": now, "hl": half_life_s} for fid, n in counts.items()]
-        with self.db.write(changes_files=False) as s:
-            s.connection().exec_driver_sql(
-                "UPDATE files SET heat = tierd_decay(heat, heat_at, :now, :hl) + :n, "
-                "heat_at = :now, access_count = access_count + :n, last_access = :now "
-                "WHERE id = :fid",
-                params,
+        ordered = sorted(counts.items())
+        t = cast(Table, FileRecord.__table__)
+        heat = partial(decayed_heat, self.db.backend, t.c.heat, t.c.heat_at)
+        common = {"now": now, "hl": half_life_s}
+        if self.db.single_writer:
+            n = bindparam("n", type_=BigInteger)
+            stmt = (
+                update(t)
+                .where(t.c.id == bindparam("fid"))
+                .values(
+                    heat=heat() + n,
+                    heat_at=bindparam("now"),
+                    access_count=t.c.access_count + n,
+                    last_access=bindparam("now"),
+                )
             )
+            params: Any = [{"fid": fid, "n": k} | common for fid, k in ordered]
+        else:
+            v = (
+                func.unnest(
+                    bindparam("ids", type_=ARRAY(BigInteger)),
+                    bindparam("ns", type_=ARRAY(BigInteger)),
+                )
+                .table_valued("id", "n")
+                .render_derived(name="v")
+            )
+            stmt = (
+                update(t)
+                .where(t.c.id == v.c.id)
+                .values(
+                    heat=heat() + v.c.n,
+                    heat_at=bindparam("now"),
+                    access_count=t.c.access_count + v.c.n,
+                    last_access=bindparam("now"),
+                )
+            )
+            params = {"ids": [f for f, _ in ordered], "ns": [k for _, k in ordered]} | common
+
+        def body(s: Session) -> None:
+            if not self.db.single_writer:
+                relax_commit(s)
+            s.connection().execute(stmt, params)
+
+        self.db.transact(body, changes_files=False)

@@ -50,7 +50,7 @@ class LoaderConfig:
         How long finished jobs stay visible.
     gpu_cache_bytes, gpu_cache_idle_s:
         Released GPU buffers kept for reuse, per device, and for how long (see
-        :class:`~tiering.io.buffers.BufferPool`); always within the budget. None (the
+        :class:`~tiering.io.bufferpool.BufferPool`); always within the budget. None (the
         default) keeps up to the budget itself: idle buffers are tierd's own budget, freed
         the moment a new lease needs the room and after ``gpu_cache_idle_s``. A cap below a
         model's shard size would make every reload of that shard pay ``cudaMalloc`` and a

@@ -19,7 +19,7 @@ from tiering.engine import Engine
 from tiering.errors import BackendUnavailable, InvalidDevice, InvalidInput
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
 from tiering.io._device import import_cupy
-from tiering.io.buffers import BufferPool
+from tiering.io.bufferpool import BufferPool
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation

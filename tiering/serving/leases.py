@@ -26,7 +26,8 @@ from typing import Any
 
 from tiering.errors import BufferNotFound, InsufficientSpace, InvalidInput
 from tiering.io import Device, IoReport
-from tiering.io.buffers import BufferPool, DeviceBuffer
+from tiering.io.bufferpool import BufferPool
+from tiering.io.buffers import DeviceBuffer
 from tiering.periodic import Periodic
 
 __all__ = ["Holding", "Lease", "LeaseTable", "Reservation"]
