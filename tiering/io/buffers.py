@@ -59,8 +59,9 @@ SHM_PREFIX = "tierd-"
 
 
 def idle_prefix() -> str:
-    """The name prefix of released segments waiting in a :class:`~tiering.io.bufferpool.BufferPool` for their next
-    lease: no lease's name ever opens them."""
+    """The name prefix of released segments waiting in a
+    :class:`~tiering.io.bufferpool.BufferPool` for their next lease: no lease's name ever
+    opens them."""
     return f"{SHM_PREFIX}{os.getpid()}-idle-"
 
 
@@ -110,7 +111,8 @@ class DeviceBuffer(ABC):
         """Wait until every write into the buffer has landed (a GPU's copies are async)."""
 
     def park(self) -> bool:
-        """Get ready to wait in a :class:`~tiering.io.bufferpool.BufferPool`; False when it cannot (then free it)."""
+        """Get ready to wait in a :class:`~tiering.io.bufferpool.BufferPool`; False when it
+        cannot (then free it)."""
         return True
 
     def unpark(self) -> bool:
