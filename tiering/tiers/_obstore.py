@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from tiering.errors import FileChanged, StorageError, TierUnavailable
-from tiering.tiers._s3 import backoff, quote_etag
+from tiering.tiers._s3 import backoff, gave_up, quote_etag
 
 __all__ = ["ObstoreGets", "obstore_module", "usable_here"]
 
@@ -138,12 +138,7 @@ class ObstoreGets:
                 # A 5xx, a refused or dropped connection, a timeout, or a body cut short.
                 attempt += 1
                 if attempt >= self.max_attempts:
-                    raise TierUnavailable(
-                        f"tier {self.tier}: read {where} failed {attempt} times, last with "
-                        f"{type(exc).__name__}",
-                        tier=self.tier,
-                        reason="unavailable",
-                    ) from exc
+                    raise gave_up(self.tier, where, attempt, exc) from exc
                 log.info("tier %s: retrying a read of %s after %s", self.tier, where, exc)
                 time.sleep(backoff(attempt))
                 continue

@@ -240,6 +240,15 @@ def unavailable(
     )
 
 
+def gave_up(tier: str, where: str, attempts: int, exc: BaseException) -> TierUnavailable:
+    """The error of a read that failed ``attempts`` times in a row (the last with ``exc``)."""
+    return TierUnavailable(
+        f"tier {tier}: read {where} failed {attempts} times, last with {type(exc).__name__}",
+        tier=tier,
+        reason="unavailable",
+    )
+
+
 def translate(tier: str, action: str, where: str, exc: BaseException) -> TierdError:
     """A failed request (after botocore's retries) as tierd's error. ``where`` is an s3:// URL."""
     if isinstance(exc, TierdError):

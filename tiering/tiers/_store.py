@@ -17,7 +17,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.config import TierConfig
-from tiering.errors import FileChanged, TierUnavailable
+from tiering.errors import FileChanged
 from tiering.tiers._base import Stat
 from tiering.tiers._object_reads import ENGINES, Rings, kvikio_remote
 from tiering.tiers._obstore import ObstoreGets, obstore_module, usable_here
@@ -26,6 +26,7 @@ from tiering.tiers._s3 import (
     backoff,
     error_code,
     error_status,
+    gave_up,
     make_client,
     mtime_ns,
     parse_endpoint,
@@ -203,11 +204,7 @@ class S3Store:
             except STREAM_ERRORS as exc:
                 attempt += 1
                 if attempt >= self.max_attempts:
-                    raise TierUnavailable(
-                        f"tier {self.name}: read {where} failed {attempt} times, last with "
-                        f"{type(exc).__name__}",
-                        tier=self.name,
-                    ) from exc
+                    raise gave_up(self.name, where, attempt, exc) from exc
                 log.info("tier %s: resuming a read of %s after %s", self.name, where, exc)
                 time.sleep(backoff(attempt))
             finally:
