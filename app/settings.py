@@ -206,6 +206,19 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on")
+    advertise_url: str = Field(
+        default="",
+        max_length=1024,
+        pattern=r"^(https?://\S+)?$",
+        description="URL other hosts and schedulers reach this host's API at, shown in the "
+        "fleet's table of hosts; default http://<hostname>:<port>",
+    )
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, description="How often this host stamps its heartbeat in the catalog"
+    )
+    host_timeout_s: float = Field(
+        default=30.0, gt=0, description="Heartbeat age past which a host is shown down"
+    )
     admin_token: str | None = Field(default=None, description="Bearer token for every route")
     data_token: str | None = Field(default=None, description="Bearer token for data routes")
     half_life_s: float = Field(default=86_400.0, gt=0, description="Heat half-life in seconds")
@@ -333,6 +346,9 @@ class Settings(BaseSettings):
             host_id=self.host_id,
             memory_floor_bytes=self.memory_floor_bytes,
             memory_pressure_interval_s=self.memory_pressure_interval_s,
+            advertise_url=self.advertise_url or f"http://{socket.gethostname()}:{self.port}",
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            host_timeout_s=self.host_timeout_s,
         )
 
 

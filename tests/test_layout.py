@@ -31,6 +31,7 @@ RANKS: dict[str, int] = {
     "tiering.moves": 4,
     "tiering.sync": 5,
     "tiering.placement": 5,
+    "tiering.fleet": 5,
     "tiering.engine": 6,
     "tiering.serving": 7,
     "tiering.bench": 8,

@@ -81,6 +81,12 @@ class EngineConfig:
     host_id: str = field(default_factory=socket.gethostname)
     memory_floor_bytes: int | None = None
     memory_pressure_interval_s: float = 1.0
+    # The fleet (hosts sharing a catalog): the URL this host's API is reached at, published in
+    # its row of the hosts table ("" leaves the engine unregistered: a library use with no API),
+    # how often its heartbeat is stamped, and the age past which a host is shown down.
+    advertise_url: str = ""
+    heartbeat_interval_s: float = 5.0
+    host_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)

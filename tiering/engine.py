@@ -20,6 +20,7 @@ from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.errors import Conflict, FileBusy, FileNotFound, NotFound, Unavailable
+from tiering.fleet import Heartbeat, host_database
 from tiering.moves import (
     Claim,
     Content,
@@ -91,8 +92,7 @@ class Engine:
         self._files: FileOps | None = None
         self._scheduler: Scheduler | None = None
         self.watcher: TierWatcher | None = None
-        # Built now, not at open: heat and quotas are asked for before the catalog opens, and
-        # get the built-in default until then.
+        # Built now: heat and quotas are asked for before the catalog opens (default until then).
         self._policy = CurrentPolicy(
             config.tier_names(),
             half_life_s=config.half_life_s,
@@ -120,14 +120,14 @@ class Engine:
             self.memory.tier.check()  # its quota against RLIMIT_MEMLOCK and the host's RAM
         if upgrade_schema:
             upgrade(self.config.catalog_url)
-        self.db = Database(self.config.catalog_url, busy_timeout_ms=self.config.busy_timeout_ms)
+        self.db = host_database(self.config, self.tiers)
         self._catalog = Catalog(self.db)
         self.access = AccessTracker(
             self._catalog,
             half_life_s=self.config.half_life_s,
             interval_s=self.config.access_flush_interval_s,
         )
-        self._journal = Journal(self.db)
+        self._journal = Journal(self.db, host=self.config.host_id)
         self._policy.store = PolicyStore(self.db)
         self._mover = Mover(
             self._catalog,
@@ -183,6 +183,7 @@ class Engine:
                 self.last_scan = scan(self.catalog, self.tiers)
             assert self.access is not None
             self.access.start()
+            self.heartbeat = Heartbeat.start_for(self.catalog.db, self.tiers, self.config)  # fleet
             if scheduler:
                 assert self._scheduler is not None
                 self._scheduler.start()
@@ -198,8 +199,9 @@ class Engine:
             ("watcher", "stopping the file watcher"),
             ("_scheduler", "stopping the migration scheduler"),
             ("access", "the final flush of access counts"),
+            ("heartbeat", "stopping the heartbeat"),
         ):
-            part = getattr(self, attr)
+            part = getattr(self, attr, None)  # the heartbeat is set only once started
             if part is None:
                 continue
             try:
@@ -365,7 +367,7 @@ class Engine:
         """The moves ``policy`` (default: the one in force) would make now: a dry run."""
         policy = (policy or self.policy()).without(self.tiers.caches)  # storage tiers only
         now = time.time() if now is None else now
-        return plan(self.catalog.all(), policy, self.tier_states(), now)
+        return plan(self.catalog.actionable(), policy, self.tier_states(), now)
 
     def explain(
         self, file_id: int, now: float | None = None, *, scheduler: bool | None = None
@@ -385,7 +387,7 @@ class Engine:
             scheduler = self._scheduler is not None and self._scheduler.running
         flight = {m.file_id: m.id for m in self.journal.open_intents() if m.file_id is not None}
         for d in decide(
-            self.catalog.all(),
+            self.catalog.actionable(),
             self.policy().without(self.tiers.caches),
             self.tier_states(),
             now,
@@ -455,8 +457,7 @@ class Engine:
                 report.skipped.append((move, exc.message))
                 continue
             report.claimed.append(claim)
-            # A failure is recorded on the claim and in the journal.
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # recorded on the claim and in the journal
                 self.mover.run(claim)
         return report
 

@@ -101,7 +101,14 @@ def test_both_backends_get_the_same_tables_and_columns(tmp_path: Path, pg_empty_
     upgrade(sqlite_url)
     upgrade(pg_empty_url)
     on_sqlite, on_postgresql = _schema(sqlite_url), _schema(pg_empty_url)
-    assert set(on_sqlite) == {"alembic_version", "copies", "files", "migrations", "policy_versions"}
+    assert set(on_sqlite) == {
+        "alembic_version",
+        "copies",
+        "files",
+        "hosts",
+        "migrations",
+        "policy_versions",
+    }
     assert on_postgresql == on_sqlite
 
 
@@ -120,5 +127,5 @@ def test_hosts_upgrading_at_once_upgrade_once(pg_empty_url: str) -> None:
     ]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
-    assert run_sql(pg_empty_url, "SELECT version_num FROM alembic_version") == [("0005",)]
+    assert run_sql(pg_empty_url, "SELECT version_num FROM alembic_version") == [("0007",)]
     assert len(run_sql(pg_empty_url, "SELECT 1 FROM pg_tables WHERE tablename = 'files'")) == 1

@@ -85,9 +85,19 @@ class Database:
     RETRIES = 8
 
     def __init__(
-        self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, name: str = "tierd"
+        self,
+        url: str,
+        *,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        name: str = "tierd",
+        host: str | None = None,
+        shared_tiers: Collection[str] = (),
     ) -> None:
         self.url = normalize_url(url)
+        #: This host's id, written on the records of files it places on its own tiers, and the
+        #: tiers every host shares (object stores), whose records name no host.
+        self.host = host
+        self.shared_tiers = frozenset(shared_tiers)
         self.backend = backend_of(self.url)
         #: SQLite: one writer connection, and this process the only writer (its CatalogLock);
         #: PostgreSQL: many writers, here and on other hosts.
@@ -106,6 +116,10 @@ class Database:
         self._file_generations: dict[int, int] = {}
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(self._reader, expire_on_commit=False)
+
+    def owner_of(self, tier: str) -> str | None:
+        """The host to record on a file placed on ``tier`` (None: a shared tier)."""
+        return None if tier in self.shared_tiers else self.host
 
     #: Most files with their own write counter; past it the counters restart (see stamp).
     FILE_GENERATIONS_MAX = 65_536

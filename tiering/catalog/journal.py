@@ -8,15 +8,22 @@ On PostgreSQL, where movers on several hosts write at once, each transaction loc
 record before it reads it, then the intent's row (the same order everywhere, so two of them
 wait for each other rather than deadlock): the compare-and-set reads the last committed values,
 and of two claims of one file the second waits for the first and sees it ``migrating``.
+
+Each intent names the host that claimed it (``Migration.host``). Hosts share a catalog but not
+their directory tiers, and a move's temp lives on its destination: only the claiming host can
+settle what a crash left, so recovery reads :meth:`Journal.own_open_intents` alone. A file
+owned by another host's open intent stays busy for everyone (scan, the watcher, claims): it is
+in flight, whoever moves it.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiering.catalog.backends import FOR_WRITE, relax_commit
@@ -61,10 +68,20 @@ class SwitchOutcome:
 
 
 class Journal:
-    """Migration intents and history over one :class:`Database`."""
+    """Migration intents and history over one :class:`Database`.
 
-    def __init__(self, db: Database) -> None:
+    Parameters
+    ----------
+    db:
+        The catalog.
+    host:
+        This host's id (``EngineConfig.host_id``), written on every intent it claims; the
+        hostname when not given.
+    """
+
+    def __init__(self, db: Database, *, host: str | None = None) -> None:
         self.db = db
+        self.host = host if host is not None else socket.gethostname()
 
     # -- the protocol's transactions ---------------------------------------------------------
     def claim(
@@ -118,6 +135,7 @@ class Journal:
                 src_tier=rec.tier,
                 dst_tier=dst_tier,
                 temp_name="",
+                host=self.host,
                 phase=MigrationPhase.COPYING,
                 reason=reason,
                 size=rec.size,
@@ -164,6 +182,7 @@ class Journal:
             ):
                 return SwitchOutcome(False, rec)
             rec.tier = intent.dst_tier
+            rec.host = self.db.owner_of(intent.dst_tier)
             rec.state = FileState.STABLE
             rec.generation += 1
             rec.checksum = checksum
@@ -265,6 +284,8 @@ class Journal:
                 if rec.tier != tier:
                     rec.tier = tier
                     rec.generation += 1
+                # Recovery runs on the intent's host, whose tiers these are.
+                rec.host = self.db.owner_of(tier)
                 if checksum is not None:
                     rec.checksum = checksum
                 if mtime_ns is not None:
@@ -371,10 +392,52 @@ class Journal:
             q = select(Migration).where(Migration.phase.in_(MigrationPhase.OPEN))
             return list(s.scalars(q.order_by(Migration.id)))
 
+    def own_open_intents(self) -> list[Migration]:
+        """This host's open intents, oldest first: what its recovery settles. Open intents of
+        no host (written before hosts were recorded) are adopted first (:meth:`adopt_legacy`)."""
+        self.adopt_legacy()
+        with self.db.read() as s:
+            q = select(Migration).where(
+                Migration.phase.in_(MigrationPhase.OPEN), Migration.host == self.host
+            )
+            return list(s.scalars(q.order_by(Migration.id)))
+
+    def adopt_legacy(self) -> int:
+        """Make this host the owner of every open intent that names no host; returns how many.
+
+        One UPDATE whose condition is re-checked on each row after its lock is free (READ
+        COMMITTED), so of two hosts starting at once each such intent goes to exactly one.
+        """
+        q = (
+            update(Migration)
+            .where(Migration.host.is_(None), Migration.phase.in_(MigrationPhase.OPEN))
+            .values(host=self.host)
+        )
+        return self.db.transact(
+            lambda s: int(s.execute(q).rowcount or 0),  # type: ignore[attr-defined]
+            changes_files=False,
+        )
+
     def failed_temp_names(self) -> set[str]:
         """Temp names of failed intents: kept as evidence, never cleaned as orphans."""
         with self.db.read() as s:
             q = select(Migration.temp_name).where(Migration.phase == MigrationPhase.FAILED)
+            return set(s.scalars(q))
+
+    def kept_temp_names(self) -> set[str]:
+        """Temp names no orphan cleanup may remove: failed intents' (evidence) and open ones'.
+
+        After this host's recovery every open intent is another host's, whose move may be
+        writing its temp right now on a tier the hosts share (a bucket), or whose own recovery
+        must find it there.
+        """
+        with self.db.read() as s:
+            q = select(Migration.temp_name).where(
+                or_(
+                    Migration.phase == MigrationPhase.FAILED,
+                    Migration.phase.in_(MigrationPhase.OPEN),
+                )
+            )
             return set(s.scalars(q))
 
     def phase_counts(self) -> dict[str, int]:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "Base",
     "Copy",
+    "HostRow",
     "FileRecord",
     "FileState",
     "Migration",
@@ -67,6 +68,9 @@ class FileRecord(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     relpath: Mapped[str] = mapped_column(String(4096), unique=True)
     tier: Mapped[str] = mapped_column(String(64), index=True)
+    # The host whose own tier ``tier`` is, where it is host-local (a directory: hosts of a fleet
+    # each have an ``nvme``); NULL on a shared tier (an object store), which every host reads.
+    host: Mapped[str | None] = mapped_column(String(255), index=True)
     size: Mapped[int] = mapped_column(BigInteger)
     mtime_ns: Mapped[int] = mapped_column(BigInteger)
     checksum: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -122,6 +126,10 @@ class Migration(Base):
     src_tier: Mapped[str] = mapped_column(String(64))
     dst_tier: Mapped[str] = mapped_column(String(64))
     temp_name: Mapped[str] = mapped_column(String(255))
+    # The host whose mover claimed the move: only its recovery settles the intent, since the
+    # move's temp and often one of its sides are on that host's own tiers. NULL: written
+    # before hosts were recorded (migration 0006); the first host to recover adopts it.
+    host: Mapped[str | None] = mapped_column(String(255))
     phase: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -154,6 +162,22 @@ class Copy(Base):
     generation: Mapped[int] = mapped_column(Integer)
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class HostRow(Base):
+    """A host sharing the catalog: registered at start, its heartbeat rewritten every few
+    seconds. A row is never deleted by another host: one whose heartbeat is old is shown down,
+    and its records stay as they were."""
+
+    __tablename__ = "hosts"
+
+    host_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    address: Mapped[str] = mapped_column(String(1024))  # the URL of its REST API
+    started_at: Mapped[float] = mapped_column(Float)
+    last_heartbeat: Mapped[float] = mapped_column(Float)
+    version: Mapped[str] = mapped_column(String(64))
+    # JSON: {"tiers": [{"name", "kind", "rank", "shared"}], "gpus": [{"device", "leased_bytes"}]}
+    report: Mapped[str] = mapped_column(Text)
 
 
 def owned_file_ids() -> Select[int | None]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Table, bindparam, delete, func, select, update
+from sqlalchemy import BigInteger, Table, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
@@ -152,6 +152,15 @@ class Catalog:
         with self.db.read() as s:
             return list(s.scalars(select(FileRecord).order_by(FileRecord.id)))
 
+    def actionable(self) -> list[FileRecord]:
+        """Records this host may plan moves for: those on its own tiers and on shared tiers
+        (no host). Another host's files are on its disks, which this host cannot reach."""
+        q = select(FileRecord).where(
+            or_(FileRecord.host.is_(None), FileRecord.host == self.db.host)
+        )
+        with self.db.read() as s:
+            return list(s.scalars(q.order_by(FileRecord.id)))
+
     def usage(self) -> dict[str, TierUsage]:
         """Files and bytes per tier, by the catalog (missing files are not counted)."""
         q = (
@@ -214,6 +223,7 @@ class Catalog:
                 else:
                     rec.generation += 1
                 rec.tier = new.tier
+                rec.host = self.db.owner_of(new.tier)
                 rec.size = new.size
                 rec.mtime_ns = new.mtime_ns
                 rec.checksum = new.checksum
@@ -283,6 +293,7 @@ class Catalog:
                 s.flush()
             rec.relpath = new.relpath
             rec.tier = new.tier
+            rec.host = self.db.owner_of(new.tier)
             rec.size = new.size
             rec.mtime_ns = new.mtime_ns
             rec.checksum = new.checksum

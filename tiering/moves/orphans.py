@@ -16,13 +16,14 @@ log = logging.getLogger(__name__)
 
 def remove_orphan_temps(journal: Journal, tiers: Tiers) -> int:
     """Remove every temp tierd's writers left, except the temp files of failed migrations
-    (kept as evidence); returns how many were removed.
+    (kept as evidence) and of open ones (another host's, on a shared tier); returns how many
+    were removed.
 
-    Only safe before serving and after recovery: then nothing is writing, so every other temp
-    file is an orphan of a crash, and recovery has already decided what each open intent's
-    files are.
+    Only safe before serving and after recovery: then nothing of this host is writing, so every
+    other temp file is an orphan of a crash, and recovery has already decided what each of its
+    open intents' files are.
     """
-    keep = journal.failed_temp_names()
+    keep = journal.kept_temp_names()
     removed = 0
     for tier in tiers:
         for rel, stem in list(tier.temps()):

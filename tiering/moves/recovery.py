@@ -12,6 +12,10 @@ The rule of RELIABILITY.md, decided per open intent from what each side holds no
 Only tierd's own temp name for the intent is ever removed outright; a file at its final name
 is removed only when its checksum proves it is the moved file and it is still that inode. So a
 second run finds nothing to change.
+
+Recovery settles this host's intents only (``Journal.own_open_intents``): another host's open
+intent may be a move in flight right now, and its temp and perhaps one side are on tiers only
+that host sees. Its own restart settles it.
 """
 
 from __future__ import annotations
@@ -48,13 +52,14 @@ class RecoveryReport:
 
 
 def recover(catalog: Catalog, journal: Journal, tiers: Tiers) -> RecoveryReport:
-    """Settle every intent a crash left open, by the rule above; run before serving.
+    """Settle every intent of this host a crash left open, by the rule above; run before
+    serving.
 
     Idempotent: a second run finds no open intent and reports nothing
     (``RecoveryReport.changed`` is False).
     """
     report = RecoveryReport()
-    for intent in journal.open_intents():
+    for intent in journal.own_open_intents():
         try:
             _recover(catalog, journal, tiers, intent, report)
         except (OSError, TierdError) as exc:

@@ -1,0 +1,17 @@
+"""Hosts sharing one catalog: this host's registration and heartbeat, and the fleet's view of
+every host (their tiers, GPUs and liveness) and of where each file is."""
+
+from tiering.fleet.heartbeat import Heartbeat, default_address, host_database
+from tiering.fleet.view import FleetHost, FleetTier, HostPlace, Located, fleet_hosts, locate
+
+__all__ = [
+    "FleetHost",
+    "FleetTier",
+    "Heartbeat",
+    "HostPlace",
+    "Located",
+    "default_address",
+    "host_database",
+    "fleet_hosts",
+    "locate",
+]

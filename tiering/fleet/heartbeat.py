@@ -1,0 +1,133 @@
+"""This host's row in the catalog's table of hosts: written at start, its heartbeat stamped
+every few seconds on a thread of its own.
+
+Liveness is read from the heartbeat's age alone (see :mod:`tiering.fleet.view`): no host ever
+deletes or changes another's row, so there is nothing to agree on, and a host that went away
+keeps its records, shown ``down``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from tiering.catalog import Database
+from tiering.catalog.hosts import Hosts
+from tiering.config import EngineConfig
+from tiering.periodic import Periodic
+from tiering.tiers import Tiers
+
+__all__ = ["Heartbeat", "default_address", "host_database", "tier_report"]
+
+log = logging.getLogger(__name__)
+
+#: A host's GPUs as it publishes them: ``[{"device": "cuda:0", "leased_bytes": n}, ...]``.
+GpuReport = Callable[[], list[dict[str, Any]]]
+
+
+def default_address(port: int) -> str:
+    """``http://<hostname>:<port>``: where other hosts and schedulers reach this one's API."""
+    return f"http://{socket.gethostname()}:{port}"
+
+
+def tier_report(tiers: Tiers) -> list[dict[str, Any]]:
+    """This host's storage tiers as the fleet sees them. An object-store tier is shared: its
+    files are every host's; a directory is this host's own."""
+    return [
+        {"name": t.name, "kind": t.kind, "rank": rank, "shared": t.kind == "object"}
+        for rank, t in enumerate(tiers)
+    ]
+
+
+def _version() -> str:
+    # The installed distribution's (the root package is above every room of the layout).
+    try:
+        return importlib.metadata.version("tierd")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def host_database(config: EngineConfig, tiers: Tiers) -> Database:
+    """The catalog as this host writes it: each file it places on one of its own tiers is
+    recorded as this host's, and files on shared tiers (object stores) as no host's."""
+    return Database(
+        config.catalog_url,
+        busy_timeout_ms=config.busy_timeout_ms,
+        host=config.host_id,
+        shared_tiers=[t.name for t in tiers if t.kind == "object"],
+    )
+
+
+class Heartbeat:
+    """Registers ``host_id`` at :meth:`start`, then stamps its heartbeat every
+    ``interval_s`` until :meth:`stop`.
+
+    ``gpus`` is asked at every beat; the serving layer sets it to report leased bytes per
+    device (the engine knows no leases).
+    """
+
+    def __init__(
+        self,
+        hosts: Hosts,
+        *,
+        host_id: str,
+        address: str,
+        version: str,
+        tiers: Tiers,
+        interval_s: float,
+    ) -> None:
+        self.hosts = hosts
+        self.host_id = host_id
+        self.address = address
+        self.version = version
+        self.tiers = tiers
+        self.gpus: GpuReport = list
+        self._thread = Periodic(self.beat, interval_s, name=f"tierd-heartbeat-{host_id}"[:60])
+
+    @classmethod
+    def start_for(cls, db: Database, tiers: Tiers, config: EngineConfig) -> Heartbeat | None:
+        """The engine's heartbeat, registered and started, or None where it has no
+        ``advertise_url`` (a library use).
+
+        On SQLite, where one host ever writes the catalog, records from before hosts were
+        recorded are this host's: they are attributed to it first.
+        """
+        if not config.advertise_url:
+            return None
+        hosts = Hosts(db)
+        if db.single_writer:
+            hosts.adopt_files(config.host_id, [t.name for t in tiers if t.kind != "object"])
+        beat = cls(
+            hosts,
+            host_id=config.host_id,
+            address=config.advertise_url,
+            version=_version(),
+            tiers=tiers,
+            interval_s=config.heartbeat_interval_s,
+        )
+        beat.start()
+        return beat
+
+    def report(self) -> str:
+        return json.dumps({"tiers": tier_report(self.tiers), "gpus": self.gpus()})
+
+    def start(self) -> None:
+        self.hosts.register(
+            self.host_id, address=self.address, version=self.version, report=self.report()
+        )
+        self._thread.start()
+
+    def beat(self) -> None:
+        if not self.hosts.heartbeat(self.host_id, report=self.report()):
+            # Someone deleted the row (by hand): register again rather than vanish.
+            log.warning("host %r had no row in the catalog; registering again", self.host_id)
+            self.hosts.register(
+                self.host_id, address=self.address, version=self.version, report=self.report()
+            )
+
+    def stop(self) -> None:
+        self._thread.stop()
