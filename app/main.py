@@ -13,6 +13,7 @@ import tiering
 from app.api import (
     buffers,
     files,
+    fleet,
     health,
     heat,
     history,
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             # The loader's reaper and jobs stop, and every lease is freed, before the engine.
             await run_in_threadpool(loader.start)
+            fleet.publish_leases(engine, loader)
             try:
                 yield
             finally:
@@ -108,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(stats.router)
     app.include_router(history.router)  # its lifespan samples the loader's stats
     app.include_router(heat.router)
+    app.include_router(fleet.router)
     app.include_router(metrics_router)
     app.include_router(ui_router)
     install_openapi(app, settings)

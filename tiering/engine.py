@@ -20,7 +20,7 @@ from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.errors import Conflict, FileBusy, FileNotFound, NotFound, Unavailable
-from tiering.fleet import Heartbeat, host_database
+from tiering.fleet import Heartbeat, adopt_local_records, host_database
 from tiering.moves import (
     Claim,
     Content,
@@ -64,11 +64,9 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """tierd's engine over one set of tiers and one catalog.
-
-    ``start()`` brings the schema up to date, recovers, scans and starts the background
-    threads; ``stop()`` stops them and flushes. Use it as a context manager.
-    """
+    """tierd's engine over one set of tiers and one catalog. ``start()`` brings the schema up
+    to date, recovers, scans and starts the background threads; ``stop()`` stops them and
+    flushes. Use it as a context manager."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -157,12 +155,13 @@ class Engine:
         interrupted migrations, remove orphan temp files, scan; then start the threads.
 
         Recovery comes first: it decides what each open intent's files are, so the temp cleanup
-        and the scan that follow see settled state. ``scheduler=False`` leaves policy moves to
-        the caller (the CLI runs them in the foreground).
+        and the scan that follow see settled state. ``scheduler=False``: policy moves are the
+        caller's (the CLI runs them in the foreground).
         """
         self._lock.acquire()
         try:
             self.open()
+            adopt_local_records(self.catalog.db, self.tiers, self.config.host_id)  # before recovery
             self.last_recovery = self.mover.recover()
             remove_orphan_temps(self.journal, self.tiers)
             if self.memory is not None:

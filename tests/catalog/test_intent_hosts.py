@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from tests.catalog.conftest import run_sql
 from tests.helpers import payload, put
 from tiering.catalog import Database
@@ -20,8 +22,14 @@ def test_claim_records_the_host_and_recovery_reads_its_own(eng: Engine) -> None:
     ia, _ = mine.claim(a.id, "ssd", reason="test")
     ib, _ = theirs.claim(b.id, "ssd", reason="test")
     assert (ia.host, ib.host) == ("host-a", "host-b")
-    assert [m.id for m in mine.own_open_intents()] == [ia.id]
-    assert [m.id for m in theirs.own_open_intents()] == [ib.id]
+    if eng.catalog.db.single_writer:
+        # SQLite: one tierd ever writes it, so whoever recovers takes every open intent (a
+        # host id that changed must not strand a crashed move).
+        assert [m.id for m in mine.own_open_intents()] == [ia.id, ib.id]
+        assert {m.host for m in mine.open_intents()} == {"host-a"}
+    else:
+        assert [m.id for m in mine.own_open_intents()] == [ia.id]
+        assert [m.id for m in theirs.own_open_intents()] == [ib.id]
     # Both stay in flight for everyone: a file another host moves is busy here too.
     assert eng.catalog.busy_file_ids() == {a.id, b.id}
     assert {m.id for m in mine.open_intents()} == {ia.id, ib.id}
@@ -33,6 +41,9 @@ def test_claim_records_the_host_and_recovery_reads_its_own(eng: Engine) -> None:
 
 
 def test_open_intents_of_no_host_go_to_exactly_one_host(eng: Engine) -> None:
+    if eng.catalog.db.single_writer:
+        pytest.skip("one tierd writes a SQLite catalog: it takes every open intent (see "
+                    "tests/fleet/test_host_id_change.py)")  # fmt: skip
     recs = [put(eng, f"old/{n}.bin", payload(100, n)) for n in range(4)]
     first = Journal(eng.catalog.db, host="first")
     intents = [first.claim(r.id, "ssd", reason="before 0006")[0] for r in recs]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiering.catalog.db import Database
@@ -105,14 +105,12 @@ class Hosts:
             return [PlaceUsage(h, t, int(n), int(b)) for h, t, n, b in s.execute(q)]
 
     def adopt_files(self, host_id: str, tiers: list[str]) -> int:
-        """Attribute to ``host_id`` the rows on ``tiers`` (its host-local ones) that name no
-        host: those written before hosts were recorded. Only right where one host ever wrote
-        the catalog (SQLite), which is where the engine calls it."""
+        """Attribute to ``host_id`` every row on ``tiers`` (its host-local ones) that names no
+        host or another one: rows written before hosts were recorded, and rows of this same
+        machine under an earlier host id (a recreated container's new hostname). Only right
+        where one host ever writes the catalog (SQLite), which is where the engine calls it."""
         if not tiers:
             return 0
-        q = (
-            update(FileRecord)
-            .where(and_(FileRecord.host.is_(None), FileRecord.tier.in_(tiers)))
-            .values(host=host_id)
-        )
+        other = or_(FileRecord.host.is_(None), FileRecord.host != host_id)
+        q = update(FileRecord).where(and_(other, FileRecord.tier.in_(tiers))).values(host=host_id)
         return self.db.transact(lambda s: int(s.execute(q).rowcount or 0))  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiering.catalog.backends import FOR_WRITE, relax_commit
@@ -407,10 +407,16 @@ class Journal:
 
         One UPDATE whose condition is re-checked on each row after its lock is free (READ
         COMMITTED), so of two hosts starting at once each such intent goes to exactly one.
+        On SQLite, where one tierd ever writes the catalog (its lock), every open intent is
+        this host's, whatever host it names: a host id that changed (a recreated container's
+        new hostname) must not leave a crashed move unrecovered.
         """
+        mine: ColumnElement[bool] = Migration.host.is_(None)
+        if self.db.single_writer:
+            mine = or_(mine, Migration.host != self.host)
         q = (
             update(Migration)
-            .where(Migration.host.is_(None), Migration.phase.in_(MigrationPhase.OPEN))
+            .where(mine, Migration.phase.in_(MigrationPhase.OPEN))
             .values(host=self.host)
         )
         return self.db.transact(

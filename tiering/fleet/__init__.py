@@ -1,7 +1,12 @@
 """Hosts sharing one catalog: this host's registration and heartbeat, and the fleet's view of
 every host (their tiers, GPUs and liveness) and of where each file is."""
 
-from tiering.fleet.heartbeat import Heartbeat, default_address, host_database
+from tiering.fleet.heartbeat import (
+    Heartbeat,
+    adopt_local_records,
+    default_address,
+    host_database,
+)
 from tiering.fleet.view import FleetHost, FleetTier, HostPlace, Located, fleet_hosts, locate
 
 __all__ = [
@@ -10,6 +15,7 @@ __all__ = [
     "Heartbeat",
     "HostPlace",
     "Located",
+    "adopt_local_records",
     "default_address",
     "host_database",
     "fleet_hosts",

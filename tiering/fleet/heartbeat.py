@@ -21,7 +21,7 @@ from tiering.config import EngineConfig
 from tiering.periodic import Periodic
 from tiering.tiers import Tiers
 
-__all__ = ["Heartbeat", "default_address", "host_database", "tier_report"]
+__all__ = ["Heartbeat", "adopt_local_records", "default_address", "host_database", "tier_report"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,15 @@ def host_database(config: EngineConfig, tiers: Tiers) -> Database:
     )
 
 
+def adopt_local_records(db: Database, tiers: Tiers, host_id: str) -> None:
+    """On SQLite, where one tierd ever writes the catalog (its lock), every record on a local
+    tier is this host's: those from before hosts were recorded, and those written under an
+    earlier host id (a recreated container's new hostname), which scan and the planner would
+    otherwise leave alone for good. Run before recovery and the scan."""
+    if db.single_writer:
+        Hosts(db).adopt_files(host_id, [t.name for t in tiers if t.kind != "object"])
+
+
 class Heartbeat:
     """Registers ``host_id`` at :meth:`start`, then stamps its heartbeat every
     ``interval_s`` until :meth:`stop`.
@@ -93,14 +102,10 @@ class Heartbeat:
         """The engine's heartbeat, registered and started, or None where it has no
         ``advertise_url`` (a library use).
 
-        On SQLite, where one host ever writes the catalog, records from before hosts were
-        recorded are this host's: they are attributed to it first.
         """
         if not config.advertise_url:
             return None
         hosts = Hosts(db)
-        if db.single_writer:
-            hosts.adopt_files(config.host_id, [t.name for t in tiers if t.kind != "object"])
         beat = cls(
             hosts,
             host_id=config.host_id,

@@ -15,8 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiering.catalog import Copies, FileRecord
+from sqlalchemy import select
+
+from tiering.catalog import Copies, FileRecord, FileState
 from tiering.catalog.hosts import HostInfo, Hosts
+from tiering.catalog.models import Copy
 
 __all__ = ["FleetHost", "FleetTier", "HostPlace", "Located", "fleet_hosts", "locate"]
 
@@ -121,6 +124,18 @@ def fleet_hosts(hosts: Hosts, *, timeout_s: float, now: float | None = None) -> 
     return out
 
 
+def _copies_of(copies: Copies, file_ids: Sequence[int]) -> dict[int, list[Copy]]:
+    """The copies of these files, by file, in a query per 500 files (not one per file: a
+    model has hundreds)."""
+    out: dict[int, list[Copy]] = {}
+    with copies.db.read() as s:
+        for i in range(0, len(file_ids), 500):
+            q = select(Copy).where(Copy.file_id.in_(file_ids[i : i + 500])).order_by(Copy.id)
+            for c in s.scalars(q):
+                out.setdefault(c.file_id, []).append(c)
+    return out
+
+
 def locate(
     hosts: Hosts,
     copies: Copies,
@@ -132,10 +147,13 @@ def locate(
     """Every host's places of each of ``records``, warmest first.
 
     A copy of another generation than the record's is stale and not counted; a host that has
-    a copy is listed once per place (a memory copy and its own tier are both shown).
+    a copy is listed once per place (a memory copy and its own tier are both shown). A record
+    marked missing has no place on its tier. Reads only: a query for the hosts and one per
+    500 records for the copies.
     """
     now = time.time() if now is None else now
     infos = {h.host_id: h for h in hosts.all()}
+    held = _copies_of(copies, [r.id for r in records])
     ranks: dict[str, dict[str, tuple[int, bool]]] = {}
     for hid, h in infos.items():
         ranks[hid] = {
@@ -151,10 +169,12 @@ def locate(
             address, state = ("", DOWN) if h is None else (h.address, _state(h, now, timeout_s))
             return HostPlace(hid, address, state, kind, location, rank)
 
-        for c in copies.list(file_id=rec.id):
+        for c in held.get(rec.id, []):
             if c.generation == rec.generation:
                 places.append(add(c.host, "memory", c.location, None))
-        if rec.host is not None:
+        if rec.state == FileState.MISSING:
+            pass  # its bytes are not on its tier: only copies taken before they vanished
+        elif rec.host is not None:
             rank = ranks.get(rec.host, {}).get(rec.tier)
             places.append(add(rec.host, "tier", rec.tier, rank[0] if rank else None))
         else:

@@ -6,6 +6,12 @@ their bytes; local files are hashed), notices files changed in place or moved by
 between tiers, marks records whose bytes vanished as ``missing``, and reports a relpath present
 in two tiers as a ``conflict``. It never deletes a user's file. With ``check=True`` it only
 reports the drift.
+
+Hosts sharing one catalog each reconcile only their own records: those of files on their own
+tiers (``host`` is this host) and on shared ones (object stores, no host). Another host's files
+are on disks this host cannot see, so their absence here says nothing; a relpath this host finds
+on its own tier while another host holds its record is reported as a conflict and left alone
+(relpaths are unique across the fleet, and adopting it would take the other host's record).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
@@ -21,7 +27,7 @@ from tiering.checksum import hash_fd
 from tiering.errors import TierdError
 from tiering.tiers import Tier, Tiers, WalkEntry
 
-__all__ = ["ScanReport", "reconcile_paths", "scan"]
+__all__ = ["ScanReport", "owned_by_this_host", "reconcile_paths", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +125,22 @@ class _Pacer:
             self.next_at = time.monotonic()  # do not burst to catch up after a stall
 
 
+def owned_by_this_host(catalog: Catalog) -> Callable[[FileRecord], bool]:
+    """Whether a record is this host's to reconcile: on one of its own tiers, or on a shared
+    tier (no host). A catalog that names no host (a library use) owns every record."""
+    me = catalog.db.host
+    if me is None:
+        return lambda rec: True
+    return lambda rec: rec.host is None or rec.host == me
+
+
 class _Reconciler:
     """Decides per relpath, and applies the decisions in batches (one transaction per batch,
     so adopting 10,000 files costs tens of commits, not 10,000)."""
 
     def __init__(self, catalog: Catalog, tiers: Tiers, report: ScanReport, *, check: bool) -> None:
         self.catalog = catalog
+        self.ours = owned_by_this_host(catalog)
         self.tiers = tiers
         self.report = report
         self.check = check
@@ -135,6 +151,10 @@ class _Reconciler:
 
     def __call__(self, relpath: str, places: list[Place], rec: FileRecord | None) -> None:
         report = self.report
+        if rec is not None and not self.ours(rec):
+            if places:
+                self._foreign(relpath, places, rec)
+            return  # its bytes are on another host's disks: not ours to judge
         if rec is not None and (rec.state == FileState.MIGRATING or rec.id in self.busy):
             report.skipped.append(relpath)  # the mover owns it until its intent closes
             return
@@ -188,6 +208,18 @@ class _Reconciler:
         except (TierdError, OSError) as exc:
             log.warning("could not record conflict for %r: %s", relpath, exc)
 
+    def _foreign(self, relpath: str, places: list[Place], rec: FileRecord) -> None:
+        names = [t.name for t, _ in places] + [f"{rec.tier}@{rec.host}"]
+        self.report.conflicts[relpath] = names
+        log.warning(
+            "conflict: %r is in this host's tiers %s, but host %r holds its record (on %s); "
+            "nothing was adopted or deleted",
+            relpath,
+            names[:-1],
+            rec.host,
+            rec.tier,
+        )
+
     @staticmethod
     def _hash_all(places: list[Place]) -> list[NewFile]:
         news = []
@@ -233,7 +265,7 @@ class _Reconciler:
                     (
                         r
                         for r in self.catalog.same_content(new.tier, new.size, new.checksum)
-                        if r.id in gone or r.state == FileState.MISSING
+                        if self.ours(r) and (r.id in gone or r.state == FileState.MISSING)
                     ),
                     None,
                 )
@@ -253,6 +285,7 @@ class _Reconciler:
                     r
                     for r in self.catalog.same_content(rec.tier, rec.size, rec.checksum)
                     if r.id not in gone
+                    and self.ours(r)
                     and r.state == FileState.STABLE
                     and r.created_at >= recent
                     and r.access_count == 0
@@ -305,7 +338,8 @@ def scan(
 ) -> ScanReport:
     """Walk every tier root and bring the catalog in line with it (or, with ``check``, report).
 
-    Files with an open migration belong to the mover and are left alone. ``max_files_per_s``
+    Only this host's records are reconciled (see the module's docstring). Files with an open
+    migration belong to the mover and are left alone. ``max_files_per_s``
     paces the pass so a background reconcile does not stall loads.
     """
     on_disk: dict[str, list[Place]] = defaultdict(list)

@@ -40,7 +40,7 @@ from watchdog.observers.polling import PollingObserver
 
 from tiering.catalog import Catalog, FileState
 from tiering.errors import TierdError
-from tiering.sync.scan import ScanReport, reconcile_paths, scan
+from tiering.sync.scan import ScanReport, owned_by_this_host, reconcile_paths, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import is_temp_name
 
@@ -143,6 +143,7 @@ class TierWatcher:
         self.backend = backend
         self.poll_interval_s = poll_interval_s
         self.reconcile_files_per_s = reconcile_files_per_s
+        self._ours = owned_by_this_host(catalog)
         self._status = WatcherStatus()
         self._cond = threading.Condition()
         self._dirty: dict[str, float] = {}  # relpath -> monotonic time it becomes due
@@ -350,6 +351,9 @@ class TierWatcher:
     ) -> None:
         settled_before = time.time() - self.settle_s
         for tier, old, new in renames:
+            rec = self.catalog.find(old)
+            if rec is None or not self._ours(rec):
+                continue  # nothing to rename, or another host's record: reconciled below
             try:
                 if self.catalog.rename(old, new, tier) is not None:
                     self._status.applied["renamed"] += 1

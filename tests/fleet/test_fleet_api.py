@@ -1,0 +1,161 @@
+"""The fleet routes on two real tierd servers (uvicorn on loopback) with their own host ids and
+data directories, sharing one PostgreSQL catalog and one bucket (moto): each lists the other,
+each locates files and models on both, and a bad query is a JSON 4xx that changes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from tests.catalog.conftest import run_sql
+from tests.conftest import LiveServer, disk_snapshot, make_settings, wait_for
+from tests.s3 import REGION
+
+MiB = 1 << 20
+MODEL = {
+    "llm/model.safetensors": save({"w": np.arange(4096, dtype=np.float32)}),
+    "llm/config.json": json.dumps({"hidden_size": 64}).encode(),
+}
+
+
+def _settings(root: Path, host: str, pg_url: str, endpoint: str, bucket: str) -> Any:
+    return make_settings(
+        root,
+        host_id=host,
+        catalog_url=pg_url,
+        heartbeat_interval_s=0.1,
+        watch=False,
+        tiers=[
+            {"name": "nvme", "path": root / "nvme"},
+            {
+                "name": "s3",
+                "url": f"s3://{bucket}/models",
+                "endpoint_url": endpoint,
+                "region": REGION,
+                "connections": 2,
+            },
+        ],
+        buffers={"cpu_budget_bytes": 16 * MiB},
+    )
+
+
+@pytest.fixture
+def fleet(
+    tmp_path: Path, pg_url: str, moto_endpoint: str, s3_bucket: str, s3_client: Any, s3_env: Any
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    for rel, data in MODEL.items():
+        s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
+    sa = _settings(tmp_path / "a", "host-a", pg_url, moto_endpoint, s3_bucket)
+    sb = _settings(tmp_path / "b", "host-b", pg_url, moto_endpoint, s3_bucket)
+    with LiveServer(sa) as a, LiveServer(sb) as b, a.client() as ca, b.client() as cb:
+        yield ca, cb
+
+
+def _places(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(p["host_id"], p["kind"], p["location"]) for p in doc["places"]]
+
+
+def test_two_hosts_see_each_other_and_locate_files_and_models(
+    fleet: tuple[httpx.Client, httpx.Client], pg_url: str
+) -> None:
+    ca, cb = fleet
+    for c in (ca, cb):
+        r = c.get("/v1/fleet/hosts")
+        assert r.status_code == 200, r.text
+        hosts = {h["host_id"]: h for h in r.json()["items"]}
+        assert set(hosts) == {"host-a", "host-b"}
+        assert {h["state"] for h in hosts.values()} == {"up"}
+        assert [(t["name"], t["shared"]) for t in hosts["host-a"]["tiers"]] == [
+            ("nvme", False),
+            ("s3", True),
+        ]
+    assert ca.get("/v1/fleet/hosts").json()["this_host"] == "host-a"
+
+    # Both adopted the bucket's files: each is in the bucket for both hosts.
+    r = cb.get("/v1/fleet/locate", params={"path": "llm/model.safetensors"})
+    assert r.status_code == 200, r.text
+    [doc] = r.json()["files"]
+    assert (doc["tier"], doc["host"]) == ("s3", None)
+    assert _places(doc) == [("host-a", "object_store", "s3"), ("host-b", "object_store", "s3")]
+
+    # Promoted to host A's nvme: the file is A's, on its fastest tier, for both hosts' view.
+    # A move takes the bytes off the bucket (the source is removed), so B no longer has it.
+    fid = doc["id"]
+    r = ca.post("/v1/migrations", params={"wait": "true"}, json={"file_id": fid, "to_tier": "nvme"})
+    assert r.status_code == 200, r.text
+    for c in (ca, cb):
+        [doc] = c.get("/v1/fleet/locate", params={"path": "llm/model.safetensors"}).json()["files"]
+        assert (doc["tier"], doc["host"]) == ("nvme", "host-a")
+        assert _places(doc) == [("host-a", "tier", "nvme")]
+    # Host B's scan of its tiers does not take A's file for missing from the bucket.
+    assert cb.post("/v1/scan").json()["missing"] == []
+    assert cb.get(f"/v1/files/{fid}").json()["state"] == "stable"
+
+    # A model is located file by file, with a summary per host.
+    r = cb.get("/v1/fleet/locate", params={"model": "llm"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    files = {f["path"]: f for f in out["files"]}
+    assert set(files) == set(MODEL)
+    assert _places(files["llm/config.json"]) == [
+        ("host-a", "object_store", "s3"),
+        ("host-b", "object_store", "s3"),
+    ]
+    assert _places(files["llm/model.safetensors"])[0] == ("host-a", "tier", "nvme")
+    summary = {h["host_id"]: h for h in out["hosts"]}
+    assert (summary["host-a"]["complete"], summary["host-a"]["files"]) == (True, 2)
+    assert out["hosts"][0]["host_id"] == "host-a"
+
+    # A load on A leases shared memory; A's heartbeat reports it to the fleet.
+    r = ca.post("/v1/load", json={"path": "llm/config.json", "device": "cpu"})
+    assert r.status_code == 200, r.text
+    size = len(MODEL["llm/config.json"])
+    wait_for(
+        lambda: (
+            {h["host_id"]: h for h in cb.get("/v1/fleet/hosts").json()["items"]}["host-a"][
+                "cpu_leased_bytes"
+            ]
+            >= size
+        ),
+        what="host A's leased bytes in the fleet view",
+    )
+    assert ca.delete(f"/v1/buffers/{r.json()['buffer_id']}").status_code in (200, 204)
+    # Both hosts' rows are in the one catalog.
+    assert [h for (h,) in run_sql(pg_url, "SELECT host_id FROM hosts ORDER BY 1")] == [
+        "host-a",
+        "host-b",
+    ]
+
+
+BAD = [
+    ({}, 422, "invalid_query"),
+    ({"path": "llm/config.json", "model": "llm"}, 422, "invalid_query"),
+    ({"path": "../etc/passwd"}, 422, "invalid_path"),
+    ({"model": "/abs"}, 422, "invalid_path"),
+    ({"path": ""}, 422, None),
+    ({"path": "llm/nope.bin"}, 404, None),
+    ({"model": "nope"}, 404, None),
+    ({"model": "llm/config.json"}, 404, None),  # a file, not a model
+]
+
+
+def test_a_bad_locate_is_a_json_4xx_and_changes_nothing(
+    fleet: tuple[httpx.Client, httpx.Client], tmp_path: Path, pg_url: str
+) -> None:
+    ca, _ = fleet
+    files = "SELECT id, relpath, tier, host, state, generation, access_count FROM files ORDER BY id"
+    before = run_sql(pg_url, files), disk_snapshot(tmp_path / "a"), disk_snapshot(tmp_path / "b")
+    for params, status, code in BAD:
+        r = ca.get("/v1/fleet/locate", params=params)
+        assert r.status_code == status, (params, r.text)
+        err = r.json()["error"]
+        assert err["message"] and (code is None or err["code"] == code), (params, err)
+    after = run_sql(pg_url, files), disk_snapshot(tmp_path / "a"), disk_snapshot(tmp_path / "b")
+    assert after == before
