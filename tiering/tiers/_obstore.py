@@ -43,7 +43,7 @@ _started_in: int | None = None
 def obstore_module() -> ModuleType | None:
     """obstore with its boto3 credential bridge, or None where it is not installed or cannot
     run in this process (forked after the parent's obstore runtime started)."""
-    if _started_in is not None and _started_in != os.getpid():
+    if not usable_here():
         return None
     try:
         importlib.import_module("obstore.auth.boto3")
