@@ -25,6 +25,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "Base",
     "Copy",
+    "FleetJob",
+    "FleetTask",
+    "HostHeat",
     "HostRow",
     "FileRecord",
     "FileState",
@@ -178,6 +181,71 @@ class HostRow(Base):
     version: Mapped[str] = mapped_column(String(64))
     # JSON: {"tiers": [{"name", "kind", "rank", "shared"}], "gpus": [{"device", "leased_bytes"}]}
     report: Mapped[str] = mapped_column(Text)
+
+
+class FleetJob(Base):
+    """One fleet-wide request: a prefetch of ``spec`` (JSON: the file ids and paths, the model
+    asked for, the hosts) to ``target`` on some hosts, each host's part a :class:`FleetTask`."""
+
+    __tablename__ = "fleet_jobs"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(32))
+    spec: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(255))  # the host that took the request
+    created_at: Mapped[float] = mapped_column(Float)
+    cancelled_at: Mapped[float | None] = mapped_column(Float)
+
+
+class FleetTask(Base):
+    """One host's part of a :class:`FleetJob`, run only by that host.
+
+    ``state`` is ``queued``, ``running``, ``done``, ``failed`` or ``cancelled``. A host claims
+    its task (``claimed_by``, ``claim_expires``) and renews the claim while it works; a claim
+    past its expiry is as good as none, so a task whose host died is run again when it
+    returns (``attempts`` counts the claims)."""
+
+    __tablename__ = "fleet_tasks"
+    __table_args__ = (
+        UniqueConstraint("job_id", "host"),
+        Index("ix_fleet_tasks_host_state", "host", "state"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("fleet_jobs.id", ondelete="CASCADE"))
+    host: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
+    claim_expires: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    files_total: Mapped[int] = mapped_column(Integer)
+    bytes_total: Mapped[int] = mapped_column(BigInteger)
+    files_done: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text)  # why the task failed, for a person
+    errors: Mapped[str | None] = mapped_column(Text)  # JSON: per-file errors
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class HostHeat(Base):
+    """One host's own heat of a file: its decayed access count there. ``files.heat`` is the
+    fleet's (every host's accesses add to it), which is the sum of these, decay being linear."""
+
+    __tablename__ = "host_heat"
+
+    file_id: Mapped[int] = mapped_column(
+        ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
+    host: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+    heat: Mapped[float] = mapped_column(Float)
+    heat_at: Mapped[float] = mapped_column(Float)
+    access_count: Mapped[int] = mapped_column(BigInteger)
+    last_access: Mapped[float | None] = mapped_column(Float)
 
 
 def owned_file_ids() -> Select[int | None]:
