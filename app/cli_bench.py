@@ -1,9 +1,10 @@
 """``tierd bench``: one command for every benchmark; the measuring is :mod:`tiering.bench`.
 
 ``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
-``tierd bench access|mover|rest|serving|models|object-store`` run the others (``--access`` and
-``--object-store`` are the same as their sub-commands). Each prints the same table to standard
-output (progress goes to standard error) and, with ``--json``, writes the same JSON document.
+``tierd bench access|mover|rest|serving|models|object-store|catalog|fleet`` run the others
+(``--access`` and ``--object-store`` are the same as their sub-commands). Each prints the same
+table to standard output (progress goes to standard error) and, with ``--json``, writes the
+same JSON document.
 Sub-benchmarks are imported when run, so ``tierd --help`` never loads the data path.
 """
 
@@ -381,4 +382,89 @@ def bench_object_store(
         )
     except OriginUnavailable as exc:
         raise typer.BadParameter(str(exc), param_hint="--origin") from exc
+    _finish(report, json_path)
+
+
+@bench_cli.command("catalog")
+def bench_catalog(
+    seconds: Annotated[
+        float, typer.Option("--seconds", help="Length of each timed run.", min=0.01)
+    ] = 2.0,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per figure (median).", min=1)] = 3,
+    hosts: Annotated[
+        int,
+        typer.Option("--hosts", help="Hosts writing at once on PostgreSQL (0: none).", min=0),
+    ] = 3,
+    catalog_url: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog-url",
+            help="postgresql+psycopg://... of a server to measure, in a scratch database it "
+            "creates and drops (needs CREATEDB). Default: a throwaway local PostgreSQL.",
+        ),
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Catalog writes per second: SQLite against PostgreSQL, and several hosts on PostgreSQL."""
+    from tiering.bench.catalog import CatalogBenchUnavailable, run
+
+    try:
+        report = run(seconds, runs, hosts, catalog_url, say=progress())
+    except CatalogBenchUnavailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--catalog-url") from exc
+    _finish(report, json_path)
+
+
+@bench_cli.command("fleet")
+def bench_fleet(
+    size: Annotated[str, typer.Option("--size", help="Size of the model, all shards.")] = "256MiB",
+    shards: Annotated[int, typer.Option("--shards", help="Shards of the model.", min=1)] = 4,
+    hosts: Annotated[int, typer.Option("--hosts", help="tierd servers started.", min=1)] = 3,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per figure (median).", min=1)] = 3,
+    origin: OriginOpt = "moto",
+    rate: RateOpt = "100MB",
+    poll_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--poll-interval",
+            help="The hosts' fleet_poll_interval_s (default: the setting's, 1 s).",
+            min=0.001,
+        ),
+    ] = None,
+    catalog_url: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog-url",
+            help="postgresql+psycopg://... of a server to run on, in a scratch database it "
+            "creates and drops (needs CREATEDB). Default: a throwaway local PostgreSQL.",
+        ),
+    ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Where the hosts' data dirs go (not tmpfs). Default: here."),
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """A model onto every host: one fleet prefetch against one prefetch per host by hand."""
+    from tiering.bench.fleet import FleetBenchFailed, FleetBenchUnavailable, run
+
+    nbytes = _size(size, minimum=shards * 16 << 10)
+    try:
+        report = run(
+            nbytes,
+            shards,
+            hosts,
+            runs,
+            origin,
+            rate=_rate(rate),
+            poll_interval=poll_interval,
+            catalog_url=catalog_url,
+            directory=directory,
+            say=progress(),
+        )
+    except FleetBenchUnavailable as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    except FleetBenchFailed as exc:
+        typer.echo(f"tierd bench fleet failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
     _finish(report, json_path)

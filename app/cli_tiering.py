@@ -74,6 +74,7 @@ def _policy_table(p: PolicyOut) -> None:
         "concurrency",
         "bandwidth_bytes_per_s",
         "enabled",
+        "promotion_heat",
     ):
         value = doc[key]
         shown = (

@@ -14,6 +14,7 @@ from app.api import (
     buffers,
     files,
     fleet,
+    fleet_heat,
     health,
     heat,
     history,
@@ -37,6 +38,7 @@ from app.settings import Settings, get_settings
 from app.ui import router as ui_router
 from tiering.engine import Engine
 from tiering.serving import Loader
+from tiering.serving.fleetjobs import FleetWorker
 
 __all__ = ["UnsafeBind", "check_bind", "create_app"]
 
@@ -75,9 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # The loader's reaper and jobs stop, and every lease is freed, before the engine.
             await run_in_threadpool(loader.start)
             fleet.publish_leases(engine, loader)
+            worker = FleetWorker(loader, settings.fleet_worker_config()).start()
             try:
                 yield
             finally:
+                # Before the loader: a fleet task cut short keeps its claim for the next start.
+                await run_in_threadpool(worker.stop)
                 await run_in_threadpool(loader.stop)
         finally:
             await run_in_threadpool(engine.stop)
@@ -111,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(history.router)  # its lifespan samples the loader's stats
     app.include_router(heat.router)
     app.include_router(fleet.router)
+    app.include_router(fleet_heat.router)
     app.include_router(metrics_router)
     app.include_router(ui_router)
     install_openapi(app, settings)

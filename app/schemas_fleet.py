@@ -1,5 +1,5 @@
-"""Response models of the fleet routes (``/v1/fleet``): the hosts sharing this catalog, and
-where files and models are among them.
+"""Request and response models of the fleet routes (``/v1/fleet``): the hosts sharing this
+catalog, where files and models are among them, and fleet jobs with a task per host.
 
 A host's tiers and GPUs come from the report it wrote in its own heartbeat, perhaps by another
 tierd version: they are read leniently (a field of the wrong type is dropped, not a 500).
@@ -7,13 +7,23 @@ tierd version: they are read leniently (a field of the wrong type is dropped, no
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.schemas import iso
 from tiering.fleet import FleetHost, HostPlace, Located
+from tiering.fleet.jobstate import JobInfo, TaskInfo
+from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = [
+    "MAX_FLEET_FILES",
+    "FleetFileOut",
+    "FleetJobOut",
+    "FleetJobsOut",
+    "FleetPrefetchRequest",
+    "FleetTaskOut",
     "FleetHostOut",
     "FleetHostsOut",
     "FleetTierOut",
@@ -99,9 +109,10 @@ class PlaceOut(BaseModel):
     host_id: str
     address: str
     state: State
-    kind: Literal["memory", "tier", "object_store"] = Field(
+    kind: Literal["memory", "tier", "copy", "object_store"] = Field(
         description="memory: a cached copy in the host's memory tier; tier: on one of its own "
-        "tiers; object_store: in a shared bucket the host reads"
+        "tiers; copy: a cached copy of a shared file on one of its own directory tiers; "
+        "object_store: in a shared bucket the host reads"
     )
     location: str = Field(description="The tier (or memory tier) name")
     rank: int | None = Field(description="The tier's rank on that host (None for memory)")
@@ -165,7 +176,7 @@ class LocateOut(BaseModel):
 
     @classmethod
     def of(cls, located: list[Located], **asked: str | None) -> LocateOut:
-        order = {"memory": 0, "tier": 1, "object_store": 2}
+        order = {"memory": 0, "tier": 1, "copy": 1, "object_store": 2}  # a copy: on its disk
         per: dict[str, dict[str, Any]] = {}
         for loc in located:
             best: dict[str, HostPlace] = {}
@@ -176,7 +187,7 @@ class LocateOut(BaseModel):
                 h["files"] += 1
                 h["bytes"] += loc.record.size
                 h["worst"] = max(h["worst"], order[p.kind])
-        kinds = {v: k for k, v in order.items()}
+        kinds = {0: "memory", 1: "tier", 2: "object_store"}
         hosts = [
             HostHoldingOut(
                 host_id=hid,
@@ -190,3 +201,173 @@ class LocateOut(BaseModel):
         ]
         hosts.sort(key=lambda h: (not h.complete, h.state != "up", order[h.warmth], h.host_id))
         return cls(files=[LocatedFileOut.of(x) for x in located], hosts=hosts, **asked)
+
+
+# -- fleet jobs ----------------------------------------------------------------------------------
+
+#: Most files one fleet job names (paths asked for, or a model's files).
+MAX_FLEET_FILES = 1024
+#: Most hosts one request names.
+MAX_FLEET_HOSTS = 1024
+
+HostId = Annotated[str, Field(min_length=1, max_length=255)]
+HostList = Annotated[list[HostId], Field(min_length=1, max_length=MAX_FLEET_HOSTS)]
+
+
+class FleetPrefetchRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["model"], "properties": {"model": {"type": "string"}}},
+                {"required": ["paths"], "properties": {"paths": {"type": "array"}}},
+            ]
+        },
+    )
+
+    model: str | None = Field(
+        default=None,
+        max_length=MAX_RELPATH_CHARS * 4,
+        description="A model's directory relpath: every file in it (not with paths)",
+    )
+    paths: list[Annotated[str, Field(max_length=MAX_RELPATH_CHARS * 4)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_FLEET_FILES,
+        description="Files by relpath (not with model)",
+    )
+    hosts: HostList | Literal["all"] = Field(
+        default="all", description='Host ids, each up now, or "all": every host up now'
+    )
+    target: Literal["gpu", "memory", "nvme", "page_cache"] = Field(
+        description="What each host does, as POST /v1/prefetch: gpu (a warm read-only lease), "
+        "memory (its memory tier), nvme (its fastest tier), page_cache (read through)"
+    )
+    device: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=r"^(cpu|cuda:[0-9]{1,3})$",
+        description="For gpu: cuda:N (default cuda:0) or cpu, on every host",
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> Any:
+        if (self.model is None) == (self.paths is None):
+            raise ValueError("give exactly one of model and paths")
+        if self.device is not None and self.target != "gpu":
+            raise ValueError(f"device applies to target gpu only, not {self.target}")
+        return self
+
+
+def _progress(done: int, total: int) -> float:
+    return round(done / total, 6) if total else 1.0
+
+
+class FleetTaskOut(BaseModel):
+    """One host's part of a fleet job."""
+
+    host: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    attempts: int = Field(
+        description="How many times the host claimed it (a re-run after a restart is one more)"
+    )
+    claimed_by: str | None
+    claim_expires: datetime | None = Field(
+        description="When the claim lapses unless the host renews it (it does while it works)"
+    )
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    progress: float = Field(description="bytes_done / bytes_total (1 when there are no bytes)")
+    error: str | None = Field(description="Why the task failed, for a person")
+    errors: list[dict[str, Any]] = Field(description="Files that failed on this host, and why")
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, t: TaskInfo) -> FleetTaskOut:
+        return cls(
+            host=t.host,
+            state=t.state,  # type: ignore[arg-type]
+            attempts=t.attempts,
+            claimed_by=t.claimed_by,
+            claim_expires=iso(t.claim_expires),
+            files_done=t.files_done,
+            files_total=t.files_total,
+            bytes_done=t.bytes_done,
+            bytes_total=t.bytes_total,
+            progress=_progress(t.bytes_done, t.bytes_total),
+            error=t.error,
+            errors=t.errors,
+            started_at=iso(t.started_at),
+            finished_at=iso(t.finished_at),
+            updated_at=iso(t.updated_at),  # type: ignore[arg-type]
+        )
+
+
+class FleetFileOut(BaseModel):
+    id: int
+    path: str
+    size: int = Field(description="Its size when the job was created")
+
+
+class FleetJobOut(BaseModel):
+    id: int
+    kind: str = Field(description="prefetch")
+    target: str
+    device: str | None
+    model: str | None
+    state: Literal["queued", "running", "done", "failed", "cancelled"] = Field(
+        description="From the hosts' tasks: done when every one is; failed when any failed and "
+        "none is still open; cancelled; running once any started; else queued"
+    )
+    created_by: str = Field(description="The host that took the request")
+    created_at: datetime
+    cancelled_at: datetime | None
+    finished_at: datetime | None
+    files_done: int = Field(description="Summed over the hosts")
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    progress: float = Field(description="bytes_done / bytes_total over every host")
+    hosts: list[FleetTaskOut] = Field(description="Each host's task, by host id")
+    files: list[FleetFileOut] = Field(description="What every host warms")
+
+    @classmethod
+    def of(cls, j: JobInfo) -> FleetJobOut:
+        files = j.spec.get("files")
+        done, total = j.total("bytes_done"), j.total("bytes_total")
+        return cls(
+            id=j.id,
+            kind=j.kind,
+            target=j.target,
+            device=_str_or_none(j.spec.get("device")),
+            model=_str_or_none(j.spec.get("model")),
+            state=j.state,  # type: ignore[arg-type]
+            created_by=j.created_by,
+            created_at=iso(j.created_at),  # type: ignore[arg-type]
+            cancelled_at=iso(j.cancelled_at),
+            finished_at=iso(j.finished_at),
+            files_done=j.total("files_done"),
+            files_total=j.total("files_total"),
+            bytes_done=done,
+            bytes_total=total,
+            progress=_progress(done, total),
+            hosts=[FleetTaskOut.of(t) for t in j.tasks],
+            files=[
+                FleetFileOut(id=f["id"], path=f["path"], size=f["size"])
+                for f in (files if isinstance(files, list) else [])
+                if isinstance(f, dict)
+            ],
+        )
+
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+class FleetJobsOut(BaseModel):
+    items: list[FleetJobOut] = Field(description="Newest first")
+    next_cursor: int | None = Field(description="Pass as cursor for the next page; None at the end")

@@ -24,6 +24,7 @@ from pydantic_settings import (
 from tiering.catalog.backends import normalize_url
 from tiering.config import EngineConfig, TierConfig
 from tiering.serving import LoaderConfig
+from tiering.serving.fleetjobs import FleetWorkerConfig
 
 __all__ = ["BufferSettings", "Settings", "TierSettings", "get_settings"]
 
@@ -219,6 +220,17 @@ class Settings(BaseSettings):
     host_timeout_s: float = Field(
         default=30.0, gt=0, description="Heartbeat age past which a host is shown down"
     )
+    fleet_poll_interval_s: float = Field(
+        default=1.0, gt=0, description="How often an idle host looks for its fleet job tasks"
+    )
+    fleet_claim_ttl_s: float = Field(
+        default=30.0, gt=0, description="How long a host's claim on a fleet task holds unrenewed"
+    )
+    fleet_task_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Heartbeat age past which a host's open fleet tasks fail, with the reason",
+    )
     admin_token: str | None = Field(default=None, description="Bearer token for every route")
     data_token: str | None = Field(default=None, description="Bearer token for data routes")
     half_life_s: float = Field(default=86_400.0, gt=0, description="Heat half-life in seconds")
@@ -349,6 +361,13 @@ class Settings(BaseSettings):
             advertise_url=self.advertise_url or f"http://{socket.gethostname()}:{self.port}",
             heartbeat_interval_s=self.heartbeat_interval_s,
             host_timeout_s=self.host_timeout_s,
+        )
+
+    def fleet_worker_config(self) -> FleetWorkerConfig:
+        return FleetWorkerConfig(
+            poll_interval_s=self.fleet_poll_interval_s,
+            claim_ttl_s=self.fleet_claim_ttl_s,
+            task_timeout_s=self.fleet_task_timeout_s,
         )
 
 

@@ -10,7 +10,6 @@ keeps a crash's leftovers from being served, and stops them in reverse.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from types import TracebackType
@@ -19,7 +18,7 @@ from tiering.catalog import Catalog, CatalogLock, Copies, Database, FileRecord, 
 from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
-from tiering.errors import Conflict, FileBusy, FileNotFound, NotFound, Unavailable
+from tiering.errors import FileNotFound, NotFound, Unavailable
 from tiering.fleet import Heartbeat, adopt_local_records, host_database
 from tiering.moves import (
     Claim,
@@ -52,6 +51,7 @@ from tiering.placement import (
     tier_infos,
     tier_states,
 )
+from tiering.placement.hostcopies import HostCopies
 from tiering.sync import ScanReport, TierWatcher, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import validate_relpath
@@ -98,6 +98,8 @@ class Engine:
         )
         #: Copies of hot files in pinned host memory (a cache above the tiers), or None.
         self.memory = MemoryCache.build(config, policy=self.policy, limiter=self.limiter)
+        #: This host's copies of a fleet's shared (origin) files on its own tiers, or None.
+        self.host_copies: HostCopies | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -145,8 +147,12 @@ class Engine:
         )
         if self.memory is not None:
             self.memory.open(self._catalog, Copies(self.db), self._files)
-        wake_cache = self.memory.wake if self.memory is not None else None
-        self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves, wake_cache)
+        self.host_copies = HostCopies.build(
+            self.db, self._catalog, self._files, self.tiers,
+            policy=self.policy, quota=self._policy.quota, limiter=self.limiter,
+        )  # fmt: skip
+        wakes = [c.wake for c in (self.memory, self.host_copies) if c is not None]
+        self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves, wakes)
         self.reload_policy()
         return self
 
@@ -160,10 +166,12 @@ class Engine:
         """
         self._lock.acquire()
         try:
-            self.open()
+            self.open().catalog.db.serve_under(self._lock)  # verified after each outage
             adopt_local_records(self.catalog.db, self.tiers, self.config.host_id)  # before recovery
             self.last_recovery = self.mover.recover()
             remove_orphan_temps(self.journal, self.tiers)
+            if self.host_copies is not None:
+                self.host_copies.start()  # reconciled with its rows before serving
             if self.memory is not None:
                 self.memory.start(keep_locations=[t.name for t in self.tiers])
             if self.config.watch:
@@ -197,6 +205,7 @@ class Engine:
         for attr, what in (
             ("watcher", "stopping the file watcher"),
             ("_scheduler", "stopping the migration scheduler"),
+            ("host_copies", "stopping the host's copies"),
             ("access", "the final flush of access counts"),
             ("heartbeat", "stopping the heartbeat"),
         ):
@@ -263,7 +272,10 @@ class Engine:
         The fd keeps reading the bytes it opened whatever a migration does meanwhile (see
         :meth:`tiering.moves.FileOps.open_content`, and its ``trust_catalog``).
         """
-        content = self._file_ops.open_content(file_id, trust_catalog=trust_catalog)
+        hc = self.host_copies  # a current copy of a fleet's origin file on this host's tier
+        content = (hc.content(file_id) if hc else None) or self._file_ops.open_content(
+            file_id, trust_catalog=trust_catalog
+        )
         assert self.access is not None
         self.access.record(content.record.id)
         return content
@@ -366,7 +378,8 @@ class Engine:
         """The moves ``policy`` (default: the one in force) would make now: a dry run."""
         policy = (policy or self.policy()).without(self.tiers.caches)  # storage tiers only
         now = time.time() if now is None else now
-        return plan(self.catalog.actionable(), policy, self.tier_states(), now)
+        origins = self.host_copies.origins if self.host_copies else ()
+        return plan(self.catalog.actionable(), policy, self.tier_states(), now, origins=origins)
 
     def explain(
         self, file_id: int, now: float | None = None, *, scheduler: bool | None = None
@@ -392,6 +405,7 @@ class Engine:
             now,
             in_flight=flight,
             scheduler_on=scheduler and self.policy().enabled,
+            origins=self.host_copies.origins if self.host_copies else (),
         ):
             if d.file_id == file_id:
                 return d
@@ -420,7 +434,7 @@ class Engine:
         InsufficientSpace, AlreadyExists, IntegrityError, StorageError
             The move was aborted safely: the source is untouched.
         """
-        self.tiers.get(to_tier)
+        self._check_move(file_id, to_tier)
         rec = self.mover.migrate(file_id, to_tier, reason=reason, progress=progress)
         return MigrationInfo(rec, rec.bytes_copied)
 
@@ -429,14 +443,9 @@ class Engine:
 
         Without a running scheduler the move runs in this thread before returning.
         """
-        self.tiers.get(to_tier)
+        self._check_move(file_id, to_tier)
         claim = self.mover.claim(file_id, to_tier, reason=reason)
-        if self._scheduler is not None and self._scheduler.running:
-            self._scheduler.submit(claim)
-        else:
-            # A failure is recorded on the claim and in the journal.
-            with contextlib.suppress(Exception):
-                self.mover.run(claim)
+        self.scheduler.submit_or_run(claim)
         return claim
 
     def run_plan(self) -> PassReport:
@@ -444,21 +453,12 @@ class Engine:
         this thread, one after another, without a running scheduler)."""
         self.reload_policy()
         sched = self.scheduler
-        if sched.running:
-            return sched.run_pass(self.policy())
-        report = PassReport(started_at=time.time())
-        moves = self.plan()
-        report.planned = len(moves)
-        for move in moves:
-            try:
-                claim = self.mover.claim(move.file_id, move.dst, reason=move.reason)
-            except (FileBusy, FileNotFound, Conflict) as exc:
-                report.skipped.append((move, exc.message))
-                continue
-            report.claimed.append(claim)
-            with contextlib.suppress(Exception):  # recorded on the claim and in the journal
-                self.mover.run(claim)
-        return report
+        return sched.run_pass(self.policy()) if sched.running else sched.run_inline(self.plan())
+
+    def _check_move(self, file_id: int, to_tier: str) -> None:
+        self.tiers.get(to_tier)
+        if self.host_copies is not None:  # a fleet's origin keeps its files
+            self.host_copies.refuse_move(file_id, to_tier)
 
     def migration(self, intent_id: int) -> MigrationInfo:
         row = self.journal.get(intent_id)

@@ -31,6 +31,8 @@ these classes to status codes in exactly one place.
     ├── InsufficientSpace             a tier or device is out of space, quota or budget
     ├── Unavailable                   temporarily unable to serve
     │   ├── CatalogBusy               SQLite stayed locked past busy_timeout
+    │   ├── CatalogUnreachable        the catalog's database (PostgreSQL) cannot be reached
+    │   │   └── HostLockLost          another tierd with this host id took its lock: no writes
     │   └── TierUnavailable           a tier's storage cannot be reached or written (a bucket)
     ├── IntegrityError                bytes do not match their checksum, or the source changed
     ├── StorageError                  a tier's filesystem failed (EIO, EACCES, EROFS...)
@@ -46,11 +48,13 @@ __all__ = [
     "BufferNotFound",
     "CacheOnlyTier",
     "CatalogBusy",
+    "CatalogUnreachable",
     "ClosedFile",
     "Conflict",
     "FileBusy",
     "FileChanged",
     "FileNotFound",
+    "HostLockLost",
     "IndexOutOfRange",
     "InsufficientSpace",
     "IntegrityError",
@@ -189,6 +193,20 @@ class Unavailable(TierdError):
 
 class CatalogBusy(Unavailable):
     code = "catalog_busy"
+
+
+class CatalogUnreachable(Unavailable):
+    """The catalog's database cannot be reached (PostgreSQL down or cut off).
+
+    Keeps the code ``unavailable``: clients already retry on it, and nothing they can do
+    differs from any other 503 (the message names the catalog and the reason).
+    """
+
+
+class HostLockLost(CatalogUnreachable):
+    """Another tierd with this host id took the host's lock while PostgreSQL had dropped ours
+    (a restart): this process writes nothing to the catalog any more, so two processes never
+    act as one host. It is a :class:`CatalogUnreachable` for everything that pauses on one."""
 
 
 class TierUnavailable(Unavailable):

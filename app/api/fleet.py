@@ -1,9 +1,10 @@
 """The fleet, as the shared catalog records it, on every host: the hosts with their liveness,
 tiers and GPUs, and where a file or a model is among them (what a scheduler asks before it
-places a replica).
+places a replica); and fleet jobs, a prefetch with one task per host that each host's
+:class:`~tiering.serving.fleetjobs.FleetWorker` claims and runs.
 
-Both routes only read the catalog: a query for the hosts, and for ``locate`` the records asked
-for and their copies (one query per 500 files). Nothing counts as an access.
+``hosts`` and ``locate`` only read the catalog: a query for the hosts, and for ``locate`` the
+records asked for and their copies (one query per 500 files). Nothing counts as an access.
 """
 
 from __future__ import annotations
@@ -11,17 +12,28 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import JSONResponse
 
 from app.api.deps import EngineDep, LoaderDep
-from app.api.responses import BUSY, DATA, INVALID, NOT_FOUND
+from app.api.responses import BUSY, DATA, INVALID, JSON_BODY, MAX_ID, NOT_FOUND, TOO_LARGE
 from app.auth import require_data
 from app.errors import HttpError
-from app.schemas_fleet import FleetHostOut, FleetHostsOut, LocateOut
-from tiering.catalog import Copies, FileRecord
+from app.schemas_fleet import (
+    FleetHostOut,
+    FleetHostsOut,
+    FleetJobOut,
+    FleetJobsOut,
+    FleetPrefetchRequest,
+    LocateOut,
+)
+from tiering.catalog import Copies, FileRecord, FileState
 from tiering.catalog.hosts import Hosts
 from tiering.engine import Engine
+from tiering.errors import TooLarge
 from tiering.fleet import fleet_hosts, locate
+from tiering.fleet.jobs import FleetJobs
+from tiering.fleet.jobstate import JobFile
 from tiering.serving import Loader
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
@@ -101,3 +113,115 @@ def locate_files(
         Hosts(db), Copies(db), records, timeout_s=engine.config.host_timeout_s, now=now
     )
     return LocateOut.of(located, path=path, model=model)
+
+
+# -- fleet jobs ----------------------------------------------------------------------------------
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Fleet job id")]
+
+
+def _jobs(engine: Engine) -> FleetJobs:
+    return FleetJobs(engine.catalog.db, host=engine.config.host_id)
+
+
+def _hosts_up_now(engine: Engine, asked: list[str] | str) -> list[str]:
+    """The hosts a job goes to: every host up now for "all", else those asked for, each of
+    which must be registered and up (422 naming the others)."""
+    view = fleet_hosts(Hosts(engine.catalog.db), timeout_s=engine.config.host_timeout_s)
+    state = {h.host_id: h for h in view}
+    if asked == "all":
+        up = [h.host_id for h in view if h.state == "up"]
+        if not up:
+            raise HttpError(422, "no_host_up", "no host of the fleet is up now")
+        return up
+    wanted = list(dict.fromkeys(asked))  # in order, once each
+    unknown = [h for h in wanted if h not in state]
+    if unknown:
+        raise HttpError(
+            422, "unknown_host", f"no host registered as {', '.join(map(repr, unknown))}"
+        )
+    down = [state[h] for h in wanted if state[h].state != "up"]
+    if down:
+        now = time.time()
+        said = ", ".join(
+            f"{h.host_id} (no heartbeat for {now - h.last_heartbeat:.0f} s)" for h in down
+        )
+        raise HttpError(
+            422,
+            "host_down",
+            f"down now, past host_timeout_s={engine.config.host_timeout_s:g}: {said}",
+        )
+    return wanted
+
+
+@router.post(
+    "/prefetch",
+    status_code=202,
+    dependencies=[require_data],
+    responses=DATA | NOT_FOUND | JSON_BODY | TOO_LARGE | BUSY,
+)
+def fleet_prefetch(req: FleetPrefetchRequest, engine: EngineDep, loader: LoaderDep) -> JSONResponse:
+    """Warm a model or files up on several hosts: one fleet job with a task per host, which
+    each host's tierd claims from the shared catalog and runs as a local prefetch (target as
+    for ``POST /v1/prefetch``). Returns the job at once; follow it at
+    ``GET /v1/fleet/jobs/{id}``, per host and in total.
+
+    ``hosts`` defaults to every host up now. 422 for neither or both of ``model`` and
+    ``paths``, a bad relpath, ``device`` without target gpu, a host id not registered, or a
+    host that is down (named); 404 for a file or model the catalog does not have; 413 for
+    more files than a prefetch takes. Nothing is recorded on any error.
+    """
+    records: list[FileRecord]
+    if req.model is not None:
+        info = loader.models.get(req.model)
+        records = [r for r in info.files if r.state != FileState.MISSING]
+    else:
+        records = [engine.lookup(p) for p in req.paths or []]
+    files = list({r.id: JobFile(r.id, r.relpath, r.size) for r in records}.values())
+    limit = loader.config.max_batch_items
+    if len(files) > limit:
+        raise TooLarge(f"{len(files)} files is over the limit of {limit}", limit=limit)
+    hosts = _hosts_up_now(engine, req.hosts)
+    job = _jobs(engine).create(
+        target=req.target, files=files, hosts=hosts, model=req.model, device=req.device
+    )
+    return JSONResponse(
+        FleetJobOut.of(job).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/v1/fleet/jobs/{job.id}"},
+    )
+
+
+@router.get("/jobs", dependencies=[require_data], responses=DATA | INVALID | BUSY)
+def list_fleet_jobs(
+    engine: EngineDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="Jobs per page")] = 20,
+    cursor: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")
+    ] = None,
+) -> FleetJobsOut:
+    """Fleet jobs, newest first, a page at a time, each with its hosts' tasks."""
+    jobs = _jobs(engine).page(limit=limit + 1, before=cursor)
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return FleetJobsOut(
+        items=[FleetJobOut.of(j) for j in jobs], next_cursor=jobs[-1].id if more else None
+    )
+
+
+@router.get(
+    "/jobs/{job_id}", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY
+)
+def get_fleet_job(job_id: JobId, engine: EngineDep) -> FleetJobOut:
+    """A fleet job: its state, each host's task (state, attempts, claim, files and bytes
+    done of the total, why it failed, files that failed) and the totals over the hosts."""
+    return FleetJobOut.of(_jobs(engine).get(job_id))
+
+
+@router.delete(
+    "/jobs/{job_id}", dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY
+)
+def cancel_fleet_job(job_id: JobId, engine: EngineDep) -> FleetJobOut:
+    """Cancel every task not finished: a host running one stops at its next progress write
+    (within a second). Tasks already finished, and a finished job, are left as they are."""
+    return FleetJobOut.of(_jobs(engine).cancel(job_id))

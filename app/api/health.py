@@ -1,4 +1,15 @@
-"""Liveness and readiness."""
+"""Liveness and readiness.
+
+Readiness has three answers. ``ready``: everything works. ``degraded`` (still 200): a shared
+dependency is down but this host still serves loads, so a load balancer must keep sending them:
+the catalog's database (PostgreSQL) unreachable, where loads of files on this host's tiers and
+the shared tier answer from the last records read and moves and fleet jobs pause; or an
+object-store tier unreachable, where loads from the other tiers go on and moves to or from it
+fail and are retried. ``not_ready`` (503): tierd cannot serve, because the catalog failed
+otherwise (a SQLite file it cannot read), a directory tier's root, this host's own disk, is
+unusable, or another tierd with this host id took the host's lock while PostgreSQL restarted
+(``checks.host_lock``: this process writes nothing any more).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +23,39 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import EngineDep
 from app.schemas import iso
+from tiering.engine import Engine
+from tiering.errors import CatalogUnreachable
 
 router = APIRouter(tags=["health"])
 
+CATALOG_DEGRADED = (
+    "serving loads of local files from last known records; moves and fleet jobs paused"
+)
+OBJECT_TIER_DEGRADED = (
+    "serving loads from the other tiers; moves to or from this tier fail and are retried later"
+)
+
+
+class Degradation(BaseModel):
+    """One part that does not answer, and what tierd still does without it."""
+
+    component: str = Field(description="`catalog`, or `tier:<name>`")
+    reason: str = Field(description="Why it does not answer")
+    since: datetime | None = Field(description="When this host first saw it fail, if known")
+    still_works: str = Field(description="What this host still serves meanwhile")
+
 
 class ReadyOut(BaseModel):
-    status: Literal["ready", "not_ready"]
+    status: Literal["ready", "degraded", "not_ready"] = Field(
+        description="`degraded` is still ready to serve loads (200); `not_ready` is a 503"
+    )
     started_at: datetime | None
-    checks: dict[str, Any] = Field(description="catalog, tiers, watcher and last_scan")
+    checks: dict[str, Any] = Field(
+        description="catalog, tiers, watcher, last_scan; host_lock once another took the lock"
+    )
+    degraded: list[Degradation] = Field(
+        default_factory=list, description="What is down while the status is `degraded`"
+    )
 
 
 @router.get("/healthz")
@@ -31,21 +67,41 @@ def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     response_model=ReadyOut,
-    responses={503: {"model": ReadyOut, "description": "Not ready: a check failed"}},
+    responses={503: {"model": ReadyOut, "description": "Not ready: tierd cannot serve"}},
 )
 def readyz(engine: EngineDep) -> JSONResponse:
-    """Ready when the catalog answers and every tier root is a usable directory."""
+    """``ready`` when the catalog answers and every tier is usable; ``degraded`` (200) when
+    the catalog's database or an object-store tier does not answer but loads still do (the
+    ``degraded`` list says what is down and what still works); ``not_ready`` (503) otherwise."""
     checks: dict[str, object] = {}
+    degraded: list[Degradation] = []
     ok = True
     try:
         checks["catalog"] = {"ok": True, "files": engine.catalog.count()}
+    except CatalogUnreachable as exc:
+        checks["catalog"] = {"ok": False, "error": exc.message}
+        degraded.append(_catalog_down(engine, exc.message))
     except Exception as exc:
         ok = False
         checks["catalog"] = {"ok": False, "error": str(exc)}
+    fenced = engine.catalog.db.fenced
+    if fenced is not None:  # another tierd acts as this host now: this one must not serve
+        ok = False
+        checks["host_lock"] = {"ok": False, "error": fenced}
     tiers = {}
     for tier in engine.tiers:
         usable = tier.reachable()
-        ok = ok and usable
+        if not usable and tier.kind == "object":
+            degraded.append(
+                Degradation(
+                    component=f"tier:{tier.name}",
+                    reason=f"the object store {tier.location} does not answer",
+                    since=None,
+                    still_works=OBJECT_TIER_DEGRADED,
+                )
+            )
+        elif not usable:
+            ok = False
         tiers[tier.name] = {"ok": usable, "kind": tier.kind, "location": tier.location}
     checks["tiers"] = tiers
     # The watcher's health is reported, not required: without it the catalog can drift from
@@ -58,9 +114,23 @@ def readyz(engine: EngineDep) -> JSONResponse:
     )
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
-    body = {
-        "status": "ready" if ok else "not_ready",
-        "started_at": iso(engine.started_at),
-        "checks": checks,
-    }
+    status: Literal["ready", "degraded", "not_ready"] = (
+        "not_ready" if not ok else "degraded" if degraded else "ready"
+    )
+    body = ReadyOut(
+        status=status,
+        started_at=iso(engine.started_at),
+        checks=checks,
+        degraded=degraded,
+    )
     return JSONResponse(jsonable_encoder(body), status_code=200 if ok else 503)
+
+
+def _catalog_down(engine: Engine, message: str) -> Degradation:
+    outage = engine.catalog.db.outage
+    return Degradation(
+        component="catalog",
+        reason=message,
+        since=iso(outage.since) if outage is not None else None,
+        still_works=CATALOG_DEGRADED,
+    )

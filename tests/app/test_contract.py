@@ -3,6 +3,7 @@ never a 500, and the OpenAPI schema declares the bounds and each operation's err
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,10 @@ def test_oversized_id_on_every_integer_path_route(api: TestClient, tmp_path: Pat
     before = disk_snapshot(tmp_path / "data")
     for method, path in routes:
         for bad in (HUGE, str(MAX_ID + 1), "-1", "0"):
-            url = path.replace("{file_id}", bad)
+            url = re.sub(r"\{[a-z_]+\}", bad, path)
             _is_error(api.request(method, url), 404, 422)
         # The largest id there can be is in range: an honest 404.
-        _is_error(api.request(method, path.replace("{file_id}", str(MAX_ID))), 404)
+        _is_error(api.request(method, re.sub(r"\{[a-z_]+\}", str(MAX_ID), path)), 404)
     assert disk_snapshot(tmp_path / "data") == before
     assert api.get("/v1/files").json()["items"][0]["path"] == "a.bin"
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,8 @@ DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 DOCKERIGNORE = DOCKER / "Dockerfile.dockerignore"
 COMPOSE = DOCKER / "compose.yaml"
+FLEET = DOCKER / "compose.fleet.yaml"
+FLEET_TOML = DOCKER / "tierd.fleet.toml"
 CUFILE = DOCKER / "cufile.json"
 TIERD_TOML = DOCKER / "tierd.toml"
 
@@ -124,16 +127,16 @@ def dockerignore_patterns() -> list[str]:
 
 
 def compose_config(
-    env_overrides: dict[str, str], tmp_path: Path
+    env_overrides: dict[str, str], tmp_path: Path, compose: Path = COMPOSE
 ) -> subprocess.CompletedProcess[str]:
     """Run `docker-compose config` with a controlled environment and an empty env file."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERD_", "COMPOSE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERD_", "COMPOSE_", "AWS_"))}
     env.update(env_overrides)
     empty_env_file = tmp_path / "empty.env"
     empty_env_file.write_text("")
     assert DOCKER_COMPOSE is not None
     return subprocess.run(
-        [DOCKER_COMPOSE, "--env-file", str(empty_env_file), "-f", str(COMPOSE), "config"],
+        [DOCKER_COMPOSE, "--env-file", str(empty_env_file), "-f", str(compose), "config"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -320,5 +323,110 @@ def test_compose_publish_and_gpu_count_are_configurable(tmp_path: Path) -> None:
 def test_compose_refuses_to_render_without_tokens(tmp_path: Path, missing: str) -> None:
     env = {k: v for k, v in TOKENS.items() if k != missing}
     proc = compose_config(env, tmp_path)
+    assert proc.returncode != 0
+    assert f"set {missing}" in proc.stderr
+
+
+# --------------------------------------------------------------------------- compose.fleet.yaml
+
+FLEET_ENV = {
+    **TOKENS,
+    "TIERD_PG_PASSWORD": "pgsecret",
+    "TIERD_S3_URL": "s3://my-models/prod",
+}
+FLEET_HOSTS = ("tierd-a", "tierd-b")
+
+
+def fleet_services(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    proc = compose_config(env, tmp_path, FLEET)
+    assert proc.returncode == 0, proc.stderr
+    services: dict[str, Any] = yaml.safe_load(proc.stdout)["services"]
+    return services
+
+
+def fleet_settings(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The settings a fleet host builds from its rendered environment and tierd.fleet.toml."""
+    settings_mod = pytest.importorskip("app.settings")
+    for key in list(os.environ):
+        if key.startswith("TIERD_"):
+            monkeypatch.delenv(key)
+    names = set(settings_mod.Settings.model_fields)
+    for key, value in service["environment"].items():
+        if key.startswith("TIERD_") and value is not None:
+            # pydantic-settings ignores a TIERD_* variable it has no field for: catch typos here.
+            assert key.removeprefix("TIERD_").lower() in names, key
+            monkeypatch.setenv(key, str(value))
+    return settings_mod.get_settings(config_file=FLEET_TOML)
+
+
+@needs_compose
+def test_fleet_compose_renders_postgres_and_two_gpu_hosts(tmp_path: Path) -> None:
+    services = fleet_services(tmp_path, FLEET_ENV)
+    assert set(services) == {"postgres", *FLEET_HOSTS}  # MinIO stays a commented example
+    pg = services["postgres"]
+    assert re.fullmatch(r"postgres:15(\.\d+)?", pg["image"])
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert pg["environment"]["POSTGRES_PASSWORD"] == "pgsecret"
+    assert "pgdata:/var/lib/postgresql/data:rw" in pg["volumes"]
+    assert "ports" not in pg  # reached on the compose network only
+    ports: set[str] = set()
+    volumes: set[str] = set()
+    for name in FLEET_HOSTS:
+        service = services[name]
+        assert service["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+        assert service["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+        assert service["build"]["dockerfile"] == "docker/Dockerfile"
+        assert service["ipc"] == "shareable" and service["stop_grace_period"] == "30s"
+        env = service["environment"]
+        assert env["TIERD_HOST_ID"] == name and env["TIERD_ADVERTISE_URL"] == f"http://{name}:8470"
+        assert env["TIERD_CATALOG_URL"] == "postgresql+psycopg://tierd:pgsecret@postgres:5432/tierd"
+        # Credentials pass through from the shell only when set there: never an empty key.
+        assert env["AWS_ACCESS_KEY_ID"] is None and env["AWS_REGION"] is None
+        assert any(v.endswith(f":{CONFIG_PATH}:ro") and "tierd.fleet.toml" in v
+                   for v in service["volumes"])  # fmt: skip
+        ports.update(service["ports"])
+        volumes.update(v.split(":")[0] for v in service["volumes"] if ":/nvme" in v)
+    assert ports == {"127.0.0.1:8470:8470/tcp", "127.0.0.1:8471:8470/tcp"}
+    assert volumes == {"nvme-a", "nvme-b"}  # each host's directory tier is its own
+
+
+@needs_compose
+def test_fleet_hosts_settings_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**FLEET_ENV, "TIERD_S3_ENDPOINT": "http://minio:9000"}
+    services = fleet_services(tmp_path, env)
+    for name in FLEET_HOSTS:
+        settings = fleet_settings(services[name], monkeypatch)
+        assert settings.host_id == name and settings.advertise_url == f"http://{name}:8470"
+        assert settings.catalog_url.startswith("postgresql+psycopg://tierd:pgsecret@postgres")
+        assert [
+            (t.name, t.kind or ("object" if t.url else "directory")) for t in settings.tiers
+        ] == [
+            ("nvme", "directory"),
+            ("s3", "object"),
+        ]
+        assert str(settings.tiers[0].path) == "/nvme"
+        assert settings.tiers[1].url == "s3://my-models/prod"
+        assert settings.tiers[1].endpoint_url == "http://minio:9000"
+        assert (settings.host, settings.port) == ("0.0.0.0", PORT)
+        assert not settings.is_loopback() and settings.auth_enabled
+
+
+@needs_compose
+def test_fleet_aws_s3_needs_no_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No TIERD_S3_ENDPOINT: the endpoint renders empty, which tierd reads as AWS S3 itself.
+    services = fleet_services(tmp_path, {**FLEET_ENV, "AWS_REGION": "eu-west-1"})
+    assert services["tierd-a"]["environment"]["AWS_REGION"] == "eu-west-1"
+    settings = fleet_settings(services["tierd-a"], monkeypatch)
+    assert not settings.tiers[1].endpoint_url
+
+
+@needs_compose
+@pytest.mark.parametrize("missing", sorted(FLEET_ENV))
+def test_fleet_compose_refuses_to_render_without(tmp_path: Path, missing: str) -> None:
+    env = {k: v for k, v in FLEET_ENV.items() if k != missing}
+    proc = compose_config(env, tmp_path, FLEET)
     assert proc.returncode != 0
     assert f"set {missing}" in proc.stderr

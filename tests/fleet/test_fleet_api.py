@@ -63,7 +63,11 @@ def _places(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def test_two_hosts_see_each_other_and_locate_files_and_models(
-    fleet: tuple[httpx.Client, httpx.Client], pg_url: str
+    fleet: tuple[httpx.Client, httpx.Client],
+    pg_url: str,
+    tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
 ) -> None:
     ca, cb = fleet
     for c in (ca, cb):
@@ -85,16 +89,46 @@ def test_two_hosts_see_each_other_and_locate_files_and_models(
     assert (doc["tier"], doc["host"]) == ("s3", None)
     assert _places(doc) == [("host-a", "object_store", "s3"), ("host-b", "object_store", "s3")]
 
-    # Promoted to host A's nvme: the file is A's, on its fastest tier, for both hosts' view.
-    # A move takes the bytes off the bucket (the source is removed), so B no longer has it.
+    # Prefetched to host A's nvme: the bucket is the fleet's origin, so A keeps a *copy* on its
+    # nvme, and the object stays where it is: B still has it in the bucket.
     fid = doc["id"]
-    r = ca.post("/v1/migrations", params={"wait": "true"}, json={"file_id": fid, "to_tier": "nvme"})
-    assert r.status_code == 200, r.text
+    r = ca.post("/v1/prefetch", json={"file_ids": [fid], "target": "nvme"})
+    assert r.status_code == 202, r.text
+    job = wait_for(
+        lambda: (j := ca.get(f"/v1/jobs/{r.json()['id']}").json())["state"] != "running" and j,
+        what="the prefetch",
+    )
+    assert (job["state"], job["errors"]) == ("done", []), job
+    s3_client.head_object(Bucket=s3_bucket, Key="models/llm/model.safetensors")
+    copies = list((tmp_path / "a" / "nvme" / ".tierd-copies").iterdir())
+    assert [p.read_bytes() for p in copies] == [MODEL["llm/model.safetensors"]]
     for c in (ca, cb):
         [doc] = c.get("/v1/fleet/locate", params={"path": "llm/model.safetensors"}).json()["files"]
-        assert (doc["tier"], doc["host"]) == ("nvme", "host-a")
-        assert _places(doc) == [("host-a", "tier", "nvme")]
-    # Host B's scan of its tiers does not take A's file for missing from the bucket.
+        assert (doc["tier"], doc["host"]) == ("s3", None)
+        assert _places(doc) == [
+            ("host-a", "copy", "nvme"),
+            ("host-a", "object_store", "s3"),
+            ("host-b", "object_store", "s3"),
+        ]
+    # A loads from its copy (a local read on nvme), B from the bucket; the bytes are the same.
+    for c, tier, sources in (
+        (ca, "nvme", {"page_cache", "storage"}),
+        (cb, "s3", {"object_store"}),
+    ):
+        r = c.post("/v1/load", json={"path": "llm/model.safetensors", "device": "cpu"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["tier"], r.json()["source"] in sources) == (tier, True), r.json()
+        assert c.delete(f"/v1/buffers/{r.json()['buffer_id']}").status_code in (200, 204)
+    assert ca.get(f"/v1/files/{fid}/content").content == MODEL["llm/model.safetensors"]
+    # A manual move off the origin is refused (it would take the file from host B), and
+    # changes nothing.
+    r = ca.post("/v1/migrations", params={"wait": "true"}, json={"file_id": fid, "to_tier": "nvme"})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "conflict"
+    assert cb.get(f"/v1/files/{fid}").json()["tier"] == "s3"
+    # The copy is not a file of A's nvme: A's scan adopts nothing from the copies directory.
+    scanned = ca.post("/v1/scan").json()
+    assert (scanned["adopted"], scanned["skipped"]) == ([], []), scanned
     assert cb.post("/v1/scan").json()["missing"] == []
     assert cb.get(f"/v1/files/{fid}").json()["state"] == "stable"
 
@@ -108,7 +142,7 @@ def test_two_hosts_see_each_other_and_locate_files_and_models(
         ("host-a", "object_store", "s3"),
         ("host-b", "object_store", "s3"),
     ]
-    assert _places(files["llm/model.safetensors"])[0] == ("host-a", "tier", "nvme")
+    assert _places(files["llm/model.safetensors"])[0] == ("host-a", "copy", "nvme")
     summary = {h["host_id"]: h for h in out["hosts"]}
     assert (summary["host-a"]["complete"], summary["host-a"]["files"]) == (True, 2)
     assert out["hosts"][0]["host_id"] == "host-a"

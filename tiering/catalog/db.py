@@ -5,15 +5,30 @@ process-wide lock around a single dedicated connection opened with ``BEGIN IMMED
 :mod:`tiering.catalog.backends` for why). PostgreSQL has many: each write is its own READ
 COMMITTED transaction that locks the rows it decides on, and :meth:`Database.transact` retries
 one that lost a deadlock. Readers use their own pool on both.
+
+PostgreSQL may also be down or cut off: every call then raises
+:class:`~tiering.errors.CatalogUnreachable`, and :attr:`Database.outage` says why and since when
+until a statement succeeds again (logged once each way, not once per failed call), so the parts
+that pause meanwhile (moves, the memory tier's passes) and ``/readyz`` can ask without a query.
+:attr:`Database.outages` counts them, for the parts that settle what an outage interrupted once
+it is over (the scheduler's :func:`~tiering.moves.recovery.settle`).
+
+A restart of PostgreSQL also drops this host's advisory lock (:mod:`tiering.catalog.lock`). So
+after an outage the first write takes it again before it runs; if another tierd with the same
+host id took it meanwhile, every write of this process fails from then on with
+:class:`~tiering.errors.HostLockLost` (:attr:`Database.fenced` says why), rather than two
+processes acting as one host.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,9 +49,20 @@ from tiering.catalog.backends import (
     redact,
     sqlstate,
 )
-from tiering.errors import CatalogBusy, Unavailable
+from tiering.catalog.lock import CatalogLock
+from tiering.errors import CatalogBusy, CatalogUnreachable, HostLockLost, Unavailable
 
-__all__ = ["BUSY_TIMEOUT_MS", "Database", "decay", "make_engine", "migrations_dir", "upgrade"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "Database",
+    "Outage",
+    "decay",
+    "make_engine",
+    "migrations_dir",
+    "upgrade",
+]
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -75,6 +101,15 @@ def _unreachable(exc: DBAPIError) -> bool:
         isinstance(exc, OperationalError)
         and (state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"))
     )
+
+
+@dataclass(frozen=True)
+class Outage:
+    """The catalog's database has not answered since ``since`` (epoch seconds), for ``reason``
+    (the last failure's, without credentials)."""
+
+    since: float
+    reason: str
 
 
 class Database:
@@ -116,6 +151,73 @@ class Database:
         self._file_generations: dict[int, int] = {}
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(self._reader, expire_on_commit=False)
+        self._outage: Outage | None = None
+        self._outage_lock = threading.Lock()
+        #: Outages so far (PostgreSQL): a part that settles after one compares it with its own.
+        self.outages = 0
+        self._back: list[Callable[[], None]] = []
+        self._host_lock: CatalogLock | None = None
+        self._lock_stale = False  # an outage may have dropped the host lock: verify first
+        self._relock = threading.Lock()
+        self._fenced: str | None = None
+
+    @property
+    def outage(self) -> Outage | None:
+        """Why the database cannot be reached, since the first failure of this outage; None
+        while it answers (or before anything noticed otherwise). Only PostgreSQL has one."""
+        return self._outage
+
+    @property
+    def fenced(self) -> str | None:
+        """Why this process writes nothing any more (another took its host's lock), or None."""
+        return self._fenced
+
+    def on_back(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when the database answers again after an outage; it runs in the thread
+        whose statement succeeded, so it must only wake a thread of its own."""
+        self._back.append(wake)
+
+    def serve_under(self, lock: CatalogLock) -> None:
+        """Make ``lock`` (held: this host's serving lock) the condition of every write: after
+        an outage it is verified, and taken again, before the next write runs."""
+        self._host_lock = lock
+
+    def check_host_lock(self) -> bool:
+        """Verify the host lock now (taking it again where PostgreSQL dropped it); False, and
+        :attr:`fenced` set, when another process took it. Call it now and then: a restart of
+        PostgreSQL between two statements drops the lock without an outage being seen.
+
+        Raises
+        ------
+        CatalogUnreachable
+            PostgreSQL cannot be reached (the check runs again before the next write).
+        """
+        lock = self._host_lock
+        if lock is None or self.single_writer or self._fenced is not None:
+            return self._fenced is None
+        with self._relock:
+            try:
+                held = lock.verify()
+            except Unavailable as exc:
+                self._went_down(exc.message)
+                raise CatalogUnreachable(exc.message) from exc
+            if held:
+                self._lock_stale = False
+                return True
+            self._fenced = (
+                f"another tierd with host id {lock.host_id!r} took this host's lock on the "
+                f"catalog {redact(self.url)} while PostgreSQL was restarting ({lock.holder}); "
+                "this process no longer writes the catalog: stop one of the two and restart "
+                "the other"
+            )
+        log.error("%s", self._fenced)
+        return False
+
+    def _before_write(self) -> None:
+        if self._lock_stale:
+            self.check_host_lock()
+        if self._fenced is not None:
+            raise HostLockLost(self._fenced)
 
     def owner_of(self, tier: str) -> str | None:
         """The host to record on a file placed on ``tier`` (None: a shared tier)."""
@@ -154,10 +256,11 @@ class Database:
         CatalogBusy
             When another writer held the database (SQLite) or a row (PostgreSQL) past
             ``busy_timeout``.
-        Unavailable
+        CatalogUnreachable
             PostgreSQL cannot be reached.
         """
         if not self.single_writer:
+            self._before_write()
             with self._postgresql_errors(), self._write_sessions() as session, session.begin():
                 yield session
             return
@@ -233,11 +336,43 @@ class Database:
                     "a catalog row stayed locked by another writer past busy_timeout; try again"
                 ) from exc
             if _unreachable(exc):
-                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-                raise Unavailable(
-                    f"the catalog database {redact(self.url)} cannot be reached: {reason}"
-                ) from exc
+                lines = str(exc.orig).strip().splitlines() if exc.orig else []
+                reason = lines[0] if lines else type(exc).__name__
+                message = f"the catalog database {redact(self.url)} cannot be reached: {reason}"
+                self._went_down(message)
+                raise CatalogUnreachable(message) from exc
             raise
+        if self._outage is not None:  # one attribute read on the hot path
+            self._came_back()
+
+    def _went_down(self, reason: str) -> None:
+        with self._outage_lock:
+            if self._outage is not None:
+                return
+            self._outage = Outage(time.time(), reason)
+            self.outages += 1
+            self._lock_stale = self._host_lock is not None
+        # Pooled connections died with the server (or will fail once each when it returns):
+        # drop the idle ones now, so the first reads after it returns open fresh ones.
+        self._reader.dispose()
+        self._writer.dispose()
+        log.warning(
+            "%s; serving loads of local files from last known records, moves and fleet jobs "
+            "paused until it answers again",
+            reason,
+        )
+
+    def _came_back(self) -> None:
+        with self._outage_lock:
+            outage, self._outage = self._outage, None
+        if outage is not None:
+            log.warning(
+                "the catalog database %s answers again after %.1f s; moves resume",
+                redact(self.url),
+                time.time() - outage.since,
+            )
+            for wake in self._back:
+                wake()
 
     def _bump_files(self, files: Collection[int], *, before: bool) -> None:
         """Called holding the write lock, before and after a scoped write."""

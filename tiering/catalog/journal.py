@@ -38,7 +38,7 @@ from tiering.catalog.models import (
 from tiering.errors import Conflict, FileBusy, FileNotFound
 from tiering.tiers.paths import TEMP_SUFFIX
 
-__all__ = ["Journal", "SwitchOutcome", "temp_name_for"]
+__all__ = ["Journal", "SwitchOutcome", "refuse_other_host", "temp_name_for"]
 
 
 def temp_name_for(file_id: int, intent_id: int) -> str:
@@ -59,6 +59,20 @@ def _locked(s: Session, intent: Migration) -> tuple[FileRecord | None, Migration
         else None
     )
     return rec, s.get(Migration, intent.id, with_for_update=FOR_WRITE)
+
+
+def refuse_other_host(db: Database, rec: FileRecord, action: str) -> None:
+    """Raise :class:`Conflict` when ``rec`` is on another host's own tier: its bytes are on
+    that host's disk, which this one cannot reach, so moving, replacing or deleting it here
+    would act on this host's tier of the same name and leave the record wrong."""
+    if db.single_writer or rec.host is None or rec.host == db.host:
+        return  # SQLite: one host, whose records were adopted at start
+    raise Conflict(
+        f"{rec.relpath!r} is on host {rec.host}'s tier {rec.tier}: only that host can {action} it",
+        file_id=rec.id,
+        host=rec.host,
+        tier=rec.tier,
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,7 @@ class Journal:
             It is not ``stable`` (migrating, quarantined...), it changed since the caller read
             it, or it is pinned to another tier.
         Conflict
-            It is already on ``dst_tier``.
+            It is already on ``dst_tier``, or on another host's own tier.
         """
         now = time.time() if now is None else now
 
@@ -111,6 +125,7 @@ class Journal:
             rec = s.get(FileRecord, file_id, with_for_update=FOR_WRITE)
             if rec is None:
                 raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
+            refuse_other_host(self.db, rec, "move")
             if rec.state == FileState.MIGRATING:
                 raise FileBusy(f"file {file_id} is already being migrated", file_id=file_id)
             if rec.state != FileState.STABLE:

@@ -11,6 +11,14 @@ Both are dropped by the kernel or the server when the holder dies (its fd closes
 ends), so a crash never leaves a stale lock for the next start to argue with. A PostgreSQL
 session outlives its host by the TCP keepalive time at most (about a minute; see
 :mod:`tiering.catalog.backends`).
+
+A PostgreSQL restart ends every session, so the holder loses its lock while it keeps running:
+:meth:`CatalogLock.verify` takes it again (the :class:`~tiering.catalog.db.Database` calls it
+before its first write after an outage). When another tierd with the same host id took it
+meanwhile, ``verify`` says so and names the holder, and that process stops writing. A session
+of this very process that PostgreSQL still keeps (the network, not the server, failed) holds the
+lock under this process's token: it is ended and the lock taken again, not mistaken for
+another process's.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import time
+import uuid
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
@@ -55,6 +65,11 @@ class CatalogLock:
         self._fd = -1
         self._engine: Engine | None = None
         self._conn: Connection | None = None
+        # Names this process's lock sessions, so a session of ours that outlived its connection
+        # (see verify) is told apart from another process's.
+        self._token = uuid.uuid4().hex[:12]
+        #: Who holds the lock instead of this process, once :meth:`verify` found it taken.
+        self.holder: str | None = None
 
     @property
     def held(self) -> bool:
@@ -88,15 +103,25 @@ class CatalogLock:
         self._fd = fd
 
     def _acquire_advisory(self) -> None:
+        if not self._try_advisory():
+            raise Unavailable(
+                f"another tierd with host id {self.host_id!r} is already serving the catalog "
+                f"{redact(self.catalog_url)} ({self.holder}); give each host its own host_id"
+            )
+
+    def _try_advisory(self) -> bool:
+        """Take the advisory lock on a new session of its own; False (and :attr:`holder` set)
+        when another session holds it. Raises Unavailable when PostgreSQL cannot be reached."""
         where = redact(self.catalog_url)
         # A connection of its own, outside any pool: the lock lives exactly as long as it.
-        name = f"tierd lock {self.host_id}"[:63]
+        name = f"tierd lock {self._token} {self.host_id}"[:63]
         engine = make_engine(self.catalog_url, writer=True, name=name, dedicated=True)
+        key = host_lock_key(self.host_id)
         try:
             conn = engine.connect()
-            got = conn.execute(
-                text("SELECT pg_try_advisory_lock(:key)"), {"key": host_lock_key(self.host_id)}
-            ).scalar_one()
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar()
+            if not got:
+                self.holder = self._holder(conn, key)
             conn.commit()  # the lock is the session's, not the transaction's
         except DBAPIError as exc:
             engine.dispose()
@@ -105,11 +130,63 @@ class CatalogLock:
         if not got:
             conn.close()
             engine.dispose()
-            raise Unavailable(
-                f"another tierd with host id {self.host_id!r} is already serving the catalog "
-                f"{where}; give each host its own host_id"
-            )
-        self._engine, self._conn = engine, conn
+            return False
+        self._engine, self._conn, self.holder = engine, conn, None
+        return True
+
+    def _holder(self, conn: Connection, key: int) -> str:
+        """Who holds ``key`` (pg_locks shows a bigint key as two oids); ends a session of this
+        process's own that outlived its connection, and says so with ``"ours"``."""
+        row = conn.execute(
+            text(
+                "SELECT a.pid, a.application_name, a.client_addr::text, a.backend_start "
+                "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                "AND l.classid = CAST(:hi AS oid) AND l.objid = CAST(:lo AS oid)"
+            ),
+            {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF},
+        ).first()
+        if row is None:
+            return "a session that has just ended"
+        if self._token in (row.application_name or ""):
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": row.pid})
+            return "ours"
+        return (
+            f"PostgreSQL session {row.pid} from {row.client_addr or 'a local socket'}, "
+            f"started {row.backend_start:%Y-%m-%d %H:%M:%S %Z}"
+        )
+
+    def verify(self) -> bool:
+        """Whether this process still holds the lock, taking it again where PostgreSQL dropped
+        it (a restart ends every session); SQLite's ``flock`` is never dropped.
+
+        Returns
+        -------
+        bool
+            False when another process holds it now (:attr:`holder` says who); this process
+            must then stop writing the catalog for its host.
+
+        Raises
+        ------
+        Unavailable
+            PostgreSQL cannot be reached (nothing is known; ask again later).
+        """
+        if self._fd >= 0:
+            return True
+        if self._conn is not None:
+            try:
+                self._conn.execute(text("SELECT 1")).scalar()
+                self._conn.commit()
+                return True  # the session lives, and its lock with it
+            except DBAPIError:
+                self.release()  # that session is gone, and the lock with it
+        for _ in range(20):
+            if self._try_advisory():
+                return True
+            if self.holder != "ours":
+                return False
+            time.sleep(0.05)  # our own stale session was just told to end; its lock goes with it
+        return False
 
     def release(self) -> None:
         """Let go of the lock (closing the fd or the session drops it); a no-op when not held."""

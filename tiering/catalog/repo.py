@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import BigInteger, Table, bindparam, delete, func, or_, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from tiering.catalog.backends import FOR_DELETE, FOR_WRITE, decayed_heat, relax_commit
+from tiering.catalog.backends import FOR_DELETE, FOR_WRITE, relax_commit
 from tiering.catalog.db import Database
+from tiering.catalog.heat import access_statements
+from tiering.catalog.known import LastKnown
 from tiering.catalog.models import FileRecord, FileState, owned_file_ids
-from tiering.errors import FileNotFound
+from tiering.errors import AlreadyExists, CatalogUnreachable, FileNotFound
 
 __all__ = ["Catalog", "NewFile", "TierUsage"]
 
@@ -56,24 +57,37 @@ class Catalog:
         self.db = db
         self._cache: dict[int, tuple[FileRecord, tuple[int, int]]] = {}
         self._paths: dict[str, tuple[int, int]] = {}  # relpath -> (file id, generation)
+        # Where records are not cached (PostgreSQL), the last ones read: the read path's
+        # answer while the database cannot be reached (see tiering.catalog.known).
+        self.last_known = None if db.caches_records else LastKnown(db.host)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, file_id: int, *, cached: bool = False) -> FileRecord:
         """One record. ``cached`` may answer from memory, for the read path: the record's place,
-        state and content are current, its access counters may lag the last flush."""
+        state and content are current, its access counters may lag the last flush; and while
+        the database cannot be reached, the last record read of a file this host can read."""
         rec = self._cache_get(file_id) if cached else None
         if rec is None:
             stamp = self.db.stamp(file_id)
-            with self.db.read() as s:
-                rec = s.get(FileRecord, file_id)
+            try:
+                with self.db.read() as s:
+                    rec = s.get(FileRecord, file_id)
+            except CatalogUnreachable:
+                known = self.last_known.by_id(file_id) if cached and self.last_known else None
+                if known is None:
+                    raise
+                return known
             if rec is not None:
                 self._cache_put(file_id, rec, stamp)
+            if self.last_known is not None:
+                self.last_known.read(file_id, rec)
         if rec is None:
             raise FileNotFound(f"no file with id {file_id}", file_id=file_id)
         return rec
 
     def lookup(self, relpath: str, *, cached: bool = False) -> FileRecord:
         """One record by relpath; ``cached`` as for :meth:`get`."""
+        fallback = self.last_known if cached else None
         cached = cached and self.db.caches_records
         if cached:
             # Which record a relpath names changes only with writes that bump the global
@@ -85,8 +99,16 @@ class Catalog:
                     if rec.relpath == relpath:
                         return rec
         generation = self.db.generation
-        with self.db.read() as s:
-            found = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
+        try:
+            with self.db.read() as s:
+                found = s.scalar(select(FileRecord).where(FileRecord.relpath == relpath))
+        except CatalogUnreachable:
+            known = fallback.by_path(relpath) if fallback is not None else None
+            if known is None:
+                raise
+            return known
+        if self.last_known is not None:
+            self.last_known.read_path(relpath, found)
         if found is None:
             raise FileNotFound(f"no file at path {relpath!r}", path=relpath)
         if cached and generation % 2 == 0:
@@ -181,17 +203,21 @@ class Catalog:
             return int(s.scalar(select(func.count()).select_from(FileRecord)) or 0)
 
     # -- writes ------------------------------------------------------------------------------
-    def upsert(self, new: NewFile, *, now: float | None = None) -> FileRecord | None:
+    def upsert(
+        self, new: NewFile, *, now: float | None = None, new_only: bool = False
+    ) -> FileRecord | None:
         """Record bytes just published at ``new.relpath``; see :meth:`upsert_many`."""
-        return self.upsert_many([new], now=now)[0]
+        return self.upsert_many([new], now=now, new_only=new_only)[0]
 
     def upsert_many(
-        self, news: Sequence[NewFile], *, now: float | None = None
+        self, news: Sequence[NewFile], *, now: float | None = None, new_only: bool = False
     ) -> list[FileRecord | None]:
         """Record bytes just published, in one transaction: insert each, or replace the content
         of the existing record (keeping its id, heat and pin) and bump its generation.
 
         A record owned by a migration is left alone, and its slot in the result is None.
+        ``new_only``: raise :class:`AlreadyExists` (nothing recorded) where a record exists,
+        e.g. one another host inserted while this one uploaded a file it found new.
         """
         now = time.time() if now is None else now
 
@@ -206,6 +232,12 @@ class Catalog:
             existing = {r.relpath: r for r in s.scalars(q)}
             for new in news:
                 rec = existing.get(new.relpath)
+                if rec is not None and new_only:
+                    raise AlreadyExists(
+                        f"{new.relpath!r} was created meanwhile (id {rec.id}, tier {rec.tier})",
+                        path=new.relpath,
+                        file_id=rec.id,
+                    )
                 if rec is not None and rec.state == FileState.MIGRATING:
                     out.append(None)
                     continue
@@ -390,50 +422,29 @@ class Catalog:
         batch is one statement over arrays, one round trip, and its commit does not wait for
         the WAL flush: RELIABILITY.md lets access counters be written with ``NORMAL``, so a
         crash may lose the last flush, never corrupt anything.
+
+        The accesses of files on shared tiers also go to this host's ``host_heat`` rows, in the
+        same transaction (see :mod:`tiering.catalog.heat`); on PostgreSQL in the same statement.
         """
         if not counts:
             return
         ordered = sorted(counts.items())
-        t = cast(Table, FileRecord.__table__)
-        heat = partial(decayed_heat, self.db.backend, t.c.heat, t.c.heat_at)
-        common = {"now": now, "hl": half_life_s}
+        host = self.db.host  # None: a catalog with no host ids keeps no host rows
+        files, per_host = access_statements(self.db.backend, per_host=host is not None)
+        # No parameter may be named after a column of files: an UPDATE sets such columns.
+        common: dict[str, Any] = {"now": now, "hl": half_life_s, "for_host": host}
+        params: Any
         if self.db.single_writer:
-            n = bindparam("n", type_=BigInteger)
-            stmt = (
-                update(t)
-                .where(t.c.id == bindparam("fid"))
-                .values(
-                    heat=heat() + n,
-                    heat_at=bindparam("now"),
-                    access_count=t.c.access_count + n,
-                    last_access=bindparam("now"),
-                )
-            )
-            params: Any = [{"fid": fid, "n": k} | common for fid, k in ordered]
+            params = [{"fid": fid, "n": k} | common for fid, k in ordered]
         else:
-            v = (
-                func.unnest(
-                    bindparam("ids", type_=ARRAY(BigInteger)),
-                    bindparam("ns", type_=ARRAY(BigInteger)),
-                )
-                .table_valued("id", "n")
-                .render_derived(name="v")
-            )
-            stmt = (
-                update(t)
-                .where(t.c.id == v.c.id)
-                .values(
-                    heat=heat() + v.c.n,
-                    heat_at=bindparam("now"),
-                    access_count=t.c.access_count + v.c.n,
-                    last_access=bindparam("now"),
-                )
-            )
             params = {"ids": [f for f, _ in ordered], "ns": [k for _, k in ordered]} | common
+        host_params = {} if per_host is None else common | {"counts": json.dumps(dict(ordered))}
 
         def body(s: Session) -> None:
             if not self.db.single_writer:
                 relax_commit(s)
-            s.connection().execute(stmt, params)
+            s.connection().execute(files, params)
+            if per_host is not None:
+                s.connection().execute(per_host, host_params)
 
         self.db.transact(body, changes_files=False)

@@ -18,6 +18,7 @@ from typing import Any
 from tiering.catalog import Database
 from tiering.catalog.hosts import Hosts
 from tiering.config import EngineConfig
+from tiering.errors import CatalogUnreachable
 from tiering.periodic import Periodic
 from tiering.tiers import Tiers
 
@@ -95,7 +96,8 @@ class Heartbeat:
         self.version = version
         self.tiers = tiers
         self.gpus: GpuReport = list
-        self._thread = Periodic(self.beat, interval_s, name=f"tierd-heartbeat-{host_id}"[:60])
+        self._thread = Periodic(self._beat, interval_s, name=f"tierd-heartbeat-{host_id}"[:60])
+        self._missed = 0  # beats in a row the catalog could not take
 
     @classmethod
     def start_for(cls, db: Database, tiers: Tiers, config: EngineConfig) -> Heartbeat | None:
@@ -133,6 +135,18 @@ class Heartbeat:
             self.hosts.register(
                 self.host_id, address=self.address, version=self.version, report=self.report()
             )
+
+    def _beat(self) -> None:
+        """A beat on the thread: one that finds the catalog unreachable is counted, not
+        logged each time (the database logs the outage); the next one that lands resumes."""
+        try:
+            self.beat()
+        except CatalogUnreachable:
+            self._missed += 1
+            return
+        if self._missed:
+            log.info("heartbeat of %r resumes after %d missed beats", self.host_id, self._missed)
+        self._missed = 0
 
     def stop(self) -> None:
         self._thread.stop()

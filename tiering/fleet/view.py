@@ -3,8 +3,9 @@
 
 What each host's tiers are comes from its own heartbeat report; where a file is comes from
 the file's record (its tier, and the host whose own tier that is when it is host-local) and
-from the copies table (cached copies in a host's memory tier). A file on a shared tier (an
-object store) is held by every host that has that tier, as its coldest place.
+from the copies table (cached copies in a host's memory tier, or on one of its directory
+tiers: a copy of a shared file, see :mod:`tiering.placement.hostcopies`). A file on a shared
+tier (an object store) is held by every host that has that tier, as its coldest place.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class FleetHost:
 @dataclass(frozen=True)
 class HostPlace:
     """Where one host has a file: ``memory`` (a cached copy in its memory tier, ``location``
-    naming it), ``tier`` (its own tier ``location`` of rank ``rank``) or ``object_store`` (a
-    shared tier it reads)."""
+    naming it), ``tier`` (its own tier ``location`` of rank ``rank``), ``copy`` (a cached copy
+    of a shared file on its own directory tier ``location`` of rank ``rank``) or
+    ``object_store`` (a shared tier it reads)."""
 
     host_id: str
     address: str
@@ -63,7 +65,7 @@ class HostPlace:
 
     def warmth(self) -> tuple[int, int]:
         """Sort key, warmest first: memory, then its own tiers by rank, then object stores."""
-        order = {"memory": 0, "tier": 1, "object_store": 2}[self.kind]
+        order = {"memory": 0, "tier": 1, "copy": 1, "object_store": 2}[self.kind]
         return order, self.rank if self.rank is not None else -1
 
 
@@ -171,7 +173,12 @@ def locate(
 
         for c in held.get(rec.id, []):
             if c.generation == rec.generation:
-                places.append(add(c.host, "memory", c.location, None))
+                # A copy at one of the host's tiers is on its disk; elsewhere, in its memory.
+                on_disk = ranks.get(c.host, {}).get(c.location)
+                if on_disk is not None:
+                    places.append(add(c.host, "copy", c.location, on_disk[0]))
+                else:
+                    places.append(add(c.host, "memory", c.location, None))
         if rec.state == FileState.MISSING:
             pass  # its bytes are not on its tier: only copies taken before they vanished
         elif rec.host is not None:

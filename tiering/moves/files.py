@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
+from tiering.catalog.journal import refuse_other_host
 from tiering.errors import (
     AlreadyExists,
     FileBusy,
@@ -137,7 +138,9 @@ class Upload:
             published.etag,
         )
         try:
-            rec = self._catalog.upsert(new)
+            # A file found new must still be new: another host may have created it on its
+            # own tier meanwhile, and taking its record would orphan its bytes.
+            rec = self._catalog.upsert(new, new_only=self._previous is None)
         except BaseException:
             if self._previous is None:
                 # Nobody knows these bytes yet: take them back so the failed upload leaves
@@ -254,6 +257,8 @@ class FileOps:
             Bad input; nothing is created.
         AlreadyExists
             The relpath exists (in any tier) and ``overwrite`` is false.
+        Conflict
+            The file to replace is on another host's own tier (a shared catalog).
         FileBusy
             The file is being migrated.
         TooLarge, InsufficientSpace
@@ -275,6 +280,7 @@ class FileOps:
                     path=relpath,
                     file_id=previous.id,
                 )
+            refuse_other_host(self.catalog.db, previous, "replace")
             if previous.state == FileState.MIGRATING:
                 raise FileBusy(f"{relpath!r} is being migrated; try again", file_id=previous.id)
         max_bytes = self.max_upload_bytes
@@ -300,10 +306,12 @@ class FileOps:
 
         The bytes are unlinked while the catalog's write lock is held, then the deletion
         commits: a busy catalog changes nothing, and a crash in between leaves a ``missing``
-        record for scan to report, never a resurrected file.
+        record for scan to report, never a resurrected file. A file on another host's own tier
+        is refused (:class:`Conflict`): its bytes are out of this host's reach.
         """
         with self.guards.hold(file_id):
             rec = self.catalog.get(file_id)
+            refuse_other_host(self.catalog.db, rec, "delete")
             if rec.state == FileState.MIGRATING:
                 raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
             tier = self.tiers.get(rec.tier)

@@ -16,6 +16,16 @@ second run finds nothing to change.
 Recovery settles this host's intents only (``Journal.own_open_intents``): another host's open
 intent may be a move in flight right now, and its temp and perhaps one side are on tiers only
 that host sees. Its own restart settles it.
+
+:func:`settle` applies the same rule while tierd runs, once the catalog's database answers
+again after an outage: a move cut by the outage (its switch's outcome unknown, or its abort or
+its ``done`` not recorded) left its intent open and its file ``migrating``. It settles only the
+intents no live move of this process holds: it takes each file's guard
+(:class:`~tiering.moves.concurrency.FileGuards`, shared by the scheduler's moves, manual ones,
+prefetches, uploads and deletes) without waiting, skips a file whose guard is held (that move
+closes its own intent), and reads the intent again under the guard, as the move may have closed
+it in between. A catalog that fails again stops it (:class:`~tiering.errors.CatalogUnreachable`)
+with nothing half-done: the intents not yet settled wait for the next call.
 """
 
 from __future__ import annotations
@@ -25,11 +35,12 @@ from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
-from tiering.errors import IntegrityError, TierdError, TierNotFound
+from tiering.errors import CatalogUnreachable, FileBusy, IntegrityError, TierdError, TierNotFound
+from tiering.moves.concurrency import FileGuards
 from tiering.moves.steps import temp_stem
 from tiering.tiers import Stat, Tier, Tiers
 
-__all__ = ["RecoveryReport", "recover"]
+__all__ = ["RecoveryReport", "recover", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +71,60 @@ def recover(catalog: Catalog, journal: Journal, tiers: Tiers) -> RecoveryReport:
     """
     report = RecoveryReport()
     for intent in journal.own_open_intents():
-        try:
-            _recover(catalog, journal, tiers, intent, report)
-        except (OSError, TierdError) as exc:
-            why = f"recovery could not decide: {exc}; nothing was deleted"
-            log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
-            journal.quarantine(intent, error=why)
-            report.quarantined.append(intent.id)
+        _settle_one(catalog, journal, tiers, intent, report)
     report.unstuck = journal.unstick()
     return report
+
+
+def settle(catalog: Catalog, journal: Journal, tiers: Tiers, guards: FileGuards) -> RecoveryReport:
+    """Settle this host's open intents that no live move of this process holds, by the rule
+    above, while serving (see the module docstring); :func:`recover` is the same at start.
+
+    Idempotent: a second run finds nothing to change. Skipped intents (their file's guard was
+    held) are not reported: their move closes them.
+
+    Raises
+    ------
+    CatalogUnreachable
+        The database failed again; the intents not settled yet wait for the next call.
+    """
+    report = RecoveryReport()
+    for intent in journal.own_open_intents():
+        fid = intent.file_id
+        if fid is not None:
+            try:
+                guards.acquire(fid)
+            except FileBusy:
+                continue  # a live move of this process: it closes its own intent
+        try:
+            now = journal.get(intent.id)  # under the guard: the move may have closed it since
+            if now is not None and now.phase in MigrationPhase.OPEN:
+                log.warning(
+                    "migration %d of %r was left %s by a catalog outage; settling it",
+                    now.id,
+                    now.relpath,
+                    now.phase,
+                )
+                _settle_one(catalog, journal, tiers, now, report)
+        finally:
+            if fid is not None:
+                guards.release(fid)
+    report.unstuck = journal.unstick()
+    return report
+
+
+def _settle_one(
+    catalog: Catalog, journal: Journal, tiers: Tiers, intent: Migration, report: RecoveryReport
+) -> None:
+    try:
+        _recover(catalog, journal, tiers, intent, report)
+    except CatalogUnreachable:
+        raise  # not a reason to quarantine: the same intent is settled once it answers
+    except (OSError, TierdError) as exc:
+        why = f"recovery could not decide: {exc}; nothing was deleted"
+        log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
+        journal.quarantine(intent, error=why)
+        report.quarantined.append(intent.id)
 
 
 def _recover(

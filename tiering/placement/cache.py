@@ -17,7 +17,7 @@ Applying the plan and planning again (at the same ``now``) yields nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +84,7 @@ def plan_cache(
     now: float,
     *,
     quota: int | None = None,
+    heat_of: Callable[[CacheFileView], float] | None = None,
 ) -> CachePlan:
     """The fills and drops that bring memory tier ``tier`` in line with ``policy`` now.
 
@@ -95,6 +96,8 @@ def plan_cache(
         A policy with rules for ``tier`` (its ``quota_bytes``, else ``quota``, bounds it).
     copies:
         The copies held now.
+    heat_of:
+        A file's heat now (default: its catalog heat decayed under ``policy``).
     """
     rule = policy.tiers[tier]
     cap = rule.quota_bytes if rule.quota_bytes is not None else quota
@@ -103,7 +106,8 @@ def plan_cache(
     high = None if cap is None else cap * rule.high_watermark
     low = None if cap is None else cap * rule.low_watermark
     recs = {f.id: f for f in files}
-    heat = {i: heat_now(f, policy, now) for i, f in recs.items()}
+    of = heat_of if heat_of is not None else (lambda f: heat_now(f, policy, now))
+    heat = {i: of(f) for i, f in recs.items()}
     plan = CachePlan()
 
     kept: list[CachedCopy] = []

@@ -15,12 +15,13 @@ sends it, the same reason, with the room the whole model would need.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiering.placement.fleetheat import LocalHeat, heat_for_promotion
 from tiering.placement.planner import Planner, fmt
-from tiering.placement.policy import FileView, PlannedMove, Policy, TierState, heat_now
+from tiering.placement.policy import FileView, PlannedMove, Policy, TierState
 from tiering.placement.units import Unit, build_units
 
 __all__ = ["Decision", "Reason", "decide", "order_moves", "plan"]
@@ -80,6 +81,8 @@ def decide(
     *,
     in_flight: Mapping[int, int] | None = None,
     scheduler_on: bool = True,
+    origins: Collection[str] = (),
+    local: LocalHeat | None = None,
 ) -> list[Decision]:
     """Per file (on a tier the policy knows), the move the planner makes or why it stays.
 
@@ -87,20 +90,27 @@ def decide(
     whether the scheduler will act by itself (policy ``enabled`` and a running scheduler).
     Arguments otherwise as for :func:`tiering.placement.policy.plan`. The files of a model get
     one decision between them (see the module docstring); ``Decision.heat`` is then the
-    model's.
+    model's. ``origins``: tiers whose files never leave them (a fleet's shared tier, see
+    :mod:`tiering.placement.hostcopies`); a unit with a file there stays, reason ``origin``.
+    ``local``: this host's heat of files on shared tiers, which is their heat here when policy
+    ``promotion_heat`` is ``local`` (see :func:`tiering.placement.fleetheat.heat_for_promotion`).
     """
     rank = {n: i for i, n in enumerate(policy.tiers)}
     recs = [rec for rec in files if rec.tier in rank]
     units = build_units(
         recs,
         rank,
-        lambda rec: heat_now(rec, policy, now),
+        lambda rec: heat_for_promotion(policy, rec, now, local),
         min_age_s=policy.min_age_s,
         now=now,
     )
+    fixed = {rank[t] for t in origins if t in rank}
+    for u in units:
+        if any(m.home in fixed for m in u.members):
+            u.eligible = u.movable = False
     planner = Planner(policy, usage, units)
     planner.run()
-    why_not = _Holding(planner, policy, now, in_flight or {})
+    why_not = _Holding(planner, policy, now, in_flight or {}, fixed)
     names, thresholds = planner.names, planner.thresholds
     out: dict[int, Decision] = {}
     for u in units:
@@ -158,9 +168,15 @@ class _Holding:
     """The reasons a unit that the plan leaves in place stays where it is."""
 
     def __init__(
-        self, planner: Planner, policy: Policy, now: float, in_flight: Mapping[int, int]
+        self,
+        planner: Planner,
+        policy: Policy,
+        now: float,
+        in_flight: Mapping[int, int],
+        fixed: Collection[int] = (),
     ) -> None:
         self.p = planner
+        self.fixed = fixed
         self.policy = policy
         self.now = now
         self.in_flight = in_flight
@@ -181,6 +197,17 @@ class _Holding:
             return out
         if wanted == u.home and not u.split:
             return out
+        origin = next((m for m in u.members if m.home in self.fixed), None)
+        if origin is not None:
+            there = names[origin.home]
+            return [
+                Reason(
+                    "origin",
+                    f"{there} is the fleet's shared origin: its files stay there; a hot one "
+                    "gets a copy on a host's own tier instead",
+                    {"tier": there},
+                )
+            ]
         unstable = next((m for m in u.members if m.rec.state != "stable"), None)
         if unstable is not None:
             return [self._state(u, unstable.rec)]
@@ -277,6 +304,9 @@ def plan(
     policy: Policy,
     usage: Mapping[str, TierState],
     now: float,
+    *,
+    origins: Collection[str] = (),
+    local: LocalHeat | None = None,
 ) -> list[PlannedMove]:
     """The moves ``policy`` wants now, departures first, each with its reason.
 
@@ -294,7 +324,17 @@ def plan(
         Per tier name, its use, free space and configured quota.
     now:
         Seconds since the epoch; heat is decayed to it.
+    origins:
+        Tiers whose files never leave them (see :func:`decide`).
+    local:
+        This host's own heat of files on shared tiers, which lifts them off those tiers
+        when policy ``promotion_heat`` is ``local`` (see :mod:`tiering.placement.fleetheat`).
     """
     return order_moves(
-        [d.move for d in decide(files, policy, usage, now) if d.move is not None], policy
+        [
+            d.move
+            for d in decide(files, policy, usage, now, origins=origins, local=local)
+            if d.move is not None
+        ],
+        policy,
     )

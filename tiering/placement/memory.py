@@ -7,6 +7,12 @@ table and forgets it when the copy goes, and runs two background jobs: the cache
 passes (:func:`~tiering.placement.cache.plan_cache`, woken by the scheduler) and the watch on
 the host's free memory (under its floor, the coldest copies no load holds are dropped).
 
+On a catalog several hosts share, a file on a shared (object-store) tier is ranked by the heat
+policy ``promotion_heat`` names, this host's own or the fleet's (see
+:mod:`~tiering.placement.fleetheat`), in the planner's passes and in the order copies are
+dropped for room, so a host's memory follows the same rule as its copies on disk. Only files
+this host can read are planned: another host's files are on disks it cannot reach.
+
 The ``files`` table never names the memory tier: a file's tier is where its authoritative
 bytes are, and a copy in memory is only ever a cache of them.
 """
@@ -20,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
-from tiering.catalog.db import decay
 from tiering.config import EngineConfig
 from tiering.errors import FileBusy, FileChanged, IntegrityError, TierdError
 from tiering.moves import FileOps, RateLimiter
 from tiering.periodic import Periodic
 from tiering.placement.cache import CachedCopy, CachePlan, plan_cache
+from tiering.placement.fleetheat import LocalHeat, heat_for_promotion, local_heat
 from tiering.placement.policy import Policy
 from tiering.tiers import FillCancelled, MemoryEntry, MemoryTier
 
@@ -195,12 +201,12 @@ class MemoryCache:
         self._copies.forget(entry.file_id, host=self.host, location=self.name)
         log.debug("memory tier %s: dropped file %d (%s)", self.name, entry.file_id, reason)
 
-    def _heat(self, file_id: int, now: float) -> float:
+    def _heat(self, file_id: int, policy: Policy, now: float, local: LocalHeat | None) -> float:
         try:
             rec = self._cat().get(file_id, cached=True)
         except TierdError:
             return -1.0  # gone: the coldest of all
-        return decay(rec.heat, rec.heat_at, now, self._policy().half_life_s)
+        return heat_for_promotion(policy, rec, now, local)
 
     # -- fills and drops -----------------------------------------------------------------------
     def fill(
@@ -254,13 +260,13 @@ class MemoryCache:
             while not in_flight.wait(0.05):
                 if stop.is_set():
                     raise FillCancelled
-        now = time.time()
+        now, policy, local = time.time(), self._policy(), local_heat(self._cat())
         entry = self.tier.reserve(
             file_id,
             rec.generation,
             rec.size,
-            order=lambda e: self._heat(e.file_id, now),
-            colder_than=decay(rec.heat, rec.heat_at, now, self._policy().half_life_s),
+            order=lambda e: self._heat(e.file_id, policy, now, local),
+            colder_than=heat_for_promotion(policy, rec, now, local),
         )
         try:
             return self._fill(rec, entry, stop, progress, throttle, keep_until)
@@ -317,8 +323,8 @@ class MemoryCache:
         need = self.tier.pressure()
         if need <= 0:
             return []
-        now = time.time()
-        dropped = self.tier.relieve(need, order=lambda e: self._heat(e.file_id, now))
+        now, policy, local = time.time(), self._policy(), local_heat(self._cat())
+        dropped = self.tier.relieve(need, order=lambda e: self._heat(e.file_id, policy, now, local))
         if dropped:
             log.warning(
                 "memory tier %s: host memory under its floor; dropped %d copies (%d bytes)",
@@ -340,7 +346,15 @@ class MemoryCache:
         policy = self._policy()
         rule = policy.tiers[self.name].model_copy(update={"quota_bytes": self.tier.quota_bytes})
         policy = policy.model_copy(update={"tiers": {**policy.tiers, self.name: rule}})
-        return plan_cache(self._cat().all(), policy, self.name, copies, now)
+        local = local_heat(self._cat())  # this host's heat of shared files, read once a pass
+        return plan_cache(
+            self._cat().actionable(),  # another host's files are on disks it cannot reach
+            policy,
+            self.name,
+            copies,
+            now,
+            heat_of=lambda f: heat_for_promotion(policy, f, now, local),
+        )
 
     def run_pass(self, now: float | None = None) -> CachePassReport:
         """Plan, then drop and fill (fills one at a time, under the bandwidth cap)."""

@@ -20,6 +20,11 @@ Tiers are ordered fastest first, each with a ``min_heat``. A file wants the fast
 ``min_heat`` its heat reaches. With hysteresis ``h``, a promotion needs ``heat ≥ min_heat·(1+h)``
 and a demotion happens only once ``heat < min_heat·(1-h)``; in between the file stays.
 
+Hosts sharing a catalog (a fleet): ``promotion_heat`` says which heat lifts a file off a shared
+tier (an object store) onto this host's tiers, this host's own (``local``, the default: each host
+warms what it reads) or the fleet's (``fleet``: every host warms what any host reads); see
+:mod:`tiering.placement.fleetheat`.
+
 Space: a tier past its high watermark gives up its coldest files until it is under its low
 watermark. Promotions fill a tier only up to its low watermark, demotions and pins up to its high
 watermark, and nothing ever goes past the free space of the tier's filesystem.
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -108,6 +113,15 @@ class Policy(BaseModel):
         description="Cap on all migrations' copy rate together; null for no cap",
     )
     enabled: bool = Field(default=True, description="Whether the scheduler moves files by itself")
+    promotion_heat: Literal["local", "fleet"] = Field(
+        default="local",
+        description=(
+            "Which heat brings a file on a shared tier (an object store) up to this host's "
+            "tiers: 'local', this host's own accesses, or 'fleet', every host's (the file's "
+            "heat in the catalog). A file on a host's own tier has one heat; so does every "
+            "file of a catalog only one host writes (SQLite)"
+        ),
+    )
 
     @classmethod
     def parse(

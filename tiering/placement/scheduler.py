@@ -5,24 +5,54 @@ nothing is in flight, claims them and runs them on worker threads, at most ``con
 time; the shared :class:`~tiering.moves.mover.RateLimiter` caps their bandwidth together. ``stop()``
 abandons copies in progress at the next chunk (each abort is clean: the source stays, the temp
 goes), lets a move past its copy finish, releases queued claims and joins every thread.
+
+While the catalog's database cannot be reached (:class:`~tiering.errors.CatalogUnreachable`) a
+pass stops at its first read, before it claims anything, so nothing is half-claimed and the
+memory tier's pass it would wake does not run either; the next pass is the probe that finds the
+database back. The pause is logged once when it starts and once when it ends, not every pass.
+
+Once the database answers after an outage, the next pass first settles the intents the outage
+left open (:func:`~tiering.moves.recovery.settle`: only those no live move holds), as
+start-up recovery would, and the database wakes the scheduler for it at once. Every pass also
+verifies this host's lock (:meth:`~tiering.catalog.db.Database.check_host_lock`): a PostgreSQL
+restart drops it; when another tierd with this host id took it meanwhile, moves stop for good
+(:attr:`Scheduler.paused` says why) and the catalog refuses this process's writes.
+
+A move that failed because a tier did not answer (:class:`~tiering.errors.Unavailable`: an
+object store down) is aborted cleanly by the mover; the scheduler then plans that file again
+only after a backoff that doubles with each failure (from the pass interval to
+:data:`MAX_BACKOFF_S`), so a dead store is not hammered every pass, and a success clears it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tiering.errors import TierdError
-from tiering.moves import Claim, Mover
+from tiering.errors import (
+    CatalogUnreachable,
+    Conflict,
+    FileBusy,
+    FileNotFound,
+    HostLockLost,
+    TierdError,
+    Unavailable,
+)
+from tiering.moves import Claim, Mover, RecoveryReport
+from tiering.moves.recovery import settle
 from tiering.placement.policy import PlannedMove, Policy
 
 __all__ = ["PassReport", "Scheduler"]
 
 log = logging.getLogger(__name__)
+
+#: The longest wait before a move that failed on an unreachable tier is planned again.
+MAX_BACKOFF_S = 3600.0
 
 
 @dataclass
@@ -46,9 +76,10 @@ class Scheduler:
         Returns the policy in force (reloaded from the catalog when it changed).
     planner:
         Returns the moves the policy wants now.
-    cache:
-        Called after each planning pass: the memory tier's planner runs then, on its own
-        thread (its fills do not hold up the moves).
+    caches:
+        Each called after each planning pass: the caches' planners (the memory tier's, the
+        fleet's copies on this host's tiers) run then, on their own threads (their fills do not
+        hold up the moves).
     """
 
     def __init__(
@@ -56,12 +87,12 @@ class Scheduler:
         mover: Mover,
         policy: Callable[[], Policy],
         planner: Callable[[Policy], list[PlannedMove]],
-        cache: Callable[[], None] | None = None,
+        caches: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.mover = mover
         self._policy = policy
         self._planner = planner
-        self._cache = cache
+        self._caches = list(caches)
         self._queue: deque[Claim] = deque()
         self._running: dict[int, threading.Thread] = {}  # slots in use
         self._threads: list[threading.Thread] = []  # every worker not yet joined
@@ -72,6 +103,14 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last_pass: PassReport | None = None
+        #: Why passes are paused (the catalog is unreachable), or None.
+        self.paused: str | None = None
+        #: What the last settling after an outage did (None: none ran yet).
+        self.last_settle: RecoveryReport | None = None
+        self._settled = 0  # the database's outage count the last settle (or start) covered
+        mover.catalog.db.on_back(self.wake)
+        # file id -> (failures in a row, monotonic time before which it is not planned again)
+        self._backoff: dict[int, tuple[int, float]] = {}
 
     @property
     def running(self) -> bool:
@@ -82,6 +121,7 @@ class Scheduler:
             return
         self._stopped.clear()
         self._cancel.clear()
+        self._settled = self.mover.catalog.db.outages  # start-up recovery settled those
         self._thread = threading.Thread(target=self._loop, name="tierd-scheduler", daemon=True)
         self._thread.start()
 
@@ -122,18 +162,46 @@ class Scheduler:
         moves = self._planner(policy)
         report.planned = len(moves)
         for move in moves:
+            wait = self._backoff.get(move.file_id)
+            if wait is not None and time.monotonic() < wait[1]:
+                report.skipped.append((move, f"retried after {wait[0]} failed attempt(s)"))
+                continue
             try:
                 claim = self.mover.claim(move.file_id, move.dst, reason=move.reason)
+            except CatalogUnreachable:
+                raise  # the others would fail alike: stop the pass (see the module docstring)
             except TierdError as exc:
                 report.skipped.append((move, exc.message))
                 continue
             report.claimed.append(claim)
             self.submit(claim)
-        if self._cache is not None:
-            self._cache()
+        for wake in self._caches:
+            wake()
         self.passes += 1
         self.last_pass = report
         return report
+
+    def run_inline(self, moves: list[PlannedMove]) -> PassReport:
+        """Claim and run ``moves`` one after another in this thread (no scheduler running)."""
+        report = PassReport(started_at=time.time(), planned=len(moves))
+        for move in moves:
+            try:
+                claim = self.mover.claim(move.file_id, move.dst, reason=move.reason)
+            except (FileBusy, FileNotFound, Conflict) as exc:
+                report.skipped.append((move, exc.message))
+                continue
+            report.claimed.append(claim)
+            self.submit_or_run(claim)
+        return report
+
+    def submit_or_run(self, claim: Claim) -> None:
+        """Queue ``claim`` when the scheduler runs, else run it now in this thread (a failure
+        is recorded on the claim and in the journal)."""
+        if self.running:
+            self.submit(claim)
+            return
+        with contextlib.suppress(Exception):
+            self.mover.run(claim)
 
     # -- the thread --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -151,11 +219,48 @@ class Scheduler:
             if woken or time.monotonic() >= next_pass:
                 next_pass = time.monotonic() + self._interval()
                 try:
+                    self._check_host()
                     policy = self._policy()
                     if policy.enabled and not self.busy():
                         self.run_pass(policy)
+                    self._resume()
+                except CatalogUnreachable as exc:
+                    self._pause(exc.message)
                 except Exception:
                     log.exception("scheduler pass failed; will retry")
+
+    def _check_host(self) -> None:
+        """Verify this host's lock, then settle what an outage since the last check left open.
+
+        Raises
+        ------
+        CatalogUnreachable
+            The database does not answer (settling waits for the next pass).
+        HostLockLost
+            Another tierd with this host id took the lock.
+        """
+        db = self.mover.catalog.db
+        if not db.check_host_lock():
+            raise HostLockLost(db.fenced or "this host's lock was lost")
+        outages = db.outages
+        if outages == self._settled:
+            return
+        m = self.mover
+        report = settle(m.catalog, m.journal, m.tiers, m.guards)
+        self._settled = outages
+        self.last_settle = report
+        if report.changed:
+            log.warning("after the catalog outage: %s", report)
+
+    def _pause(self, why: str) -> None:
+        if self.paused is None:
+            log.warning("moves paused until the catalog answers again: %s", why)
+        self.paused = why
+
+    def _resume(self) -> None:
+        if self.paused is not None:
+            log.warning("the catalog answers again: moves resume")
+        self.paused = None
 
     def _interval(self) -> float:
         try:
@@ -183,8 +288,20 @@ class Scheduler:
             t.start()
 
     def _work(self, claim: Claim) -> None:
+        fid = claim.record.id
         try:
             self.mover.run(claim, cancel=self._cancel)
+            self._backoff.pop(fid, None)
+        except Unavailable as exc:
+            n = self._backoff.get(fid, (0, 0.0))[0] + 1
+            delay = min(MAX_BACKOFF_S, self._interval() * 2**n)
+            self._backoff[fid] = (n, time.monotonic() + delay)
+            log.warning(
+                "migration %d did not complete: %s; retried in %.1f s",
+                claim.intent.id,
+                exc.message,
+                delay,
+            )
         except TierdError as exc:
             log.warning("migration %d did not complete: %s", claim.intent.id, exc.message)
         except Exception:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 
@@ -127,7 +128,8 @@ class LoadContext:
         """Open a catalog file for ``storage``; counts one access.
 
         A copy held in memory (see :mod:`tiering.serving.held`) is read instead when one is
-        current: ``copies`` is ``"any"``, ``"host"`` (gathers, which need host rows) or
+        current, else this host's current copy of a fleet's origin file on its own directory
+        tier: ``copies`` is ``"any"``, ``"host"`` (gathers, which need host rows) or
         ``"none"``.
 
         A file in a local directory is opened through the descriptor its tier opened beneath
@@ -144,6 +146,12 @@ class LoadContext:
             file_id = self.record(ref).id  # raises the clear error for a bad reference
         if copies != "none" and self.holders:
             opened = self._open_copy(file_id, storage, host_only=copies == "host")
+            if opened is not None:
+                with opened:
+                    yield opened, file_id
+                return
+        if copies != "none" and self.engine.host_copies is not None:
+            opened = self._open_disk_copy(file_id, storage)
             if opened is not None:
                 with opened:
                     yield opened, file_id
@@ -196,6 +204,25 @@ class LoadContext:
             self.engine.access.record(rec.id)
             return f
         return None
+
+    def _open_disk_copy(self, file_id: int, storage: GpuDirectStorage) -> GdsFile | None:
+        """This host's current copy of a fleet's origin file on one of its directory tiers
+        (see :mod:`tiering.placement.hostcopies`), opened for ``storage`` as a file of that
+        tier (its I/O path, its source rules); counts one access. None: no current copy."""
+        hc = self.engine.host_copies
+        assert hc is not None
+        if hc.get(file_id) is None:
+            return None  # the common case costs no catalog read
+        local = hc.open(self.engine.catalog.get(file_id, cached=True))
+        if local is None:
+            return None
+        try:
+            f = storage.open_file(local.path, fd=local.fd)
+        finally:
+            os.close(local.fd)  # the file keeps a duplicate
+        assert self.engine.access is not None
+        self.engine.access.record(file_id)
+        return f
 
     def observe(self, op: str, device: Device, report: IoReport) -> None:
         """Tell the observer about a finished read; its failure never fails the load."""

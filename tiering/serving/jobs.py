@@ -44,6 +44,8 @@ class Job:
     started_at: float | None = None
     finished_at: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    #: Set once the job has ended (``finished``), so a follower wakes at the end at once.
+    ended: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     FINISHED = frozenset({"done", "failed", "cancelled"})
@@ -93,6 +95,7 @@ class JobTable:
         with job.lock:
             if job.cancel.is_set():
                 job.state, job.finished_at = "cancelled", time.time()
+                job.ended.set()
                 return
             job.state, job.started_at = "running", time.time()
         state, error = "done", None
@@ -114,6 +117,7 @@ class JobTable:
                 log.exception("cleaning up job %s failed", job.id)
         with job.lock:
             job.state, job.error, job.finished_at = state, error, time.time()
+        job.ended.set()
 
     def get(self, job_id: str) -> Job:
         with self._lock:
@@ -137,6 +141,7 @@ class JobTable:
         if fut is not None and fut.cancel():
             with job.lock:
                 job.state, job.finished_at = "cancelled", time.time()
+            job.ended.set()
         return job
 
     def _prune(self) -> None:
@@ -161,3 +166,4 @@ class JobTable:
             with job.lock:
                 if not job.finished:
                     job.state, job.finished_at = "cancelled", time.time()
+            job.ended.set()

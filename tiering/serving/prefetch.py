@@ -5,6 +5,8 @@ Files on an object-store tier load into GPU leases like any other (ranged reads,
 copy). ``nvme`` promotes them to the fastest tier through the mover (parallel ranged GETs into
 a temp file, hashed, published). ``page_cache`` has no cache to warm for an object: such a
 file is promoted to the nearest faster local tier instead (see :func:`_prefetch_page_cache`).
+On a catalog several hosts share, the object store is the fleet's origin and both targets
+make a copy on this host's tier instead of a move (see :mod:`tiering.placement.hostcopies`).
 """
 
 from __future__ import annotations
@@ -181,12 +183,22 @@ def _prefetch_gpu(
 
 def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
     """Move ``rec`` to ``to_tier`` through the mover (one access counted), its copied bytes
-    reported as the job's progress; a file already there is done at once."""
+    reported as the job's progress; a file already there is done at once. A fleet's origin
+    file (see :mod:`tiering.placement.hostcopies`) is copied there instead, kept at least
+    the lease TTL whatever its heat."""
     base = job.bytes_done
+    hc = ctx.engine.host_copies
     try:
         if ctx.engine.access is not None:
             ctx.engine.access.record(rec.id)
-        if ctx.engine.get(rec.id).tier != to_tier:
+        cur = ctx.engine.get(rec.id)
+        if hc is not None and hc.is_origin(cur.tier):
+
+            def added(n: int) -> None:
+                job.add(nbytes=n)
+
+            hc.fill(rec.id, to_tier, cancel=job.cancel, progress=added, keep_s=ctx.leases.ttl(None))
+        elif cur.tier != to_tier:
 
             def progress(done: int, _total: int, base: int = base) -> None:
                 with job.lock:
@@ -199,6 +211,8 @@ def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
         if job.cancel.is_set():
             raise JobCancelled from exc
         _file_error(job, rec, exc)
+    except FillCancelled as exc:
+        raise JobCancelled from exc
     except TierdError as exc:
         _file_error(job, rec, exc)
     with job.lock:
@@ -207,10 +221,13 @@ def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
 
 
 def _prefetch_nvme(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
-    fastest = ctx.engine.tiers.fastest.name
+    fastest = ctx.engine.tiers.fastest
+    if ctx.engine.host_copies is not None and fastest.local_root is None:
+        # An origin cannot take a copy: a fleet's fastest copy goes to its fastest own tier.
+        fastest = next((t for t in ctx.engine.tiers if t.local_root is not None), fastest)
     for rec in recs:
         job.check()
-        _promote(ctx, job, rec, fastest)
+        _promote(ctx, job, rec, fastest.name)
 
 
 def _local_cache_tier(ctx: LoadContext, tier: Tier) -> str | None:

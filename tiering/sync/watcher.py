@@ -42,7 +42,7 @@ from tiering.catalog import Catalog, FileState
 from tiering.errors import TierdError
 from tiering.sync.scan import ScanReport, owned_by_this_host, reconcile_paths, scan
 from tiering.tiers import Tier, Tiers
-from tiering.tiers.paths import is_temp_name
+from tiering.tiers.paths import is_reserved, is_temp_name
 
 __all__ = ["TierWatcher", "WatcherStatus"]
 
@@ -252,7 +252,9 @@ class TierWatcher:
         p = os.fsdecode(path)
         for root, tier in self._roots:
             if p.startswith(root + os.sep):
-                return tier, p[len(root) + 1 :]
+                rel = p[len(root) + 1 :]
+                # The copies directory holds caches of other tiers' files, not the tier's own.
+                return None if is_reserved(rel) else (tier, rel)
         return None
 
     def _on_event(self, event: FileSystemEvent) -> None:

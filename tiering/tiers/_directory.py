@@ -20,7 +20,13 @@ from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
 from tiering.tiers._base import Source, Space, Stat, Tier, WalkEntry
 from tiering.tiers._dirwriter import DirectoryWriter, stat_of
-from tiering.tiers.paths import TEMP_SUFFIX, is_temp_name, split_relpath, validate_relpath
+from tiering.tiers.paths import (
+    RESERVED_DIR,
+    TEMP_SUFFIX,
+    is_temp_name,
+    split_relpath,
+    validate_relpath,
+)
 
 __all__ = ["DirectorySource", "DirectoryTier"]
 
@@ -272,7 +278,8 @@ class DirectoryTier(Tier):
 
     # -- walking -----------------------------------------------------------------------------
     def walk(self) -> Iterator[WalkEntry]:
-        """Every regular file under the root, skipping symlinks and tierd's temp files."""
+        """Every regular file under the root, skipping symlinks, tierd's temp files and its
+        reserved copies directory (cached copies, not files of the tier)."""
         stack = [""]
         while stack:
             prefix = stack.pop()
@@ -285,7 +292,8 @@ class DirectoryTier(Tier):
                 for entry in it:
                     rel = f"{prefix}/{entry.name}" if prefix else entry.name
                     if entry.is_dir(follow_symlinks=False):
-                        stack.append(rel)
+                        if rel != RESERVED_DIR:
+                            stack.append(rel)
                         continue
                     if not entry.is_file(follow_symlinks=False) or is_temp_name(entry.name):
                         continue
@@ -303,7 +311,11 @@ class DirectoryTier(Tier):
         ``relpath`` names a file in the temp's directory (the final name is not recorded in a
         temp's name), which is all :meth:`remove_temp` needs.
         """
-        for dirpath, _dirs, files in os.walk(self.root, followlinks=False):
+        for dirpath, dirs, files in os.walk(self.root, followlinks=False):
+            if dirpath == str(self.root) and RESERVED_DIR in dirs:
+                # Its temps are the host copies' (their reconcile removes them); a path in it
+                # is no relpath, so remove_temp could not name them anyway.
+                dirs.remove(RESERVED_DIR)
             for name in files:
                 if is_temp_name(name):
                     rel = os.path.relpath(dirpath, self.root)

@@ -13,7 +13,9 @@ from tiering.errors import InvalidPath
 __all__ = [
     "MAX_COMPONENT_BYTES",
     "MAX_RELPATH_CHARS",
+    "RESERVED_DIR",
     "TEMP_SUFFIX",
+    "is_reserved",
     "is_temp_name",
     "split_relpath",
     "validate_relpath",
@@ -23,6 +25,9 @@ MAX_RELPATH_CHARS = 1024
 MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux filesystems
 MAX_DEPTH = 64
 TEMP_SUFFIX = ".tierd-tmp"
+#: The top-level directory of a tier root where tierd keeps this host's copies of files whose
+#: origin is a shared tier (see tiering.placement.hostcopies): never a file of the tier.
+RESERVED_DIR = ".tierd-copies"
 # Every temp file tierd creates: ".<anything>.tierd-tmp". Nothing else is ever deleted as a temp.
 _TEMP_RE = re.compile(r"^\.[A-Za-z0-9_.-]+\.tierd-tmp$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -33,12 +38,18 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP_RE.match(name))
 
 
+def is_reserved(relpath: str) -> bool:
+    """True for a path inside (or naming) the tier root's reserved copies directory."""
+    return relpath == RESERVED_DIR or relpath.startswith(RESERVED_DIR + "/")
+
+
 def validate_relpath(relpath: object) -> str:
     """Return ``relpath`` if it is a normal relative path, else raise :class:`InvalidPath`.
 
     Rules: a non-empty string of at most 1024 characters; no NUL or control characters; not
     absolute; no empty, ``.`` or ``..`` components; each component at most 255 bytes in UTF-8;
-    at most 64 levels deep; no component in tierd's temp namespace (``*.tierd-tmp``).
+    at most 64 levels deep; no component in tierd's temp namespace (``*.tierd-tmp``); not
+    under the reserved top-level directory ``.tierd-copies``.
     """
     if not isinstance(relpath, str) or not relpath:
         raise InvalidPath("path must be a non-empty string")
@@ -64,6 +75,8 @@ def validate_relpath(relpath: object) -> str:
             raise InvalidPath(f"path component longer than {MAX_COMPONENT_BYTES} bytes")
         if part.endswith(TEMP_SUFFIX):
             raise InvalidPath(f"names ending in {TEMP_SUFFIX!r} are reserved for tierd")
+    if parts[0] == RESERVED_DIR:
+        raise InvalidPath(f"the top-level directory {RESERVED_DIR!r} is reserved for tierd")
     return relpath
 
 

@@ -1,0 +1,174 @@
+"""Real tierd processes for the fleet's tests: ``tierd serve`` in a subprocess of its own, with
+its own host id and data directory, configured by environment only (``TIERD_*``, complex values
+as JSON, as pydantic-settings reads them), so a test can kill -9 one and start it again.
+
+Three of them sharing one PostgreSQL catalog and one bucket are a fleet on loopback: each
+process is a host as far as tierd can tell (its own tiers, memory, leases and threads); only
+the machine under them is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import free_port
+from tests.s3 import REGION
+
+__all__ = ["TierdProcess", "fleet_of"]
+
+_CODE = "import sys\nfrom app import main\nsys.argv[0] = 'tierd'\nsys.exit(main())"
+
+
+def _env_value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(v, default=str)
+
+
+class TierdProcess:
+    """One ``tierd serve`` on a loopback port; ``start``, ``kill9``, ``stop``, ``client``."""
+
+    def __init__(self, root: Path, host_id: str, settings: Mapping[str, Any]) -> None:
+        self.root = root
+        self.host_id = host_id
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        root.mkdir(parents=True, exist_ok=True)
+        self.log = root / "tierd.log"
+        self.settings = {
+            "data_dir": str(root),
+            "host": "127.0.0.1",
+            "port": self.port,
+            "host_id": host_id,
+            "advertise_url": self.url,
+            "watch": False,
+            **settings,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+        env.update({f"TIERD_{k.upper()}": _env_value(v) for k, v in self.settings.items()})
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env
+
+    def start(self, *, timeout: float = 60.0) -> TierdProcess:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CODE, "serve"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=self.root,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"tierd {self.host_id} exited {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill9()
+                raise AssertionError(f"tierd {self.host_id} did not start:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash: nothing of tierd's runs after it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60)
+
+    def log_tail(self, n: int = 6000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def object_tier(endpoint: str, bucket: str, prefix: str = "models") -> dict[str, Any]:
+    return {
+        "name": "s3",
+        "url": f"s3://{bucket}/{prefix}",
+        "endpoint_url": endpoint,
+        "region": REGION,
+        "connections": 4,
+    }
+
+
+@contextmanager
+def fleet_of(
+    base: Path,
+    n: int,
+    *,
+    catalog_url: str,
+    endpoint: str,
+    bucket: str,
+    settings: Mapping[str, Any] | None = None,
+    endpoints: Mapping[int, str] | None = None,
+) -> Iterator[list[TierdProcess]]:
+    """``n`` tierd processes, ``host-0`` ... , each with an ``nvme`` directory tier of its own
+    above the shared bucket tier ``s3``, on one catalog; started one after the other (the
+    first upgrades the schema), stopped at the end whatever happened. ``endpoints`` gives a
+    host another way to the bucket (a fault proxy in front of the same server)."""
+    procs = []
+    for i in range(n):
+        root = base / f"host-{i}"
+        procs.append(
+            TierdProcess(
+                root,
+                f"host-{i}",
+                {
+                    "catalog_url": catalog_url,
+                    "heartbeat_interval_s": 0.2,
+                    "access_flush_interval_s": 0.1,
+                    "tiers": [
+                        {"name": "nvme", "path": str(root / "nvme")},
+                        object_tier((endpoints or {}).get(i, endpoint), bucket),
+                    ],
+                    "buffers": {"cpu_budget_bytes": 64 << 20},
+                    **(settings or {}),
+                },
+            )
+        )
+    with ExitStack() as stack:
+        for p in procs:
+            stack.callback(p.stop)
+        for p in procs:
+            p.start()
+        yield procs

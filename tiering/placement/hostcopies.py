@@ -1,0 +1,489 @@
+"""This host's copies of shared files on its own directory tiers: the object store stays the
+origin.
+
+On a catalog that several hosts write (PostgreSQL), a file on a shared tier (an object store,
+whose record names no host) is every host's file. Moving it to one host's NVMe would take it
+from all the others, so on such a catalog a shared tier is the fleet's *origin*: its files
+never leave it (the storage planner plans no move out of it and a manual move is refused, see
+:meth:`HostCopies.refuse_move`), and a host warms such a file by keeping a *copy* of it on one
+of its own directory tiers. One file can so be on host A's NVMe, in host B's memory tier and
+only in the bucket for host C, at once. On SQLite (one host) nothing here runs: a promotion
+out of an object store is the move it always was.
+
+A copy lives in the tier root's reserved directory as ``.tierd-copies/<file id>.<generation>``
+(a name no relpath may take, which scan and the watcher skip) and has a row in the catalog's
+``copies`` table (this host, the tier's name, the generation), so the fleet can locate it.
+
+A fill reads the object through the engine's file operations (ranged GETs pinned to the ETag
+the catalog recorded), writes a tierd temp in the copies directory while hashing, checks the
+hash against the catalog's checksum (an object adopted from a bucket may have none: the
+ETag-pinned read then vouches for the bytes, and the catalog is left as it is), fsyncs,
+renames it to its final name, fsyncs the directory, and records the row last; the row is
+refused if the file changed meanwhile, and the copy is then deleted. A drop deletes the row
+first, then the file. So a crash at any step leaves the object authoritative and, at worst, a
+temp, a file without a row or a row without a file: :meth:`HostCopies.reconcile` (at start)
+deletes each, and a second run finds nothing.
+
+A read is served from a copy only while the copy's generation is the record's (every change
+of the file's bytes or ETag recorded in the catalog bumps it): a stale copy is never served.
+
+Space: a tier's copies and its own files share the tier's quota and the disk. The bound is
+``min(quota, own + copies + free space)``; copies fill while own files plus copies stay under
+the low watermark of it, and the coldest are dropped past the high one. The tier's own files
+come first: a move or upload counts only them against the quota, and the next pass drops
+copies to make up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from tiering.catalog import Catalog, Copies, FileRecord, FileState
+from tiering.catalog.db import Database
+from tiering.errors import (
+    Conflict,
+    FileBusy,
+    FileChanged,
+    InsufficientSpace,
+    IntegrityError,
+    InvalidInput,
+    StorageError,
+)
+from tiering.moves import Content, FileOps, RateLimiter
+from tiering.placement.copyfiles import (
+    CopyEntry,
+    CopyPassReport,
+    CopySource,
+    LocalCopy,
+    ReconcileReport,
+    copy_heat,
+    copy_name,
+    fsync_dir,
+    sweep,
+    unlink,
+    write_temp,
+)
+from tiering.placement.copyplan import CopyPasses
+from tiering.placement.fleetheat import LocalHeat, local_heat
+from tiering.placement.policy import Policy
+from tiering.tiers import FillCancelled, Tier, Tiers
+from tiering.tiers.paths import RESERVED_DIR, TEMP_SUFFIX
+
+__all__ = ["HostCopies", "copy_heat"]
+
+log = logging.getLogger(__name__)
+
+CHUNK = 8 << 20
+_CURRENT = (FileState.STABLE, FileState.MIGRATING)  # a move in flight has not changed the bytes
+
+
+class HostCopies(CopyPasses):
+    """This host's copies of origin files on its directory tiers; see the module docstring.
+
+    Parameters
+    ----------
+    catalog, copies, files:
+        The open catalog, its ``copies`` rows, and the file operations fills read through.
+    tiers:
+        This host's tiers: the shared ones are the origins, the directory ones hold copies.
+    host:
+        This host's id in the ``copies`` table.
+    policy:
+        The policy in force (each copy tier's ``min_heat``, watermarks, quota).
+    quota:
+        A tier's quota in force (None: none).
+    limiter:
+        The migrations' bandwidth cap: the planner's fills count against it.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        copies: Copies,
+        files: FileOps,
+        tiers: Tiers,
+        *,
+        host: str,
+        policy: Callable[[], Policy],
+        quota: Callable[[Tier], int | None],
+        limiter: RateLimiter | None = None,
+    ) -> None:
+        self.catalog, self.copies, self.files, self.tiers = catalog, copies, files, tiers
+        self.host = host
+        self._policy = policy
+        self._quota = quota
+        self.limiter = limiter or RateLimiter()
+        self.origins = frozenset(t.name for t in tiers if t.local_root is None)
+        self.holders = [t for t in tiers if t.local_root is not None]  # fastest first
+        self._index: dict[int, CopyEntry] = {}
+        self._lock = threading.Lock()
+        self._filling: dict[int, threading.Event] = {}
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._pass_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+        self.last_pass: CopyPassReport | None = None
+
+    @classmethod
+    def build(
+        cls,
+        db: Database,
+        catalog: Catalog,
+        files: FileOps,
+        tiers: Tiers,
+        *,
+        policy: Callable[[], Policy],
+        quota: Callable[[Tier], int | None],
+        limiter: RateLimiter,
+    ) -> HostCopies | None:
+        """The copy cache, on a catalog several hosts write that has a shared tier and a
+        directory tier; None otherwise (one host: promotions stay moves)."""
+        if db.single_writer or db.host is None:
+            return None
+        kinds = {t.local_root is None for t in tiers}
+        if kinds != {True, False}:
+            return None
+        return cls(
+            catalog, Copies(db), files, tiers, host=db.host, policy=policy, quota=quota,
+            limiter=limiter,
+        )  # fmt: skip
+
+    # -- where ---------------------------------------------------------------------------------
+    def _dir(self, tier: Tier) -> Path:
+        assert tier.local_root is not None
+        return tier.local_root / RESERVED_DIR
+
+    def is_origin(self, tier: str) -> bool:
+        return tier in self.origins
+
+    def refuse_move(self, file_id: int, to_tier: str) -> None:
+        """Raise :class:`Conflict` for a move of an origin file off its tier."""
+        rec = self.catalog.get(file_id)
+        if rec.tier in self.origins and to_tier != rec.tier:
+            raise Conflict(
+                f"{rec.relpath!r} is on {rec.tier}, the fleet's shared origin: its files stay "
+                f"there (a move would take it from every host); prefetch it with target nvme "
+                "or page_cache for a copy on this host",
+                file_id=file_id,
+                tier=rec.tier,
+            )
+
+    def entries(self) -> list[CopyEntry]:
+        with self._lock:
+            return list(self._index.values())
+
+    def get(self, file_id: int) -> CopyEntry | None:
+        with self._lock:
+            return self._index.get(file_id)
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> ReconcileReport:
+        """Reconcile the disk with the rows, then start the planner's thread."""
+        report = self.reconcile()
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._run, name="tierd-copy-fill", daemon=True)
+        self._thread.start()
+        return report
+
+    def stop(self) -> None:
+        """Stop the planner's thread (a fill in flight is abandoned; its temp is removed).
+        Copies and their rows stay: they survive a restart."""
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def wake(self) -> None:
+        """Run a planner pass soon, on the cache's own thread (the scheduler calls this)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stopped.is_set():
+                return
+            self._wake.clear()
+            try:
+                self.run_pass()
+            except Exception:
+                log.exception("host copies: pass failed; will retry")
+
+    def reconcile(self) -> ReconcileReport:
+        """Make the copies directories and this host's rows agree (before serving): temps go,
+        files without a row of their generation go, rows without their file (or of a file that
+        changed since) go. Idempotent."""
+        report = ReconcileReport()
+        names = {t.name for t in self.holders}
+        rows = {
+            (r.file_id, r.location): r
+            for r in self.copies.list(host=self.host)
+            if r.location in names
+        }
+        found: set[tuple[int, str]] = set()
+        for tier in self.holders:
+            found |= sweep(self._dir(tier), tier.name, rows, report)
+        wanted = {fid for fid, _ in rows}
+        records = {r.id: r for r in self.catalog.actionable() if r.id in wanted}
+        index: dict[int, CopyEntry] = {}
+        for (fid, location), row in sorted(rows.items(), key=lambda kv: self._rank(kv[0][1])):
+            rec = records.get(fid)
+            current = (
+                (fid, location) in found
+                and rec is not None
+                and rec.generation == row.generation
+                and rec.state in _CURRENT
+                and fid not in index  # one copy a file: the one on the faster tier stays
+            )
+            if current:
+                index[fid] = CopyEntry(fid, row.generation, row.size, location)
+                continue
+            self.copies.forget(fid, host=self.host, location=location)
+            report.rows += 1
+            if (fid, location) in found:
+                tier = self.tiers.get(location)
+                unlink(self._dir(tier) / copy_name(fid, row.generation))
+                fsync_dir(self._dir(tier))
+                report.files += 1
+        with self._lock:
+            self._index = index
+        report.kept = len(index)
+        if report.temps or report.files or report.rows:
+            log.info(
+                "host copies: reconciled (%d temps, %d files, %d rows removed; %d kept)",
+                report.temps,
+                report.files,
+                report.rows,
+                report.kept,
+            )
+        return report
+
+    def _rank(self, tier: str) -> int:
+        return self.tiers.get(tier).rank
+
+    # -- reads ---------------------------------------------------------------------------------
+    def open(self, rec: FileRecord) -> LocalCopy | None:
+        """This host's current copy of ``rec`` opened read-only, or None: no copy, or one of
+        another generation or size (stale: never served), or one dropped meanwhile."""
+        e = self.get(rec.id)
+        if e is None or e.generation != rec.generation or e.size != rec.size:
+            return None
+        if rec.state not in _CURRENT:
+            return None
+        tier = self.tiers.get(e.tier)
+        path = self._dir(tier) / copy_name(e.file_id, e.generation)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # dropped between the look-up and the open: read the origin
+        if os.fstat(fd).st_size != rec.size:
+            os.close(fd)
+            return None
+        return LocalCopy(tier, path, fd)
+
+    def content(self, file_id: int) -> Content | None:
+        """A current copy of the file as the engine's :class:`~tiering.moves.Content`, or None."""
+        if self.get(file_id) is None:
+            return None
+        rec = self.catalog.get(file_id, cached=True)
+        local = self.open(rec)
+        return None if local is None else Content(rec, CopySource(rec.relpath, local.fd))
+
+    # -- fills and drops -----------------------------------------------------------------------
+    def fill(
+        self,
+        file_id: int,
+        tier: str,
+        *,
+        cancel: threading.Event | None = None,
+        progress: Callable[[int], None] | None = None,
+        throttle: bool = False,
+        keep_s: float = 0.0,
+    ) -> CopyEntry:
+        """Copy an origin file to directory tier ``tier`` (or find its current copy there).
+
+        ``keep_s`` keeps the copy that long whatever its heat (a prefetch). Colder copies on
+        the tier are dropped for room.
+
+        Raises
+        ------
+        FileNotFound, InvalidInput
+            No such file, or it is not on an origin tier, or ``tier`` is no directory tier.
+        FileBusy
+            The file is not stable.
+        FileChanged, IntegrityError
+            It changed during the copy, or its bytes are not the catalog's: nothing kept.
+        InsufficientSpace
+            No room on the tier (its own files and hotter copies fill it).
+        FillCancelled
+            ``cancel`` was set, or the cache stopped.
+        """
+        dest = self.tiers.get(tier)
+        if dest.local_root is None:
+            raise InvalidInput(f"tier {tier} is no directory tier: it cannot hold a copy")
+        while True:
+            rec = self.catalog.get(file_id)
+            if rec.tier not in self.origins:
+                raise InvalidInput(f"{rec.relpath!r} is on {rec.tier}, not on a shared tier")
+            if rec.state != FileState.STABLE:
+                raise FileBusy(
+                    f"{rec.relpath!r} is {rec.state}: only a stable file is copied",
+                    file_id=file_id,
+                    path=rec.relpath,
+                )
+            e = self.get(file_id)
+            if e is not None and e.generation == rec.generation and e.tier == tier:
+                e.keep_until = max(e.keep_until, time.time() + keep_s)
+                return e
+            with self._lock:
+                other = self._filling.get(file_id)
+                if other is None:
+                    mine = self._filling[file_id] = threading.Event()
+                    break
+            while not other.wait(0.05):  # another fill of this file: take its copy after it
+                if (cancel is not None and cancel.is_set()) or self._stopped.is_set():
+                    raise FillCancelled
+        try:
+            self._make_room(dest, rec)
+            return self._fill(rec, dest, cancel, progress, throttle, keep_s)
+        finally:
+            with self._lock:
+                del self._filling[file_id]
+            mine.set()
+
+    def _fill(
+        self,
+        rec: FileRecord,
+        dest: Tier,
+        cancel: threading.Event | None,
+        progress: Callable[[int], None] | None,
+        throttle: bool,
+        keep_s: float,
+    ) -> CopyEntry:
+        d = self._dir(dest)
+        if not d.is_dir():
+            d.mkdir(exist_ok=True)
+            fsync_dir(d.parent)
+        name = copy_name(rec.id, rec.generation)
+        temp = d / f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+        try:
+            content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
+            with content.source as src:
+                if content.record.generation != rec.generation:
+                    raise FileChanged(f"{rec.relpath!r} changed before it was copied")
+
+                def stop() -> bool:
+                    return (cancel is not None and cancel.is_set()) or self._stopped.is_set()
+
+                limit = (lambda k: self.limiter.acquire(k, cancel)) if throttle else None
+                n, checksum = write_temp(src, temp, stop=stop, throttle=limit, progress=progress)
+            if n != rec.size:
+                raise FileChanged(f"{rec.relpath!r} is {n} bytes, the catalog says {rec.size}")
+            if rec.checksum is not None and checksum != rec.checksum:
+                raise IntegrityError(
+                    f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum (read "
+                    f"{checksum}, catalog {rec.checksum}); not copied",
+                    file_id=rec.id,
+                    path=rec.relpath,
+                )
+            os.rename(temp, d / name)
+        except OSError as exc:
+            unlink(temp)
+            raise StorageError(f"copying {rec.relpath!r} to {dest.name} failed: {exc}") from exc
+        except BaseException:
+            unlink(temp)
+            raise
+        fsync_dir(d)
+        recorded = self.copies.record(
+            rec.id,
+            host=self.host,
+            location=dest.name,
+            generation=rec.generation,
+            size=rec.size,
+            states=_CURRENT,
+        )
+        if not recorded:
+            unlink(d / name)
+            fsync_dir(d)
+            raise FileChanged(f"{rec.relpath!r} changed while it was copied")
+        entry = CopyEntry(rec.id, rec.generation, rec.size, dest.name, time.time() + keep_s)
+        with self._lock:
+            old, self._index[rec.id] = self._index.get(rec.id), entry
+        if old is not None and (old.tier, old.generation) != (dest.name, rec.generation):
+            self._remove(old)  # the copy it replaces (another tier or generation)
+        return entry
+
+    def _make_room(self, dest: Tier, rec: FileRecord) -> None:
+        """Drop copies on ``dest`` colder than ``rec`` (no prefetch keeps) until it fits."""
+        cap, own, mine = self._space(dest, self.catalog.actionable())
+        need = own + mine + rec.size - cap
+        if need <= 0:
+            return
+        policy, now, local = self._policy(), time.time(), local_heat(self.catalog)
+        heat = copy_heat(rec, policy, now, local)
+        colder = sorted(
+            (
+                (self._heat_of(e.file_id, policy, now, local), e)
+                for e in self.entries()
+                if e.tier == dest.name and e.keep_until <= now and e.file_id != rec.id
+            ),
+            key=lambda he: he[0],
+        )
+        victims: list[CopyEntry] = []
+        for h, e in colder:
+            if need <= 0 or h >= heat:
+                break
+            victims.append(e)
+            need -= e.size
+        if need > 0:
+            raise InsufficientSpace(
+                f"tier {dest.name} has no room for a copy of {rec.relpath!r} ({rec.size} bytes): "
+                "its own files and hotter copies fill it",
+                tier=dest.name,
+                free=max(0, cap - own - mine),
+            )
+        for e in victims:
+            self.drop(e.file_id, "room")
+
+    def _heat_of(self, file_id: int, policy: Policy, now: float, local: LocalHeat | None) -> float:
+        try:
+            return copy_heat(self.catalog.get(file_id, cached=True), policy, now, local)
+        except Exception:
+            return -1.0  # gone: the coldest of all
+
+    def drop(self, file_id: int, reason: str = "dropped") -> bool:
+        """Drop the file's copy, if any: its row first, then the file (a read that opened it
+        goes on reading the unlinked file)."""
+        with self._lock:
+            e = self._index.pop(file_id, None)
+        if e is None:
+            return False
+        self.copies.forget(file_id, host=self.host, location=e.tier)
+        self._remove(e)
+        log.debug("host copies: dropped file %d from %s (%s)", file_id, e.tier, reason)
+        return True
+
+    def _remove(self, e: CopyEntry) -> None:
+        d = self._dir(self.tiers.get(e.tier))
+        unlink(d / copy_name(e.file_id, e.generation))
+        fsync_dir(d)
+
+    # -- space and the planner's pass ----------------------------------------------------------
+    def _space(self, tier: Tier, records: list[FileRecord]) -> tuple[int, int, int]:
+        """(the bound of own files plus copies, own files' bytes, copies' bytes) on ``tier``."""
+        own = sum(
+            r.size
+            for r in records
+            if r.tier == tier.name and r.host == self.host and r.state != FileState.MISSING
+        )
+        mine = sum(e.size for e in self.entries() if e.tier == tier.name)
+        cap = own + mine + max(0, tier.space().free)
+        quota = self._quota(tier)
+        return (cap if quota is None else min(cap, quota)), own, mine
