@@ -406,11 +406,12 @@ def bench_catalog(
     json_path: JsonOpt = None,
 ) -> None:
     """Catalog writes per second: SQLite against PostgreSQL, and several hosts on PostgreSQL."""
+    from tiering.bench._postgres import NoScratchDatabase
     from tiering.bench.catalog import CatalogBenchUnavailable, run
 
     try:
         report = run(seconds, runs, hosts, catalog_url, say=progress())
-    except CatalogBenchUnavailable as exc:
+    except (CatalogBenchUnavailable, NoScratchDatabase) as exc:
         raise typer.BadParameter(str(exc), param_hint="--catalog-url") from exc
     _finish(report, json_path)
 

@@ -68,6 +68,24 @@ def _relpath_query(description: str) -> object:
     )
 
 
+#: ``?path=`` or ``?model=`` of the fleet's read routes (exactly one: see asked_records).
+PathParam = Annotated[str | None, _relpath_query("A file's relpath (not with model)")]
+ModelParam = Annotated[str | None, _relpath_query("A model's directory relpath (not with path)")]
+
+
+def asked_records(
+    engine: Engine, loader: Loader, path: str | None, model: str | None
+) -> list[FileRecord]:
+    """The record at ``path``, or the files of ``model``: 422 for neither or both, or a bad
+    relpath; 404 for a file or a model the catalog does not have."""
+    if (path is None) == (model is None):
+        raise HttpError(422, "invalid_query", "give exactly one of path and model")
+    if path is not None:
+        return [engine.lookup(path)]
+    assert model is not None
+    return list(loader.models.get(model).files)
+
+
 @router.get("/hosts", dependencies=[require_data], responses=DATA | BUSY)
 def hosts(engine: EngineDep) -> FleetHostsOut:
     """Every host registered in the shared catalog, by id: its address, liveness (``down``
@@ -88,10 +106,8 @@ def hosts(engine: EngineDep) -> FleetHostsOut:
 def locate_files(
     engine: EngineDep,
     loader: LoaderDep,
-    path: Annotated[str | None, _relpath_query("A file's relpath (not with model)")] = None,
-    model: Annotated[
-        str | None, _relpath_query("A model's directory relpath (not with path)")
-    ] = None,
+    path: PathParam = None,
+    model: ModelParam = None,
 ) -> LocateOut:
     """Every host that has the file at ``path``, or the files of ``model``, and where: a
     cached copy in its memory tier, one of its own tiers, or a shared object store it reads,
@@ -99,14 +115,7 @@ def locate_files(
 
     422 for neither or both of ``path`` and ``model``, or a bad relpath; 404 for a file or a
     model the catalog does not have."""
-    if (path is None) == (model is None):
-        raise HttpError(422, "invalid_query", "give exactly one of path and model")
-    records: list[FileRecord]
-    if path is not None:
-        records = [engine.lookup(path)]
-    else:
-        assert model is not None
-        records = list(loader.models.get(model).files)
+    records = asked_records(engine, loader, path, model)
     now = time.time()
     db = engine.catalog.db
     located = locate(

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from app.api.deps import EngineDep, LoaderDep
+from app.api.fleet import ModelParam, PathParam, asked_records
 from app.api.responses import BUSY, DATA, INVALID, NOT_FOUND
 from app.auth import require_data
-from app.errors import HttpError
 from app.schemas import iso
-from tiering.catalog import FileRecord
 from tiering.catalog.heat import HostHeatRow, HostHeats
 from tiering.placement.fleetheat import LocalHeat, has_local_heat, heat_for_promotion
-from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = ["FileHeatOut", "FleetHeatOut", "HostHeatOut", "router"]
 
@@ -74,16 +72,6 @@ class FleetHeatOut(BaseModel):
     files: list[FileHeatOut]
 
 
-def _relpath_query(description: str) -> object:
-    # The engine checks a relpath's rules (``invalid_path``, 422); the schema states the
-    # length bound it enforces, while pydantic only caps what is read at 4x that.
-    return Query(
-        max_length=MAX_RELPATH_CHARS * 4,
-        description=description,
-        json_schema_extra={"minLength": 1, "maxLength": MAX_RELPATH_CHARS},
-    )
-
-
 def _host_out(row: HostHeatRow) -> HostHeatOut:
     return HostHeatOut(
         heat=round(row.heat, 6), access_count=row.access_count, last_access=iso(row.last_access)
@@ -94,10 +82,8 @@ def _host_out(row: HostHeatRow) -> HostHeatOut:
 def fleet_heat(
     engine: EngineDep,
     loader: LoaderDep,
-    path: Annotated[str | None, _relpath_query("A file's relpath (not with model)")] = None,
-    model: Annotated[
-        str | None, _relpath_query("A model's directory relpath (not with path)")
-    ] = None,
+    path: PathParam = None,
+    model: ModelParam = None,
 ) -> FleetHeatOut:
     """The heat of the file at ``path``, or of each file of ``model``, across the fleet: the
     fleet's (the sum of every host's) and each host's own, decayed to now, with the heat
@@ -106,14 +92,7 @@ def fleet_heat(
 
     422 for neither or both of ``path`` and ``model``, or a bad relpath; 404 for a file or a
     model the catalog does not have."""
-    if (path is None) == (model is None):
-        raise HttpError(422, "invalid_query", "give exactly one of path and model")
-    records: list[FileRecord]
-    if path is not None:
-        records = [engine.lookup(path)]
-    else:
-        assert model is not None
-        records = list(loader.models.get(model).files)
+    records = asked_records(engine, loader, path, model)
     now = time.time()
     policy = engine.policy()
     db = engine.catalog.db

@@ -68,6 +68,10 @@ class TierdProcess:
         return env
 
     def start(self, *, timeout: float = 60.0) -> TierdProcess:
+        return self.launch().wait_ready(timeout=timeout)
+
+    def launch(self) -> TierdProcess:
+        """Start the process; :meth:`wait_ready` waits for it to serve."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -77,6 +81,10 @@ class TierdProcess:
                 env=self.env(),
                 cwd=self.root,
             )
+        return self
+
+    def wait_ready(self, *, timeout: float = 60.0) -> TierdProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -143,9 +151,10 @@ def fleet_of(
     endpoints: Mapping[int, str] | None = None,
 ) -> Iterator[list[TierdProcess]]:
     """``n`` tierd processes, ``host-0`` ... , each with an ``nvme`` directory tier of its own
-    above the shared bucket tier ``s3``, on one catalog; started one after the other (the
-    first upgrades the schema), stopped at the end whatever happened. ``endpoints`` gives a
-    host another way to the bucket (a fault proxy in front of the same server)."""
+    above the shared bucket tier ``s3``, on one catalog; the first started alone (it upgrades
+    the schema), then the others together; stopped at the end whatever happened.
+    ``endpoints`` gives a host another way to the bucket (a fault proxy in front of the same
+    server)."""
     procs = []
     for i in range(n):
         root = base / f"host-{i}"
@@ -169,6 +178,10 @@ def fleet_of(
     with ExitStack() as stack:
         for p in procs:
             stack.callback(p.stop)
-        for p in procs:
-            p.start()
+        # The first upgrades the catalog's schema; the others start together after it.
+        procs[0].start()
+        for p in procs[1:]:
+            p.launch()
+        for p in procs[1:]:
+            p.wait_ready()
         yield procs

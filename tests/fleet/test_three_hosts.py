@@ -1,5 +1,10 @@
 """Three real tierd processes (``tierd serve``, each its own host id, data directory and port)
-sharing one PostgreSQL catalog and one bucket on a real S3-protocol server (moto)."""
+sharing one PostgreSQL catalog and one bucket on a real S3-protocol server (moto): they see
+each other and read the shared model; one fleet prefetch puts a copy of the model on every
+host (locate before and after, the bytes checked on each host, the bucket still the origin);
+a host killed -9 mid-prefetch takes its task again when restarted and finishes it; with
+PostgreSQL stopped mid-prefetch every host still serves the model, and when it is back the
+job ends done on every host with no file failed."""
 
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ def _content(p: TierdProcess, path: str) -> bytes:
         return r.content
 
 
-def test_three_hosts_register_locate_and_read_the_shared_model(three: list[TierdProcess]) -> None:
+def _see_each_other_and_read_the_model(three: list[TierdProcess]) -> None:
     for p in three:
         with p.client() as c:
             hosts = wait_for(
@@ -69,6 +74,21 @@ def test_three_hosts_register_locate_and_read_the_shared_model(three: list[Tierd
     for p in three:
         for rel, data in MODEL.items():
             assert _content(p, rel) == data
+
+
+def _hold_back_reads(proxy: FaultProxy) -> threading.Event:
+    """Have ``proxy`` hold each ranged GET back half a second while the event is set (it is),
+    so that a host reading through it is still at work when the test acts."""
+    slow = threading.Event()
+    slow.set()
+
+    def held_back(status: int, headers: Any, body: bytes) -> tuple[int, Any, bytes]:
+        if slow.is_set():
+            time.sleep(0.5)
+        return status, headers, body
+
+    proxy.fail("edit", method="GET", header="Range", times=10_000, edit=held_back)
+    return slow
 
 
 def _finished(c: httpx.Client, job_id: int, timeout: float = 60) -> dict[str, Any]:
@@ -95,6 +115,7 @@ def _check_local_copies(p: TierdProcess) -> None:
 
 
 def test_a_fleet_prefetch_puts_the_model_on_all_three_hosts(three: list[TierdProcess]) -> None:
+    _see_each_other_and_read_the_model(three)
     with three[0].client() as c:
         before = c.get("/v1/fleet/locate", params={"model": "llm"}).json()
         assert {h["host_id"]: h["warmth"] for h in before["hosts"]} == {
@@ -133,15 +154,7 @@ def test_a_host_killed_mid_prefetch_finishes_it_after_its_restart(
         s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
     # Host 2 reaches the bucket through a proxy that holds each read back, so its part of
     # the job is still running when it is killed.
-    slow = threading.Event()
-    slow.set()
-
-    def held_back(status: int, headers: Any, body: bytes) -> tuple[int, Any, bytes]:
-        if slow.is_set():
-            time.sleep(0.5)
-        return status, headers, body
-
-    fault_proxy.fail("edit", method="GET", header="Range", times=10_000, edit=held_back)
+    slow = _hold_back_reads(fault_proxy)
     with fleet_of(
         tmp_path,
         3,
@@ -205,15 +218,7 @@ def test_postgresql_stopped_mid_prefetch_loads_go_on_and_the_job_resumes(
 ) -> None:
     for rel, data in MODEL.items():
         s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
-    slow = threading.Event()
-    slow.set()
-
-    def held_back(status: int, headers: Any, body: bytes) -> tuple[int, Any, bytes]:
-        if slow.is_set():
-            time.sleep(0.5)
-        return status, headers, body
-
-    fault_proxy.fail("edit", method="GET", header="Range", times=10_000, edit=held_back)
+    slow = _hold_back_reads(fault_proxy)
     with fleet_of(
         tmp_path,
         3,

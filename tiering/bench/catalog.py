@@ -27,21 +27,15 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 
 from tiering.catalog import Catalog, Database, NewFile, upgrade
 from tiering.catalog.backends import backend_of, redact
 from tiering.catalog.journal import Journal
 
-from ._postgres import PgServer, why_no_postgresql
+from ._postgres import PgServer, scratch_database, why_no_postgresql
 from ._report import BenchRow, Report
 
 __all__ = ["CatalogBenchUnavailable", "run"]
@@ -194,32 +188,10 @@ def _hosts(url: str, n: int, seconds: float, runs: int) -> list[float]:
 
 
 @contextlib.contextmanager
-def _scratch_database(url: str) -> Iterator[str]:
-    """A new database on ``url``'s server, dropped afterwards: the bench writes nowhere else."""
-    name = f"tierd_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except DBAPIError as exc:
-        admin.dispose()
-        raise CatalogBenchUnavailable(
-            f"cannot create a scratch database on {redact(url)} (the bench needs CREATEDB; it "
-            f"never writes into an existing catalog): {exc.orig}"
-        ) from exc
-    try:
-        yield make_url(url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with contextlib.suppress(DBAPIError), admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@contextlib.contextmanager
 def _postgresql(url: str | None, say: Callable[[str], None]) -> Iterator[tuple[str | None, str]]:
     """(a database URL to measure, or None, and what it is, or why there is none)."""
     if url is not None:
-        with _scratch_database(url) as scratch:
+        with scratch_database(url) as scratch:
             yield scratch, f"{redact(url)} (a scratch database, dropped afterwards)"
         return
     reason = why_no_postgresql()
@@ -255,7 +227,9 @@ def run(
     Raises
     ------
     CatalogBenchUnavailable
-        ``catalog_url`` is not PostgreSQL, or no scratch database can be created there.
+        ``catalog_url`` is not PostgreSQL.
+    NoScratchDatabase
+        No scratch database can be created there.
     """
     if seconds <= 0 or runs < 1 or hosts < 0:
         raise ValueError("seconds must be positive, runs at least 1, hosts at least 0")

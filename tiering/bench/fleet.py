@@ -361,7 +361,10 @@ def _report(setup: dict[str, Any], times: dict[str, list[float]]) -> Report:
             f"fleet: one POST /v1/fleet/prefetch to {n} hosts, until done",
             med["fleet"],
             "s",
-            note=f"includes each host's poll (every {poll:g} s) and its progress write",
+            note=(
+                "hosts are woken by the job's commit (LISTEN/NOTIFY; a poll every "
+                f"{poll:g} s is the fallback) and write progress as they go"
+            ),
         )
     )
     report.compare(row.key, "hand_s")
@@ -371,7 +374,11 @@ def _report(setup: dict[str, Any], times: dict[str, list[float]]) -> Report:
             "fleet's extra over by hand",
             med["fleet"] - med["hand"],
             "s",
-            note=f"poll interval {poll:g} s, progress interval {setup['progress_interval_s']:g} s",
+            note=(
+                f"the claim, the progress writes and the job's polling by the client "
+                f"(poll interval {poll:g} s, progress interval "
+                f"{setup['progress_interval_s']:g} s)"
+            ),
         )
     )
     report.add(BenchRow("single_s", "one host: POST /v1/prefetch, until done", med["single"], "s"))
