@@ -346,6 +346,23 @@ def bench_memory(
     _finish(report, json_path)
 
 
+@bench_cli.command("multi-gpu")
+def bench_multi_gpu(
+    size: Annotated[str, typer.Option("--size", help="Size of the file and checkpoint.")] = "4GiB",
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed loads (median).", min=3)] = 3,
+    json_path: JsonOpt = None,
+) -> None:
+    """One storage read filling 2 GPUs, and TP=2 slices to their GPUs (needs 2 GPUs)."""
+    from tiering.bench.multigpu import run
+
+    try:
+        report = run(_size(size, minimum=64 << 20), repeats=repeats, say=progress())
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    _finish(report, json_path)
+
+
 @bench_cli.command("object-store")
 def bench_object_store(
     size: Annotated[str, typer.Option("--size", help="Size of the object moved.")] = "1GiB",

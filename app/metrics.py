@@ -67,6 +67,13 @@ class Metrics:
             ["tier", "source"],
             registry=r,
         )
+        # With tierd_loaded_bytes' device label: rate(bytes) / rate(seconds) is a GPU's GB/s.
+        self.device_seconds = Counter(
+            "tierd_load_seconds_by_device",
+            "Seconds spent reading loads into each device (replicas' copies included)",
+            ["device"],
+            registry=r,
+        )
         self.load_seconds = Histogram(
             "tierd_load_duration_seconds",
             "Time reading one load's bytes into its buffer",
@@ -95,6 +102,7 @@ class Metrics:
         self.source_bytes.labels(report.tier, report.source).inc(report.nbytes)
         self.source_loads.labels(report.tier, report.source).inc()
         self.load_seconds.labels(op).observe(report.seconds)
+        self.device_seconds.labels(str(device)).inc(report.seconds)
 
     def watch(self, engine: Engine, loader: Loader) -> None:
         """Add the gauges read at scrape time from the engine and the loader."""

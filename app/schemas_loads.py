@@ -24,6 +24,8 @@ __all__ = [
     "PrefetchRequest",
     "RenewRequest",
     "SHARED_DOC",
+    "ShardRuleIn",
+    "ShardingIn",
     "SafetensorsOut",
     "SafetensorsRequest",
     "TensorOut",
@@ -33,6 +35,56 @@ __all__ = [
 _PATH = Field(default=None, max_length=MAX_RELPATH_CHARS * 4, description="File relpath")
 _DEVICE = Field(default="cpu", max_length=32, description="cpu or cuda:N")
 _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
+
+
+def _devices() -> Any:
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Several devices instead of device: cuda:N each, or cuda:* for every GPU "
+        "of the host (cpu only alone). Storage is read once; the other GPUs get the bytes by "
+        "peer copy, or from one pinned host staging buffer where peer access is off. The "
+        "reply then has one buffer per device (see each one's delivery); a budget overrun on "
+        "any device is a 507 with nothing leased on the others.",
+    )
+
+
+DeviceName = Annotated[str, Field(min_length=1, max_length=32)]
+
+
+class ShardRuleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pattern: str = Field(min_length=1, max_length=1024, description="fnmatch pattern of names")
+    dim: int = Field(ge=0, le=63, description="Dimension to split across the ranks")
+
+
+class ShardingIn(BaseModel):
+    """A tensor-parallel split: the first rule matching a tensor says its dimension."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    world_size: int = Field(ge=1, le=1024, description="Ranks to split across")
+    rules: list[ShardRuleIn] = Field(
+        default_factory=list,
+        max_length=256,
+        description="First match wins; a tensor no rule matches is replicated to every rank. "
+        "Uneven sizes follow torch.chunk: chunk = ceil(n / world_size), rank k gets "
+        "[k*chunk, min(n, (k+1)*chunk)), possibly empty.",
+    )
+    strict: StrictBool = Field(
+        default=False, description="A pattern that matches no tensor is an error (422)"
+    )
+
+    def spec(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+def _not_both(req: BaseModel) -> None:
+    if getattr(req, "devices", None) is not None and "device" in req.model_fields_set:
+        raise ValueError("give device or devices, not both")
+
 
 SHARED_DOC = (
     "Read-only contract: the caller promises never to write the buffer (inference weights). "
@@ -92,6 +144,14 @@ class LoadRequest(_OneFile):
     )
     ttl_s: float | None = _TTL
     shared: StrictBool = _shared()
+    devices: list[DeviceName] | None = _devices()
+
+    @model_validator(mode="after")
+    def _device_or_devices(self) -> Any:
+        _not_both(self)
+        if self.devices is not None and self.shared:
+            raise ValueError("shared loads take one device")
+        return self
 
 
 class BatchItem(_OneFile):
@@ -145,6 +205,32 @@ class SafetensorsRequest(_ManyFiles):
         description="Per shard: a shard whose selected tensors are resident on the device is "
         "handed out again, its allocation and layout as they are. " + SHARED_DOC,
     )
+    devices: list[DeviceName] | None = _devices()
+    sharding: ShardingIn | None = Field(
+        default=None,
+        description="Tensor-parallel split: each rank's device gets only its slices (422 for "
+        "a pattern that matches nothing when strict, a dimension out of range, a world size "
+        "larger than the dimension)",
+    )
+    rank: int | None = Field(
+        default=None,
+        ge=0,
+        le=1023,
+        description="With sharding: load this rank only, into device (or the one of devices); "
+        "without it every rank is loaded, devices listing one device per rank",
+    )
+
+    @model_validator(mode="after")
+    def _device_or_devices(self) -> Any:
+        _not_both(self)
+        if self.shared and (self.devices is not None or self.sharding is not None):
+            raise ValueError("shared loads take one device and no sharding")
+        return self
+
+    @property
+    def multi(self) -> bool:
+        """Whether the reply is one entry per device (devices, sharding or rank given)."""
+        return self.devices is not None or self.sharding is not None or self.rank is not None
 
 
 class GatherRequest(_OneFile):
@@ -155,6 +241,12 @@ class GatherRequest(_OneFile):
     count: int | None = Field(default=None, ge=0, description="Rows from start")
     device: str = _DEVICE
     ttl_s: float | None = _TTL
+    devices: list[DeviceName] | None = _devices()
+
+    @model_validator(mode="after")
+    def _device_or_devices(self) -> Any:
+        _not_both(self)
+        return self
 
 
 class PrefetchRequest(_ManyFiles):

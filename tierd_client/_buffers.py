@@ -246,14 +246,26 @@ class Tensors(Mapping[str, Any]):
     :meth:`torch` gives torch tensors with the exact dtypes, still without a copy.
     """
 
+    #: Of a multi-device load: the device these tensors are on, the rank it holds (None
+    #: without sharding), how its bytes came (read, peer or host).
+    device: str | None = None
+    rank: int | None = None
+    delivery: str | None = None
+
     def __init__(self, buffers: list[Buffer], layout: Mapping[str, Mapping[str, Any]]) -> None:
         self.buffers = buffers
         by_id = {b.id: b for b in buffers}
         self.dtypes: dict[str, str] = {}
+        #: Of a sharded load: each tensor's whole shape, and its slice's index in it.
+        self.full_shapes: dict[str, tuple[int, ...]] = {}
+        self.slice_offsets: dict[str, tuple[int, ...]] = {}
         self._arrays: dict[str, Any] = {}
         for name, t in layout.items():
             buf = by_id[t["buffer_id"]]
             self.dtypes[name] = t["dtype"]
+            if t.get("full_shape") is not None:
+                self.full_shapes[name] = tuple(t["full_shape"])
+                self.slice_offsets[name] = tuple(t["slice_offset"])
             storage = DTYPES[t["dtype"]].storage
             self._arrays[name] = buf.view(int(t["offset"]), int(t["nbytes"]), storage, t["shape"])
 

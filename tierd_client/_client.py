@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import httpx
 import numpy as np
@@ -41,6 +41,10 @@ def _refs(files: FileRef | Sequence[FileRef]) -> dict[str, Any]:
     if all(isinstance(f, str) for f in items):
         return {"paths": items}
     raise TypeError("give files all by id or all by relpath")
+
+
+def _list(items: Sequence[str] | None) -> list[str] | None:
+    return None if items is None else list(items)
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +196,7 @@ class Client(ModelsMixin):
         )
         return self._open_all(self.request("POST", "/v1/load/batch", json=body))
 
+    @overload
     def load_safetensors(
         self,
         files: FileRef | Sequence[FileRef],
@@ -200,20 +205,93 @@ class Client(ModelsMixin):
         device: str = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-    ) -> Tensors:
+        devices: None = None,
+        sharding: None = None,
+        rank: None = None,
+    ) -> Tensors: ...
+
+    @overload
+    def load_safetensors(
+        self,
+        files: FileRef | Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str,
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> list[Tensors]: ...
+
+    @overload
+    def load_safetensors(
+        self,
+        files: FileRef | Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str | None = None,
+        sharding: Mapping[str, Any],
+        rank: int | None = None,
+    ) -> list[Tensors]: ...
+
+    def load_safetensors(
+        self,
+        files: FileRef | Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str | None = None,
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> Tensors | list[Tensors]:
         """Load the tensors (all, or ``names``) of safetensors shards (``shared``: see
-        :meth:`load`)."""
+        :meth:`load`).
+
+        With ``devices`` (``["cuda:0", "cuda:1"]``, or ``"cuda:*"``) or ``sharding``, returns
+        one :class:`Tensors` per device, in order (``.device``, ``.rank``, ``.delivery``):
+        without ``sharding`` each gets every tensor (storage read once); with a
+        tensor-parallel spec (``{"world_size": 2, "rules": [{"pattern": "*.q_proj.weight",
+        "dim": 0}]}``) each rank's device gets its slices (``full_shapes`` and
+        ``slice_offsets`` say where each lies in the whole tensor). ``rank=k`` loads that
+        rank only, into ``device`` (or the one of ``devices``).
+        """
+        multi = devices is not None or sharding is not None or rank is not None
         body = _drop_none(
             {
                 **_refs(files),
                 "names": list(names) if names is not None else None,
-                "device": device,
+                "device": device if not multi or devices is None else None,
                 "ttl_s": ttl_s,
                 "shared": shared or None,
+                "devices": [devices] if isinstance(devices, str) else _list(devices),
+                "sharding": dict(sharding) if sharding is not None else None,
+                "rank": rank,
             }
         )
         reply = self.request("POST", "/v1/load/safetensors", json=body)
-        return Tensors(self._open_all(reply), reply["tensors"])
+        if not multi:
+            return Tensors(self._open_all(reply), reply["tensors"])
+        out: list[Tensors] = []
+        try:
+            for entry in reply["devices"]:
+                t = Tensors(self._open_all(entry), entry["tensors"])
+                t.device, t.rank, t.delivery = entry["device"], entry["rank"], entry["delivery"]
+                out.append(t)
+        except BaseException:
+            for t in out:
+                t.close()
+            for entry in reply["devices"][len(out) + 1 :]:
+                for info in entry["buffers"]:
+                    with contextlib.suppress(TierdClientError):
+                        self.release(info["buffer_id"])
+            raise
+        return out
 
     def load_state_dict(
         self,

@@ -12,6 +12,7 @@ these classes to status codes in exactly one place.
     │   ├── InvalidRange              offset/length outside the file, malformed Range header
     │   ├── InvalidPolicy             a policy document that does not validate
     │   ├── InvalidDevice             a device string that names no device here
+    │   ├── InvalidSharding           a tensor-parallel sharding spec that does not fit
     │   ├── CacheOnlyTier             a memory tier named where a file's home tier is wanted
     │   ├── InvalidDtype              unknown dtype, or one that does not divide the length
     │   ├── MisalignedBuffer          a buffer or offset not on the required alignment
@@ -65,6 +66,7 @@ __all__ = [
     "InvalidPath",
     "InvalidPolicy",
     "InvalidRange",
+    "InvalidSharding",
     "MalformedFile",
     "MisalignedBuffer",
     "ModelNotFound",
@@ -115,6 +117,12 @@ class InvalidPolicy(InvalidInput):
 
 class InvalidDevice(InvalidInput):
     code = "invalid_device"
+
+
+class InvalidSharding(InvalidInput):
+    """A sharding spec (world size, rules, rank) that does not fit the tensors it splits."""
+
+    code = "invalid_sharding"
 
 
 class CacheOnlyTier(InvalidInput):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from pydantic import BaseModel
 
 from app.api.deps import LoaderDep
 from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
+from app.schemas_devices import DevicesTensorsOut, ReplicasOut
 from app.schemas_loads import (
     BatchOut,
     BatchRequest,
@@ -28,14 +30,30 @@ def _lease(lease: Lease) -> Response:
     return Response(lease_json(lease), media_type="application/json")
 
 
-@router.post("/load", response_model=LeaseOut, responses=LOAD_ERRORS)
+def _json(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+@router.post("/load", response_model=LeaseOut | ReplicasOut, responses=LOAD_ERRORS)
 def load(req: LoadRequest, loader: LoaderDep) -> Response:
     """A file or byte range into a new buffer on ``cuda:N`` or ``cpu``; counts one access.
 
     416 for a range outside the file; 422 for an unknown device, a dtype that does not divide
     the length or a shape that does not match; 507 over the device's lease budget.
     ``shared``: a read-only lease, handed out from a resident copy where there is one.
+    ``devices``: the same bytes on several GPUs, one buffer each (ReplicasOut).
     """
+    if req.devices is not None:
+        replicas = loader.load_replicas(
+            req.ref,
+            devices=req.devices,
+            offset=req.offset,
+            length=req.length,
+            dtype=req.dtype,
+            shape=req.shape,
+            ttl_s=req.ttl_s,
+        )
+        return _json(ReplicasOut.of(replicas))
     lease = loader.load(
         req.ref,
         offset=req.offset,
@@ -67,22 +85,53 @@ def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
     return BatchOut(buffers=[LeaseOut.of(lease) for lease in leases])
 
 
-@router.post("/load/safetensors", responses=LOAD_ERRORS)
-def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> SafetensorsOut:
-    """safetensors shards into one buffer each; ``tensors`` says where each tensor lies."""
+@router.post(
+    "/load/safetensors", response_model=SafetensorsOut | DevicesTensorsOut, responses=LOAD_ERRORS
+)
+def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> Response:
+    """safetensors shards into one buffer each; ``tensors`` says where each tensor lies.
+
+    ``devices``, ``sharding`` or ``rank``: one entry per device (DevicesTensorsOut): every
+    tensor on every device, or each rank's slices on its device. 422 for a bad sharding spec,
+    a rank out of range, an unknown device or cpu among several; 507 over any device's budget
+    (nothing is left leased on the others).
+    """
+    if req.multi:
+        loads = loader.load_safetensors(
+            req.refs,
+            names=req.names,
+            ttl_s=req.ttl_s,
+            devices=[req.device] if req.devices is None else req.devices,
+            sharding=None if req.sharding is None else req.sharding.spec(),
+            rank=req.rank,
+        )
+        return _json(DevicesTensorsOut.of(loads))
     loaded = loader.load_safetensors(
         req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s, shared=req.shared
     )
-    return SafetensorsOut.of(loaded)
+    return _json(SafetensorsOut.of(loaded))
 
 
-@router.post("/vectors/gather", response_model=LeaseOut, responses=LOAD_ERRORS)
+@router.post("/vectors/gather", response_model=LeaseOut | ReplicasOut, responses=LOAD_ERRORS)
 def gather(req: GatherRequest, loader: LoaderDep) -> Response:
     """Rows of a row-major matrix file, by index list or by ``start`` and ``count``.
 
     413 for an index list over ``buffers.max_gather_indices``; 422 for an index outside the
-    matrix or a ``dim``/``dtype`` that does not divide the file.
+    matrix or a ``dim``/``dtype`` that does not divide the file. ``devices``: the rows on
+    several GPUs, one buffer each (ReplicasOut).
     """
+    if req.devices is not None:
+        replicas = loader.gather_replicas(
+            req.ref,
+            devices=req.devices,
+            dim=req.dim,
+            dtype=req.dtype,
+            indices=req.indices,
+            start=req.start,
+            count=req.count,
+            ttl_s=req.ttl_s,
+        )
+        return _json(ReplicasOut.of(replicas))
     lease = loader.gather(
         req.ref,
         dim=req.dim,

@@ -19,8 +19,10 @@ def stats(loader: LoaderDep) -> dict[str, Any]:
     in total, ``by_path`` (gds, compat, host, remote, copy), ``by_tier``, ``by_source``
     (where the bytes came from: gpu, peer, memory, page_cache, storage, object_store) and
     ``by_tier_source`` (``"<tier>/<source>"``). A lease handed out from a resident copy
-    counts one ``copy`` operation of 0 bytes."""
+    counts one ``copy`` operation of 0 bytes. ``by_device``: bytes, operations, seconds and
+    GB/s of the loads into each device (replicas' peer copies included)."""
     snap: dict[str, Any] = loader.stats().to_dict()
+    snap["by_device"] = loader.device_stats.snapshot()
     return snap
 
 

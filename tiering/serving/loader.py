@@ -16,16 +16,19 @@ it (:mod:`~tiering.serving.loads`, :mod:`~tiering.serving.gathers`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
 from tiering.catalog import FileRecord
 from tiering.engine import Engine
-from tiering.io import Device, GpuDirectStorage
+from tiering.errors import InvalidInput
+from tiering.io import Device, GpuDirectStorage, IoReport
+from tiering.serving.checks import parse_dtype
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.context import LoadContext
+from tiering.serving.devstats import DeviceStats
 from tiering.serving.gathers import gather_rows
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.leases import Lease, LeaseTable
@@ -33,8 +36,10 @@ from tiering.serving.loads import FanOut, LoadItem, load_many, load_one
 from tiering.serving.memory import MemoryHolder
 from tiering.serving.models import Models
 from tiering.serving.prefetch import start_prefetch
+from tiering.serving.replicas import Replica, replicate
 from tiering.serving.residency import Residency
 from tiering.serving.safetensors import TensorsLoaded, load_shards
+from tiering.serving.sharded import DeviceLoaded, load_devices
 
 __all__ = ["Loader"]
 
@@ -49,7 +54,11 @@ class Loader:
     def __init__(
         self, engine: Engine, config: LoaderConfig | None = None, observer: Observer | None = None
     ) -> None:
-        self._ctx = ctx = LoadContext(engine, config or LoaderConfig(), observer)
+        self._ctx = ctx = LoadContext(engine, config or LoaderConfig(), None)
+        #: Loads per device (bytes, operations, GB/s): counted before the observer is told.
+        self.device_stats = DeviceStats()
+        self._observer = observer
+        ctx.observer = self._observe
         if engine.memory is not None:  # asked after the GPU residency: see LoadContext.holders
             ctx.holders.append(MemoryHolder(engine, engine.memory))
         self.leases: LeaseTable = ctx.leases
@@ -76,11 +85,16 @@ class Loader:
     @property
     def observer(self) -> Observer | None:
         """Called after every successful read; may be replaced at any time."""
-        return self._ctx.observer
+        return self._observer
 
     @observer.setter
     def observer(self, observer: Observer | None) -> None:
-        self._ctx.observer = observer
+        self._observer = observer
+
+    def _observe(self, op: str, device: Device, report: IoReport) -> None:
+        self.device_stats.record(device, report)
+        if self._observer is not None:
+            self._observer(op, device, report)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Loader:
@@ -207,6 +221,7 @@ class Loader:
             ttl_s=ttl_s,
         )
 
+    @overload
     def load_safetensors(
         self,
         files: Sequence[FileRef],
@@ -215,20 +230,160 @@ class Loader:
         device: str | Device = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-    ) -> TensorsLoaded:
+        devices: None = None,
+        sharding: None = None,
+        rank: None = None,
+    ) -> TensorsLoaded: ...
+
+    @overload
+    def load_safetensors(
+        self,
+        files: Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str | Device = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: str | Sequence[str | Device],
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> list[DeviceLoaded]: ...
+
+    @overload
+    def load_safetensors(
+        self,
+        files: Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str | Device = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: str | Sequence[str | Device] | None = None,
+        sharding: Mapping[str, Any],
+        rank: int | None = None,
+    ) -> list[DeviceLoaded]: ...
+
+    def load_safetensors(
+        self,
+        files: Sequence[FileRef],
+        *,
+        names: Sequence[str] | None = None,
+        device: str | Device = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: str | Sequence[str | Device] | None = None,
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> TensorsLoaded | list[DeviceLoaded]:
         """Load the tensors (all, or ``names``) of safetensors shards: one lease per shard.
 
         ``shared`` (see :meth:`load`): a shard whose selected tensors are resident on
         ``device`` is handed out again, allocation and layout as they are.
 
+        With ``devices`` (a list, or ``"cuda:*"``) or ``sharding``, returns one
+        :class:`~tiering.serving.sharded.DeviceLoaded` per device (``device`` is then
+        ignored; ``devices`` defaults to ``[device]``): without ``sharding`` each device gets
+        every tensor, storage read once; with it, a tensor-parallel spec (see
+        :mod:`tiering.io.sharding`), each rank's slices go to its device: ``rank=None``
+        loads every rank (one device per rank, in rank order), ``rank=k`` that rank into
+        its one device. Each tensor says its slice's shape, the whole tensor's shape and the
+        slice's offset in it. Not with ``shared``.
+
         Raises
         ------
         MalformedFile, InvalidDtype, InvalidInput
             A bad header, a tensor in two shards, or a name in none.
+        InvalidSharding, InvalidDevice
+            A spec that does not fit the tensors, a rank out of range; an unknown device,
+            ``cpu`` among several devices.
+        InsufficientSpace
+            Over the budget of any device (nothing is left leased on the others).
         TooLarge
             More than ``max_batch_items`` files.
         """
-        return load_shards(self._ctx, files, names=names, device=device, ttl_s=ttl_s, shared=shared)
+        if devices is None and sharding is None and rank is None:
+            return load_shards(
+                self._ctx, files, names=names, device=device, ttl_s=ttl_s, shared=shared
+            )
+        if shared:
+            raise InvalidInput("shared loads take one device and no sharding")
+        return load_devices(
+            self._ctx,
+            files,
+            names=names,
+            devices=[device] if devices is None else devices,
+            sharding=sharding,
+            rank=rank,
+            ttl_s=ttl_s,
+        )
+
+    def load_replicas(
+        self,
+        file: FileRef,
+        *,
+        devices: str | Sequence[str | Device],
+        offset: int = 0,
+        length: int | None = None,
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+    ) -> list[Replica]:
+        """:meth:`load` into every one of ``devices`` (or ``"cuda:*"``): storage is read once,
+        into the first; the others get the bytes by peer copy or through pinned host staging
+        (each :class:`~tiering.serving.replicas.Replica` says which). A budget overrun on any
+        device leaves nothing leased anywhere."""
+
+        def size() -> int:
+            if length is not None:
+                return length
+            return max(0, self._ctx.record(file).size - offset)
+
+        return replicate(
+            self._ctx,
+            devices,
+            nbytes=size,
+            first=lambda d: self.load(
+                file, offset=offset, length=length, device=d, dtype=dtype, shape=shape, ttl_s=ttl_s
+            ),
+            ttl_s=ttl_s,
+            op="load",
+        )
+
+    def gather_replicas(
+        self,
+        file: FileRef,
+        *,
+        devices: str | Sequence[str | Device],
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        ttl_s: float | None = None,
+    ) -> list[Replica]:
+        """:meth:`gather` into every one of ``devices``, as :meth:`load_replicas` does."""
+
+        def size() -> int:
+            rows = len(indices) if indices is not None else (count or 0)
+            return rows * max(0, dim) * parse_dtype(dtype).itemsize
+
+        return replicate(
+            self._ctx,
+            devices,
+            nbytes=size,
+            first=lambda d: self.gather(
+                file,
+                dim=dim,
+                dtype=dtype,
+                indices=indices,
+                start=start,
+                count=count,
+                device=d,
+                ttl_s=ttl_s,
+            ),
+            ttl_s=ttl_s,
+            op="gather",
+        )
 
     # -- prefetch ----------------------------------------------------------------------------
     def prefetch(
@@ -266,3 +421,4 @@ class Loader:
 
     def reset_stats(self) -> None:
         self._ctx.stats.reset()
+        self.device_stats.reset()

@@ -28,7 +28,7 @@ from tiering.serving.leases import Lease, Reservation
 from tiering.serving.loads import record_of
 from tiering.serving.residency import ResidentKey, authoritative_stat
 
-__all__ = ["Select", "TensorLoc", "TensorsLoaded", "load_shards"]
+__all__ = ["Select", "TensorLoc", "TensorsLoaded", "load_shards", "loaded"]
 
 Select = Callable[[Sequence[GdsFile]], Sequence[str] | None]
 """``select(shards)``: check the opened shards (in request order) before anything is
@@ -44,6 +44,10 @@ class TensorLoc:
     dtype: str  # the safetensors name: F32, BF16, ...
     shape: tuple[int, ...]
     nbytes: int
+    #: Of a sharded load (see :mod:`tiering.serving.sharded`): the whole tensor's shape and
+    #: where this slice starts in it (its index along every dimension); None otherwise.
+    full_shape: tuple[int, ...] | None = None
+    slice_offset: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def load_shards(
             for res in reserved:
                 res.cancel()
             raise
-    return _loaded(ctx, dev, leases)
+    return loaded(ctx, dev, leases)
 
 
 def _grant(
@@ -146,13 +150,20 @@ def _grant(
     )
 
 
-def _loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
+def loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
     """The reply of a load: every lease's tensors by name; each lease reported."""
     tensors: dict[str, TensorLoc] = {}
     for lease in leases:
         for name, t in lease.tensors.items():
+            full, at = t.get("full_shape"), t.get("slice_offset")
             tensors[name] = TensorLoc(
-                lease.id, int(t["offset"]), t["dtype"], tuple(t["shape"]), int(t["nbytes"])
+                lease.id,
+                int(t["offset"]),
+                t["dtype"],
+                tuple(t["shape"]),
+                int(t["nbytes"]),
+                None if full is None else tuple(full),
+                None if at is None else tuple(at),
             )
         assert lease.report is not None
         ctx.observe("safetensors", dev, lease.report)
@@ -226,4 +237,4 @@ def _load_shared(
         for res in reserved:
             res.cancel()
         raise
-    return _loaded(ctx, dev, [leases[i] for i in sorted(leases)])
+    return loaded(ctx, dev, [leases[i] for i in sorted(leases)])

@@ -1,0 +1,85 @@
+"""Replies of multi-device loads: one buffer per device, and sharded safetensors per rank.
+
+A request that names ``device`` keeps the single-device reply (:class:`~app.schemas_loads.
+LeaseOut`, :class:`~app.schemas_loads.SafetensorsOut`); these are the replies of one that
+names ``devices``, ``sharding`` or ``rank``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from app.schemas_loads import LeaseOut, TensorOut
+from tiering.serving.replicas import Replica
+from tiering.serving.sharded import DeviceLoaded
+
+__all__ = ["DeviceTensorsOut", "DevicesTensorsOut", "ReplicaOut", "ReplicasOut", "SliceOut"]
+
+_DELIVERY = Field(
+    description="How the device got its bytes: read (from storage, a held copy or the page "
+    "cache), peer (GPU to GPU copy from the first device), host (through pinned host staging)"
+)
+
+
+class ReplicaOut(LeaseOut):
+    delivery: str = _DELIVERY
+
+
+class ReplicasOut(BaseModel):
+    buffers: list[ReplicaOut] = Field(description="One per device, in the order named")
+
+    @classmethod
+    def of(cls, replicas: list[Replica]) -> ReplicasOut:
+        return cls(
+            buffers=[
+                ReplicaOut(**LeaseOut.of(r.lease).model_dump(), delivery=r.delivery)
+                for r in replicas
+            ]
+        )
+
+
+class SliceOut(TensorOut):
+    full_shape: list[int] | None = Field(
+        default=None, description="Shape of the whole tensor (sharded loads)"
+    )
+    slice_offset: list[int] | None = Field(
+        default=None,
+        description="Index of the slice's first element in the whole tensor (sharded loads)",
+    )
+
+
+class DeviceTensorsOut(BaseModel):
+    device: str
+    rank: int | None = Field(description="The rank this device holds; null without sharding")
+    delivery: str = _DELIVERY
+    buffers: list[LeaseOut] = Field(description="One per shard that had selected tensors")
+    tensors: dict[str, SliceOut] = Field(description="shape is the slice's")
+
+    @classmethod
+    def of(cls, d: DeviceLoaded) -> DeviceTensorsOut:
+        return cls(
+            device=str(d.device),
+            rank=d.rank,
+            delivery=d.delivery,
+            buffers=[LeaseOut.of(lease) for lease in d.loaded.leases],
+            tensors={
+                name: SliceOut(
+                    buffer_id=t.buffer_id,
+                    offset=t.offset,
+                    dtype=t.dtype,
+                    shape=list(t.shape),
+                    nbytes=t.nbytes,
+                    full_shape=None if t.full_shape is None else list(t.full_shape),
+                    slice_offset=None if t.slice_offset is None else list(t.slice_offset),
+                )
+                for name, t in d.loaded.tensors.items()
+            },
+        )
+
+
+class DevicesTensorsOut(BaseModel):
+    devices: list[DeviceTensorsOut] = Field(description="One per device (per rank, in order)")
+
+    @classmethod
+    def of(cls, loads: list[DeviceLoaded]) -> DevicesTensorsOut:
+        return cls(devices=[DeviceTensorsOut.of(d) for d in loads])

@@ -1,0 +1,148 @@
+"""Multi-device and sharded loads over HTTP (a real server; CPU only): a rank's slices of a
+torch-made bf16 checkpoint equal ``torch.chunk``, and every bad request is a 422 JSON error
+that leaves nothing leased."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.conftest import LiveServer
+from tests.serving.conftest import leased
+from tierd_client import Client, InvalidRequest
+
+SPEC = {
+    "world_size": 2,
+    "rules": [{"pattern": "*.q_proj.weight", "dim": 0}, {"pattern": "*.o_proj.weight", "dim": 1}],
+}
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def ckpt(upload: Callable[..., int], tmp_path: Path) -> tuple[list[int], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    parts = [
+        {"l0.q_proj.weight": torch.randn(9, 4, generator=g), "l0.norm": torch.randn(4)},
+        {"l0.o_proj.weight": torch.randn(4, 7, generator=g)},  # 7 over 2: 4 + 3
+    ]
+    ids, full = [], {}
+    for i, part in enumerate(parts):
+        p = tmp_path / f"m{i}.safetensors"
+        save_file({k: v.to(torch.bfloat16) for k, v in part.items()}, str(p))
+        ids.append(upload(f"tp/m{i}.safetensors", p.read_bytes()))
+        full.update(load_file(str(p)))
+    return ids, full
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_over_http_equals_torch_chunk(api: Client, ckpt: Any, rank: int) -> None:
+    ids, full = ckpt
+    [t] = api.load_safetensors(ids, sharding=SPEC, rank=rank)
+    assert (t.device, t.rank, t.delivery) == ("cpu", rank, "read")
+    got = t.torch()
+    dims = {"l0.q_proj.weight": 0, "l0.o_proj.weight": 1}
+    for name, tensor in full.items():
+        want = tensor.chunk(2, dims[name])[rank] if name in dims else tensor
+        assert torch.equal(got[name], want), name
+    assert t.full_shapes["l0.o_proj.weight"] == (4, 7)
+    assert t.slice_offsets["l0.o_proj.weight"] == (0, 4 * rank)
+    assert t.slice_offsets["l0.norm"] == (0,)
+    t.close()
+    assert leased(api) == 0
+
+
+def test_device_lists_of_one_and_the_unchanged_single_device_reply(
+    api: Client, http: httpx.Client, upload: Callable[..., int]
+) -> None:
+    data = np.arange(64, dtype=np.float32)
+    fid = upload("v/m.bin", data.tobytes())
+    single = http.post("/v1/load", json={"file_id": fid, "device": "cpu"}).json()
+    assert "buffers" not in single and single["nbytes"] == 256
+    api.release(single["buffer_id"])
+    many = http.post("/v1/load", json={"file_id": fid, "devices": ["cpu"]}).json()
+    [buf] = many["buffers"]
+    assert (buf["device"], buf["delivery"], buf["nbytes"]) == ("cpu", "read", 256)
+    api.release(buf["buffer_id"])
+    body = {"file_id": fid, "dim": 8, "start": 2, "count": 3, "devices": ["cpu"]}
+    [rows] = http.post("/v1/vectors/gather", json=body).json()["buffers"]
+    assert rows["shape"] == [3, 8]
+    api.release(rows["buffer_id"])
+    assert leased(api) == 0
+    # Per-device figures: three loads of 256 + 256 + 96 bytes into cpu, in stats and /metrics.
+    cpu = http.get("/v1/stats").json()["by_device"]["cpu"]
+    assert (cpu["bytes"], cpu["ops"]) == (608, 3) and cpu["gbps"] >= 0
+    text = http.get("/metrics").text
+    assert 'tierd_load_seconds_by_device_total{device="cpu"}' in text
+
+
+def _bad_safetensors(ids: list[int]) -> list[tuple[dict[str, Any], str]]:
+    base = {"file_ids": ids}
+    return [
+        ({**base, "devices": ["cpu", "cpu"]}, "invalid_device"),
+        ({**base, "devices": ["cpu", "cuda:0"]}, "invalid_device"),
+        ({**base, "devices": ["cuda:*"]}, "invalid_device"),
+        ({**base, "devices": ["npu:3"]}, "invalid_device"),
+        ({**base, "device": "cpu", "devices": ["cpu"]}, "invalid_request"),
+        ({**base, "sharding": SPEC}, "invalid_sharding"),  # every rank needs 2 devices
+        ({**base, "sharding": SPEC, "rank": 2}, "invalid_sharding"),
+        ({**base, "rank": 0}, "invalid_sharding"),
+        ({**base, "sharding": {**SPEC, "world_size": 0}, "rank": 0}, "invalid_request"),
+        ({**base, "sharding": {**SPEC, "world_size": 8}, "rank": 0}, "invalid_sharding"),
+        (
+            {**base, "sharding": {"world_size": 2, "rules": [{"pattern": "*norm", "dim": 1}]}},
+            "invalid_sharding",
+        ),
+        (
+            {
+                **base,
+                "sharding": {
+                    **SPEC,
+                    "rules": [{"pattern": "*.k_proj.*", "dim": 0}],
+                    "strict": True,
+                },
+                "rank": 0,
+            },
+            "invalid_sharding",
+        ),
+        ({**base, "sharding": SPEC, "rank": 0, "shared": True}, "invalid_request"),
+    ]
+
+
+def test_every_bad_request_is_a_422_and_leases_nothing(
+    api: Client, http: httpx.Client, ckpt: Any, upload: Callable[..., int]
+) -> None:
+    ids, _ = ckpt
+    fid = upload("v/x.bin", bytes(64))
+    cases = _bad_safetensors(ids) + [
+        ({"file_id": fid, "devices": ["cpu", "cpu"]}, "invalid_device"),
+        ({"file_id": fid, "devices": []}, "invalid_request"),
+        ({"file_id": fid, "devices": ["cuda:*"], "shared": True}, "invalid_request"),
+    ]
+    for body, code in cases:
+        route = "/v1/load/safetensors" if "file_ids" in body else "/v1/load"
+        r = http.post(route, json=body)
+        assert r.status_code == 422, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == code and err["message"], (body, err)
+        assert leased(api) == 0
+    g = {"file_id": fid, "dim": 4, "start": 0, "count": 2, "devices": ["cpu", "cpu"]}
+    r = http.post("/v1/vectors/gather", json=g)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_device"
+    # The messages name the problem.
+    strict = _bad_safetensors(ids)[11][0]
+    assert "*.k_proj.*" in http.post("/v1/load/safetensors", json=strict).json()["error"]["message"]
+    with pytest.raises(InvalidRequest, match="larger than dimension"):
+        api.load_safetensors(ids, sharding={**SPEC, "world_size": 8}, rank=0)
+    assert leased(api) == 0

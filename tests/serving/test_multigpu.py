@@ -1,0 +1,176 @@
+"""Multi-GPU loads on a host with at least two GPUs (``-m gpu``; skipped below two).
+
+Replicated loads are byte-identical on every device; tensor-parallel slices of a torch-made
+bf16 checkpoint equal ``torch.chunk`` of what ``safetensors.torch.load_file`` loads, for dim 0,
+dim 1 and uneven sizes, for one request of every rank and for each rank asking for itself; a
+second process opens every device's lease through the client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import put
+from tiering.engine import Engine
+from tiering.errors import InsufficientSpace
+from tiering.serving import Loader, LoaderConfig
+
+MiB = 1 << 20
+
+
+def _gpus() -> int:
+    try:
+        return int(importlib.import_module("cupy").cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_gpus() < 2, reason="multi-GPU loads need at least 2 GPUs"),
+]
+
+SPEC = {
+    "world_size": 2,
+    "rules": [{"pattern": "*.q.weight", "dim": 0}, {"pattern": "*.o.weight", "dim": 1}],
+}
+DIMS = {"l0.q.weight": 0, "l0.o.weight": 1, "l1.q.weight": 0, "l1.o.weight": 1}
+
+
+@pytest.fixture
+def loader(eng: Engine) -> Iterator[Loader]:
+    ld = Loader(eng, LoaderConfig(gpu_budget_bytes=256 * MiB)).start()
+    yield ld
+    ld.stop()
+
+
+@pytest.fixture
+def ckpt(eng: Engine, tmp_path: Path) -> tuple[list[int], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    parts = [
+        {"l0.q.weight": torch.randn(1023, 64, generator=g), "l0.norm": torch.randn(64)},
+        # o: a small one (cut on the device) and a wide one (strided reads), both uneven.
+        {"l0.o.weight": torch.randn(64, 333, generator=g)},
+        {"l1.o.weight": torch.randn(3, 262_145, generator=g), "l1.q.weight": torch.randn(5, 7)},
+    ]
+    ids, full = [], {}
+    for i, part in enumerate(parts):
+        p = tmp_path / f"s{i}.safetensors"
+        save_file({k: v.to(torch.bfloat16) for k, v in part.items()}, str(p))
+        ids.append(put(eng, f"tp/s{i}.safetensors", p.read_bytes()).id)
+        full.update(load_file(str(p)))
+    return ids, full
+
+
+def _host(arr: Any) -> np.ndarray:
+    out: np.ndarray = importlib.import_module("cupy").asnumpy(arr)
+    return out
+
+
+def _tensors(d: Any) -> dict[str, torch.Tensor]:
+    bufs = {lease.id: _host(lease.buffer.array()) for lease in d.loaded.leases}
+    out = {}
+    for name, t in d.loaded.tensors.items():
+        raw = bufs[t.buffer_id][t.offset : t.offset + t.nbytes].view(np.uint16).copy()
+        out[name] = torch.from_numpy(raw.reshape(t.shape)).view(torch.bfloat16)
+    return out
+
+
+def test_replicated_loads_are_byte_identical_on_every_device(eng: Engine, loader: Loader) -> None:
+    data = os.urandom(8 * MiB + 123)
+    rec = put(eng, "r/blob.bin", data)
+    reps = loader.load_replicas(rec.id, devices="cuda:*")
+    assert [str(r.lease.device) for r in reps] == [f"cuda:{i}" for i in range(_gpus())]
+    assert reps[0].delivery == "read" and {r.delivery for r in reps[1:]} <= {"peer", "host"}
+    for r in reps:
+        assert _host(r.lease.buffer.array()[: r.lease.nbytes]).tobytes() == data
+    rows = loader.gather_replicas(rec.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
+    want = np.frombuffer(data[: (len(data) // 64) * 64], np.float32).reshape(-1, 16)[3:12]
+    for r in rows:
+        assert np.array_equal(
+            _host(r.lease.buffer.array()[: r.lease.nbytes]).view(np.float32).reshape(9, 16), want
+        )
+
+
+def test_replicated_safetensors_and_every_rank_in_one_request(loader: Loader, ckpt: Any) -> None:
+    ids, full = ckpt
+    for d in loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"]):
+        assert all(torch.equal(_tensors(d)[n], t) for n, t in full.items())
+    ranks = loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
+    for k, d in enumerate(ranks):
+        assert (d.rank, str(d.device)) == (k, f"cuda:{k}")
+        got = _tensors(d)
+        for name, tensor in full.items():
+            want = tensor.chunk(2, DIMS[name])[k] if name in DIMS else tensor
+            assert torch.equal(got[name], want), (k, name)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_asking_for_itself(loader: Loader, ckpt: Any, rank: int) -> None:
+    ids, full = ckpt
+    [d] = loader.load_safetensors(ids, devices=[f"cuda:{rank}"], sharding=SPEC, rank=rank)
+    got = _tensors(d)
+    for name, tensor in full.items():
+        want = tensor.chunk(2, DIMS[name])[rank] if name in DIMS else tensor
+        assert torch.equal(got[name], want), name
+
+
+def test_budget_overrun_on_one_device_leaves_nothing_on_the_others(eng: Engine) -> None:
+    rec = put(eng, "r/big.bin", os.urandom(6 * MiB))
+    ld = Loader(eng, LoaderConfig(gpu_budget_bytes=4 * MiB)).start()
+    try:
+        with pytest.raises(InsufficientSpace):
+            ld.load_replicas(rec.id, devices=["cuda:0", "cuda:1"])
+        assert sum(ld.leases.leased_bytes().values()) == 0
+    finally:
+        ld.stop()
+
+
+CHILD = """
+import json, sys
+import cupy as cp
+from tierd_client import Client
+args = json.loads(sys.argv[1])
+with Client(args["url"]) as c:
+    out = []
+    for entry in args["buffers"]:
+        with c.open_buffer(entry["buffer_id"]) as b:
+            assert b.device == entry["device"], (b.device, entry["device"])
+            out.append(cp.asnumpy(b.array()).view("uint8").tobytes().hex()[:64])
+print(json.dumps(out))
+"""
+
+
+def test_a_second_process_opens_every_devices_lease(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "srv", watch=False)
+    data = os.urandom(2 * MiB)
+    with LiveServer(settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        r = http.put("/v1/files/content", params={"path": "x.bin"}, content=data)
+        fid = r.json()["id"]
+        reply = http.post("/v1/load", json={"file_id": fid, "devices": ["cuda:*"]}).json()
+        assert len(reply["buffers"]) == _gpus()
+        args = {"url": srv.url, "buffers": reply["buffers"]}
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [data.hex()[:64]] * _gpus()

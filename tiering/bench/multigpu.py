@@ -1,0 +1,237 @@
+"""``tierd bench multi-gpu``: one storage read filling several GPUs, and tensor-parallel
+slices straight to their GPUs (issue 12's measures). Needs a host with at least two GPUs.
+
+Files on the fastest storage tier, hot in the page cache; one in-process
+:class:`~tiering.serving.Loader`. Each row is a median of ``repeats`` (at least 3) after one
+warm-up; every lease is released before the next load. Rows and their targets:
+
+- **replicate**: a ``size`` byte file to ``cuda:0`` and ``cuda:1`` (``load_replicas``), against
+  the same file to one GPU: at most 1.15 × the time;
+- **TP=2 one request**: a 4-shard bf16 checkpoint of ``size`` bytes split in two along dim 0
+  (half to each GPU, ``rank=None``), against the full checkpoint to one GPU: at most 0.6 ×;
+- **TP=2 per rank**: each rank asking for itself (``rank=k``) at the same time, from two
+  threads (the service's side of two worker processes: the same two requests, concurrently),
+  against the one request: at most 1.2 ×;
+- **replicate vs safetensors**: the checkpoint replicated to both GPUs by one
+  ``load_safetensors(devices=...)``, against ``safetensors.torch.load_file`` once per GPU:
+  at least 10 × faster;
+- **dim 1, strided** and **dim 1, read + cut**: the TP=2 split along dim 1 with row segments
+  above and below :data:`~tiering.serving.sharded.STRIDED_MIN_SEGMENT`, for choosing it.
+
+Rates are GB/s of the bytes that land on the GPUs (a replica counts once per GPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tiering.config import EngineConfig, TierConfig
+from tiering.engine import Engine
+
+from ._measure import GiB, MiB, format_size, free_gpu, gbps, gpu_name
+from ._report import BenchRow, Report, describe_device
+
+__all__ = ["run"]
+
+SHARDS = 4
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy as cp
+
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def _sync() -> None:
+    import cupy as cp
+
+    for i in range(2):
+        cp.cuda.Device(i).synchronize()
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` after one warm-up."""
+    times = []
+    for i in range(repeats + 1):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _checkpoint(root: Path, size: int, cols: int, prefix: str) -> list[str]:
+    """``SHARDS`` bf16 safetensors shards of ``size`` bytes in all, each one tensor of
+    ``cols`` columns; returns their relpaths."""
+    import torch
+    from safetensors.torch import save_file
+
+    rows = max(2, size // SHARDS // (2 * cols))
+    names = []
+    for i in range(SHARDS):
+        rel = f"bench/{prefix}{i}.safetensors"
+        t = torch.randn(rows, cols, dtype=torch.float32).to(torch.bfloat16)
+        save_file({f"layers.{i}.w": t}, str(root / "nvme" / rel))
+        names.append(rel)
+    return names
+
+
+def run(size: int = 4 << 30, *, repeats: int = 3, say: Callable[[str], None] = print) -> Report:
+    """Measure issue 12's table; refuses with fewer than two GPUs."""
+    from tiering.serving import Loader, LoaderConfig
+    from tiering.serving.sharded import STRIDED_MIN_SEGMENT
+
+    if _gpu_count() < 2:
+        raise RuntimeError("tierd bench multi-gpu needs a host with at least 2 GPUs")
+    if size < 64 * MiB or repeats < 3:
+        raise ValueError("size must be at least 64 MiB and repeats at least 3")
+    setup: dict[str, Any] = {"device": "cuda:0", "gpu": gpu_name("cuda:0"), "size_bytes": size}
+    setup |= {"repeats": repeats, "gpus": _gpu_count(), "strided_min": STRIDED_MIN_SEGMENT}
+    title = f"tierd bench multi-gpu: {format_size(size)}, {describe_device(setup)}"
+    report = Report("multi-gpu", f"{title}, medians of {repeats}", setup)
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-") as tmp:
+        root = Path(tmp)
+        (root / "nvme" / "bench").mkdir(parents=True)
+        say(f"writing {format_size(size)} of files under {root / 'nvme'}")
+        np.random.default_rng(12).integers(0, 256, size, dtype=np.uint8).tofile(
+            root / "nvme" / "bench" / "blob.bin"
+        )
+        # Wide rows: dim-1 segments of 1 MiB (strided); narrow: 2 KiB (read + cut).
+        ckpt = _checkpoint(root, size, 1 << 20, "wide")
+        narrow = _checkpoint(root, min(size, GiB), 2048, "narrow")
+        config = EngineConfig(
+            tiers=(TierConfig("nvme", root / "nvme"), TierConfig("ssd", root / "ssd")),
+            catalog_url=f"sqlite:///{root / 'catalog.db'}",
+            watch=False,
+        )
+        eng = Engine(config).start(scheduler=False)
+        try:
+            budget = 2 * size + GiB
+            loader = Loader(eng, LoaderConfig(gpu_budget_bytes=budget)).start()
+            try:
+                _measure(report, loader, root, ckpt, narrow, size, repeats, say)
+            finally:
+                loader.stop()
+                free_gpu()
+        finally:
+            eng.stop()
+    return report
+
+
+def _release(loader: Any, out: Any) -> None:
+    ids: list[str] = []
+    for item in out if isinstance(out, list) else [out]:
+        if hasattr(item, "lease"):
+            ids.append(item.lease.id)
+        elif hasattr(item, "loaded"):
+            ids.extend(lease.id for lease in item.loaded.leases)
+        elif hasattr(item, "leases"):
+            ids.extend(lease.id for lease in item.leases)
+        else:
+            ids.append(item.id)
+    loader.leases.release_many(ids)
+
+
+def _measure(
+    report: Report,
+    loader: Any,
+    root: Path,
+    ckpt: list[str],
+    narrow: list[str],
+    size: int,
+    repeats: int,
+    say: Callable[[str], None],
+) -> None:
+    from safetensors.torch import load_file
+
+    two = ["cuda:0", "cuda:1"]
+    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
+    split1 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 1}]}
+
+    def rate(key: str, label: str, nbytes: int, fn: Callable[[], Any], note: str = "") -> None:
+        say(label)
+
+        def once() -> None:
+            _release(loader, fn())
+
+        t = _timed(once, repeats)
+        report.add(BenchRow(key, label, gbps(nbytes, t), "GB/s", note=note))
+        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+
+    blob = "bench/blob.bin"
+    rate("one_gpu", "file to 1 GPU", size, lambda: loader.load(blob, device="cuda:0"))
+    how: list[str] = []
+
+    def replicate() -> Any:
+        reps = loader.load_replicas(blob, devices=two)
+        how[:] = [reps[-1].delivery]
+        return reps
+
+    rate("replicate", "file replicated to 2 GPUs", 2 * size, replicate)
+    report.rows["replicate"].note = f"delivery: {how[0] if how else '?'}"
+    report.compare("replicate_s", "one_gpu_s", at_most=1.15)
+
+    ck = sum((root / "nvme" / p).stat().st_size for p in ckpt)
+    rate("ckpt_one", "checkpoint to 1 GPU", ck, lambda: loader.load_safetensors(ckpt))
+    rate(
+        "tp_one_request",
+        "TP=2 split, one request",
+        ck,
+        lambda: loader.load_safetensors(ckpt, devices=two, sharding=split0),
+    )
+    report.compare("tp_one_request_s", "ckpt_one_s", at_most=0.6)
+
+    def per_rank() -> Any:
+        out: list[Any] = [None, None]
+
+        def ask(k: int) -> None:
+            out[k] = loader.load_safetensors(ckpt, devices=[two[k]], sharding=split0, rank=k)[0]
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    rate("tp_per_rank", "TP=2 split, each rank for itself", ck, per_rank)
+    report.compare("tp_per_rank_s", "tp_one_request_s", at_most=1.2)
+
+    rate(
+        "replicate_ckpt",
+        "checkpoint replicated to 2 GPUs",
+        2 * ck,
+        lambda: loader.load_safetensors(ckpt, devices=two),
+    )
+    paths = [str(root / "nvme" / p) for p in ckpt]
+    say("safetensors.torch.load_file once per GPU")
+    t_st = _timed(lambda: [load_file(p, device=d) for d in two for p in paths], repeats)
+    report.add(BenchRow("st_load_file", "load_file once per GPU", gbps(2 * ck, t_st), "GB/s"))
+    report.compare("replicate_ckpt", "st_load_file", at_least=10)
+
+    nb = sum((root / "nvme" / p).stat().st_size for p in narrow)
+    rate(
+        "dim1_strided",
+        "TP=2 dim 1, strided reads (1 MiB segments)",
+        ck,
+        lambda: loader.load_safetensors(ckpt, devices=two, sharding=split1),
+    )
+    rate(
+        "dim1_cut",
+        "TP=2 dim 1, read + cut (2 KiB segments)",
+        nb,
+        lambda: loader.load_safetensors(narrow, devices=two, sharding=split1),
+    )
