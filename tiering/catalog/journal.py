@@ -65,8 +65,8 @@ def refuse_other_host(db: Database, rec: FileRecord, action: str) -> None:
     """Raise :class:`Conflict` when ``rec`` is on another host's own tier: its bytes are on
     that host's disk, which this one cannot reach, so moving, replacing or deleting it here
     would act on this host's tier of the same name and leave the record wrong."""
-    if db.single_writer or rec.host is None or rec.host == db.host:
-        return  # SQLite: one host, whose records were adopted at start
+    if db.single_writer or db.host is None or rec.host in (None, db.host):
+        return  # SQLite: one host, whose records were adopted at start; or no host identity
     raise Conflict(
         f"{rec.relpath!r} is on host {rec.host}'s tier {rec.tier}: only that host can {action} it",
         file_id=rec.id,
