@@ -340,7 +340,8 @@ class HostCopies(CopyPasses):
                 )
             e = self.get(file_id)
             if e is not None and e.generation == rec.generation and e.tier == tier:
-                e.keep_until = max(e.keep_until, time.time() + keep_s)
+                if keep_s > 0:
+                    e.keep_until = max(e.keep_until, time.time() + keep_s)
                 return e
             with self._lock:
                 other = self._filling.get(file_id)
@@ -413,7 +414,8 @@ class HostCopies(CopyPasses):
             unlink(d / name)
             fsync_dir(d)
             raise FileChanged(f"{rec.relpath!r} changed while it was copied")
-        entry = CopyEntry(rec.id, rec.generation, rec.size, dest.name, time.time() + keep_s)
+        keep_until = time.time() + keep_s if keep_s > 0 else 0.0  # 0: kept for its heat only
+        entry = CopyEntry(rec.id, rec.generation, rec.size, dest.name, keep_until)
         with self._lock:
             old, self._index[rec.id] = self._index.get(rec.id), entry
         if old is not None and (old.tier, old.generation) != (dest.name, rec.generation):
