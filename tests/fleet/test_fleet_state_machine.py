@@ -506,7 +506,8 @@ class FleetMachine(RuleBasedStateMachine):
 
 
 class WithConcurrentOverwrites(FleetMachine):
-    """Adds both hosts overwriting one shared file at once (see the skipped test below)."""
+    """Adds both hosts overwriting one shared file at once: they take turns from the bucket's
+    change to the catalog's (`Database.publish_lock`), so the record names the winner's bytes."""
 
     @rule(pick=picks, size=sizes, seed=seeds)
     def race_overwrite_against_overwrite(self, pick: int, size: int, seed: int) -> None:
@@ -559,13 +560,5 @@ def test_two_hosts_on_one_catalog_never_corrupt_it_long(fleet: Fleet) -> None:
     )
 
 
-@pytest.mark.skip(
-    reason="two hosts overwriting one object at once race between the completion of each "
-    "upload and its catalog commit: the one that completes first finds the other's object at "
-    "its verifying HEAD (IntegrityError, not a conflict), and when A completes and verifies, "
-    "then B completes, verifies and commits, A's later commit records A's checksum and ETag "
-    "over B's bytes; fixing it needs the publish inside the record's row lock (or a "
-    "conditional If-Match completion), not a local change"
-)
 def test_concurrent_overwrites_of_one_shared_file(fleet: Fleet) -> None:
     _run(fleet, _SMALL, WithConcurrentOverwrites)

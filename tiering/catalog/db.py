@@ -22,6 +22,8 @@ processes acting as one host.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import random
 import threading
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -390,6 +393,33 @@ class Database:
         the record may be kept while :meth:`stamp` still returns the same pair, and only if
         both numbers are even (no write that may change it was in progress)."""
         return self.generation, self._file_generations.get(file_id, 0)
+
+    @contextmanager
+    def publish_lock(self, relpath: str) -> Iterator[None]:
+        """Hold the fleet-wide lock on ``relpath``'s publishing: on PostgreSQL a session
+        advisory lock (keyed by a hash of the relpath) on a connection of its own, waited for;
+        on SQLite nothing, as one host writes the catalog.
+
+        Writers of a shared tier's object (an overwrite, a delete) hold it from the moment the
+        bucket changes until the catalog records it, so two hosts' changes of one object take
+        turns and the catalog always names the bytes the bucket holds: without it, one host's
+        upload could complete between another's and that one's catalog commit, leaving the
+        record naming the first bytes over the second. A lost connection ends the session, and
+        with it the lock."""
+        if self.single_writer:
+            yield
+            return
+        digest = hashlib.blake2b(f"tierd publish {relpath}".encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "big", signed=True)
+        with self._postgresql_errors(), self._writer.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            conn.commit()
+            try:
+                yield
+            finally:
+                with contextlib.suppress(DBAPIError):
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
 
     @contextmanager
     def read(self) -> Iterator[Session]:

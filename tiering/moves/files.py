@@ -11,6 +11,7 @@ migration's switch and its source unlink.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from types import TracebackType
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
@@ -127,6 +128,14 @@ class Upload:
             return self._commit()
 
     def _commit(self) -> FileRecord:
+        tier = self._writer.tier
+        if tier.local_root is not None:
+            return self._publish_and_record()
+        # A shared tier's object: hosts take turns from the bucket's change to the catalog's.
+        with self._catalog.db.publish_lock(self._writer.relpath):
+            return self._publish_and_record()
+
+    def _publish_and_record(self) -> FileRecord:
         published = self._writer.publish()
         tier = self._writer.tier
         new = NewFile(
@@ -316,7 +325,11 @@ class FileOps:
                 raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
             tier = self.tiers.get(rec.tier)
             unlink = lambda r: tier.remove(r.relpath)  # noqa: E731
-            if not self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink):
+            # A shared tier's object: no other host's overwrite lands between unlink and commit.
+            shared = tier.local_root is None
+            with self.catalog.db.publish_lock(rec.relpath) if shared else nullcontext():
+                done = self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink)
+            if not done:
                 raise FileBusy(
                     f"file {file_id} changed while it was being deleted", file_id=file_id
                 )
