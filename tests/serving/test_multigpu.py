@@ -98,8 +98,10 @@ def test_replicated_loads_are_byte_identical_on_every_device(eng: Engine, loader
     assert reps[0].delivery == "read" and {r.delivery for r in reps[1:]} <= {"peer", "host"}
     for r in reps:
         assert _host(r.lease.buffer.array()[: r.lease.nbytes]).tobytes() == data
-    rows = loader.gather_replicas(rec.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
-    want = np.frombuffer(data[: (len(data) // 64) * 64], np.float32).reshape(-1, 16)[3:12]
+    # A gather reads rows of a matrix: a file of whole rows of 16 float32.
+    matrix = put(eng, "r/rows.bin", data[: 8 * MiB])
+    rows = loader.gather_replicas(matrix.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
+    want = np.frombuffer(data[: 8 * MiB], np.float32).reshape(-1, 16)[3:12]
     for r in rows:
         assert np.array_equal(
             _host(r.lease.buffer.array()[: r.lease.nbytes]).view(np.float32).reshape(9, 16), want
@@ -150,7 +152,7 @@ with Client(args["url"]) as c:
     for entry in args["buffers"]:
         with c.open_buffer(entry["buffer_id"]) as b:
             assert b.device == entry["device"], (b.device, entry["device"])
-            out.append(cp.asnumpy(b.array()).view("uint8").tobytes().hex()[:64])
+            out.append(cp.asnumpy(b.array).view("uint8").tobytes().hex()[:64])
 print(json.dumps(out))
 """
 

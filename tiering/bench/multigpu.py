@@ -185,7 +185,12 @@ def _measure(
     report.compare("replicate_s", "one_gpu_s", at_most=1.15)
 
     ck = sum((root / "nvme" / p).stat().st_size for p in ckpt)
-    rate("ckpt_one", "checkpoint to 1 GPU", ck, lambda: loader.load_safetensors(ckpt))
+    rate(
+        "ckpt_one",
+        "checkpoint to 1 GPU",
+        ck,
+        lambda: loader.load_safetensors(ckpt, device="cuda:0"),
+    )
     rate(
         "tp_one_request",
         "TP=2 split, one request",
