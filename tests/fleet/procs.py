@@ -15,17 +15,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.conftest import free_port
+from tests.conftest import LiveServer, free_port
 from tests.s3 import REGION
 
-__all__ = ["TierdProcess", "fleet_of"]
+__all__ = ["TierdProcess", "fleet_of", "live_pair", "object_tier"]
 
 _CODE = "import sys\nfrom app import main\nsys.argv[0] = 'tierd'\nsys.exit(main())"
 
@@ -185,3 +185,21 @@ def fleet_of(
         for p in procs[1:]:
             p.wait_ready()
         yield procs
+
+
+@contextmanager
+def live_pair(
+    root: Path,
+    objects: Mapping[str, bytes],
+    s3_client: Any,
+    bucket: str,
+    settings_of: Callable[[Path, str], Any],
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Two real tierd servers in this process (uvicorn on loopback), ``host-a`` and ``host-b``,
+    each with the settings ``settings_of(its root, its host id)`` gives, once ``objects`` are
+    in the bucket under ``models/``; yields a client of each."""
+    for rel, data in objects.items():
+        s3_client.put_object(Bucket=bucket, Key=f"models/{rel}", Body=data)
+    sa, sb = settings_of(root / "a", "host-a"), settings_of(root / "b", "host-b")
+    with LiveServer(sa) as a, LiveServer(sb) as b, a.client() as ca, b.client() as cb:
+        yield ca, cb

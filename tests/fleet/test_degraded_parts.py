@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fleet.test_degraded import PausablePg
-from tests.pg_support import why_no_postgresql
+from tests.pg_support import PausablePg, why_no_postgresql
 from tiering.catalog import Catalog, Database, FileRecord, NewFile
 from tiering.catalog.known import LastKnown
 from tiering.errors import CatalogUnreachable

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from tests.catalog.conftest import run_sql
-from tests.conftest import LiveServer, disk_snapshot, wait_for
+from tests.conftest import disk_snapshot, wait_for
+from tests.fleet.procs import live_pair
 from tests.fleet.test_fleet_api import _settings
 
 FILES = {
@@ -27,12 +28,11 @@ FILES = {
 def fleet(
     tmp_path: Path, pg_url: str, moto_endpoint: str, s3_bucket: str, s3_client: Any, s3_env: Any
 ) -> Iterator[tuple[httpx.Client, httpx.Client]]:
-    for rel, data in FILES.items():
-        s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
-    sa = _settings(tmp_path / "a", "host-a", pg_url, moto_endpoint, s3_bucket)
-    sb = _settings(tmp_path / "b", "host-b", pg_url, moto_endpoint, s3_bucket)
-    with LiveServer(sa) as a, LiveServer(sb) as b, a.client() as ca, b.client() as cb:
-        yield ca, cb
+    def settings_of(root: Path, host: str) -> Any:
+        return _settings(root, host, pg_url, moto_endpoint, s3_bucket)
+
+    with live_pair(tmp_path, FILES, s3_client, s3_bucket, settings_of) as pair:
+        yield pair
 
 
 def _read(c: httpx.Client, fid: int, times: int) -> None:

@@ -17,8 +17,8 @@ import pytest
 from safetensors.numpy import save
 
 from tests.catalog.conftest import run_sql
-from tests.conftest import LiveServer, disk_snapshot, make_settings, wait_for
-from tests.s3 import REGION
+from tests.conftest import disk_snapshot, make_settings, wait_for
+from tests.fleet.procs import live_pair, object_tier
 from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
 
@@ -44,13 +44,7 @@ def _settings(root: Path, host: str, pg_url: str, endpoint: str, bucket: str) ->
         tiers=[
             {"name": "ram", "kind": "memory", "quota_bytes": 8 * MiB},
             {"name": "nvme", "path": root / "nvme"},
-            {
-                "name": "s3",
-                "url": f"s3://{bucket}/models",
-                "endpoint_url": endpoint,
-                "region": REGION,
-                "connections": 2,
-            },
+            {**object_tier(endpoint, bucket), "connections": 2},
         ],
         buffers={"cpu_budget_bytes": 16 * MiB},
     )
@@ -60,12 +54,11 @@ def _settings(root: Path, host: str, pg_url: str, endpoint: str, bucket: str) ->
 def fleet(
     tmp_path: Path, pg_url: str, moto_endpoint: str, s3_bucket: str, s3_client: Any, s3_env: Any
 ) -> Iterator[tuple[httpx.Client, httpx.Client]]:
-    for rel, data in MODEL.items():
-        s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
-    sa = _settings(tmp_path / "a", "host-a", pg_url, moto_endpoint, s3_bucket)
-    sb = _settings(tmp_path / "b", "host-b", pg_url, moto_endpoint, s3_bucket)
-    with LiveServer(sa) as a, LiveServer(sb) as b, a.client() as ca, b.client() as cb:
-        yield ca, cb
+    def settings_of(root: Path, host: str) -> Any:
+        return _settings(root, host, pg_url, moto_endpoint, s3_bucket)
+
+    with live_pair(tmp_path, MODEL, s3_client, s3_bucket, settings_of) as pair:
+        yield pair
 
 
 def _finished(c: httpx.Client, job_id: int) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from tiering.errors import (
     StorageError,
 )
 from tiering.moves import Content, FileOps, RateLimiter
+from tiering.periodic import Periodic
 from tiering.placement.copyfiles import (
     CopyEntry,
     CopyPassReport,
@@ -124,10 +125,9 @@ class HostCopies(CopyPasses):
         self._index: dict[int, CopyEntry] = {}
         self._lock = threading.Lock()
         self._filling: dict[int, threading.Event] = {}
-        self._stopped = threading.Event()
-        self._wake = threading.Event()
+        self._stopped = threading.Event()  # cancels a fill in flight at stop
         self._pass_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._passes = Periodic(self.run_pass, None, "tierd-copy-fill")
         self.passes = 0
         self.last_pass: CopyPassReport | None = None
 
@@ -188,33 +188,18 @@ class HostCopies(CopyPasses):
         """Reconcile the disk with the rows, then start the planner's thread."""
         report = self.reconcile()
         self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, name="tierd-copy-fill", daemon=True)
-        self._thread.start()
+        self._passes.start()
         return report
 
     def stop(self) -> None:
         """Stop the planner's thread (a fill in flight is abandoned; its temp is removed).
         Copies and their rows stay: they survive a restart."""
         self._stopped.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._passes.stop()
 
     def wake(self) -> None:
         """Run a planner pass soon, on the cache's own thread (the scheduler calls this)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._stopped.is_set():
-                return
-            self._wake.clear()
-            try:
-                self.run_pass()
-            except Exception:
-                log.exception("host copies: pass failed; will retry")
+        self._passes.wake()
 
     def reconcile(self) -> ReconcileReport:
         """Make the copies directories and this host's rows agree (before serving): temps go,

@@ -85,9 +85,8 @@ class MemoryCache:
         self._copies: Copies | None = None
         self._files: FileOps | None = None
         tier.on_drop = self._forget
-        self._stopped = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()  # cancels a fill in flight at stop
+        self._passes = Periodic(self.run_pass, None, "tierd-memory-fill")
         self._pass_lock = threading.Lock()  # one pass at a time (its thread's, or a caller's)
         self._pressure = Periodic(self.relieve_pressure, pressure_interval_s, "tierd-memory-watch")
         self.passes = 0
@@ -146,19 +145,15 @@ class MemoryCache:
         if gone:
             log.info("memory tier %s: forgot %d copies held before the restart", self.name, gone)
         self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, name="tierd-memory-fill", daemon=True)
-        self._thread.start()
+        self._passes.start()
         self._pressure.start()
         return gone
 
     def stop(self) -> None:
         """Stop the background work (a fill in flight is abandoned) and drop every copy."""
         self._stopped.set()
-        self._wake.set()
         self._pressure.stop()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._passes.stop()
         copies, self._copies = self._copies, None  # one delete below, not one per copy
         try:
             self.tier.close()
@@ -171,18 +166,7 @@ class MemoryCache:
 
     def wake(self) -> None:
         """Run a planner pass soon, on the cache's own thread (the scheduler calls this)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._stopped.is_set():
-                return
-            self._wake.clear()
-            try:
-                self.run_pass()
-            except Exception:
-                log.exception("memory tier %s: cache pass failed; will retry", self.name)
+        self._passes.wake()
 
     # -- catalog -------------------------------------------------------------------------------
     def _cat(self) -> Catalog:
