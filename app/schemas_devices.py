@@ -17,7 +17,9 @@ __all__ = ["DeviceTensorsOut", "DevicesTensorsOut", "ReplicaOut", "ReplicasOut",
 
 _DELIVERY = Field(
     description="How the device got its bytes: read (from storage, a held copy or the page "
-    "cache), peer (GPU to GPU copy from the first device), host (through pinned host staging)"
+    "cache), split (1/N read from storage by each device at once, the rest by GPU to GPU "
+    "copies from the others), peer (GPU to GPU copy from the first device), host (through "
+    "pinned host staging)"
 )
 
 

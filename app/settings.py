@@ -153,6 +153,12 @@ class BufferSettings(BaseModel):
         default=30.0, ge=0, description="How long a released GPU buffer is kept for reuse"
     )
 
+    gpu_delivery: Literal["auto", "peer", "host"] = Field(
+        default="auto",
+        description="How replicas on several GPUs get their bytes: auto (measure peer copies "
+        "against staging through the host, once per pair of GPUs), peer, or host",
+    )
+
     def loader_config(self) -> LoaderConfig:
         return LoaderConfig(
             lease_ttl_s=self.ttl_s,
@@ -169,6 +175,7 @@ class BufferSettings(BaseModel):
             job_retention_s=self.job_retention_s,
             gpu_cache_bytes=self.gpu_cache_bytes,
             gpu_cache_idle_s=self.gpu_cache_idle_s,
+            gpu_delivery=self.gpu_delivery,
         )
 
 

@@ -180,3 +180,20 @@ def test_storage_is_usable_without_tiers(tmp_path: Path):
     with GpuDirectStorage("cpu") as gds, gds.open_file(tmp_path / "f") as f:
         assert gds.read(f).array.tobytes() == b"hello"
         assert gds.tier_of(tmp_path / "f") is None
+
+
+def test_a_memory_tier_above_nvme_leaves_nvme_the_fastest_storage_tier(tmp_path: Path):
+    # The memory tier has no path and no rank among the storage tiers: nvme keeps rank 0 and
+    # with it fast_tier_io's threads (rank 1 would get slow_tier_io's four).
+    for name in ("nvme", "ssd"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_bytes(b"x")
+    tiers = [
+        TierConfig("ram", kind="memory", quota_bytes=1 << 20),
+        TierConfig("nvme", tmp_path / "nvme"),
+        TierConfig("ssd", tmp_path / "ssd"),
+    ]
+    with GpuDirectStorage("cpu", tiers=tiers) as gds:
+        assert gds.tier_of(tmp_path / "nvme" / "f") == ("nvme", 0)
+        assert gds.tier_of(tmp_path / "ssd" / "f") == ("ssd", 1)
+        assert gds.config.io_for("nvme", 0) is gds.config.fast_tier_io

@@ -27,6 +27,8 @@ from tests.conftest import LiveServer, make_settings
 from tests.helpers import put
 from tiering.engine import Engine
 from tiering.errors import InsufficientSpace
+from tiering.io import _fanout
+from tiering.io._device import parse_device
 from tiering.serving import Loader, LoaderConfig
 
 MiB = 1 << 20
@@ -90,35 +92,86 @@ def _tensors(d: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_replicated_loads_are_byte_identical_on_every_device(eng: Engine, loader: Loader) -> None:
+@pytest.mark.parametrize("mode", ["auto", "peer", "host"])
+def test_replicated_loads_are_byte_identical_on_every_device(eng: Engine, mode: str) -> None:
+    ld = Loader(eng, LoaderConfig(gpu_budget_bytes=256 * MiB, gpu_delivery=mode)).start()
+    try:
+        _replicas_of_every_size(eng, ld, mode)
+    finally:
+        ld.stop()
+
+
+def _replicas_of_every_size(eng: Engine, ld: Loader, mode: str) -> None:
+    n = _gpus()
     data = os.urandom(8 * MiB + 123)
-    rec = put(eng, "r/blob.bin", data)
-    reps = loader.load_replicas(rec.id, devices="cuda:*")
-    assert [str(r.lease.device) for r in reps] == [f"cuda:{i}" for i in range(_gpus())]
-    assert reps[0].delivery == "read" and {r.delivery for r in reps[1:]} <= {"peer", "host"}
-    for r in reps:
-        assert _host(r.lease.buffer.array()[: r.lease.nbytes]).tobytes() == data
+    rec = put(eng, f"r/{mode}.bin", data)
+    # Whole, a range off every boundary of the split (2 MiB parts), one too small to split.
+    for offset, length in [(0, None), (4097, 5 * MiB + 7), (11, 100)]:
+        reps = ld.load_replicas(rec.id, devices="cuda:*", offset=offset, length=length)
+        assert [str(r.lease.device) for r in reps] == [f"cuda:{i}" for i in range(n)]
+        # NVLink hosts split: peer copies measure far faster than the host's links.
+        if _fanout.choose([r.lease.device for r in reps], mode) == "peer":
+            assert {r.delivery for r in reps} == {"split"}
+        else:
+            assert [r.delivery for r in reps] == ["read"] + ["host"] * (n - 1)
+        want = data[offset : None if length is None else offset + length]
+        for r in reps:
+            assert _host(r.lease.buffer.array()[: r.lease.nbytes]).tobytes() == want
+        ld.leases.release_many([r.lease.id for r in reps])
     # A gather reads rows of a matrix: a file of whole rows of 16 float32.
-    matrix = put(eng, "r/rows.bin", data[: 8 * MiB])
-    rows = loader.gather_replicas(matrix.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
-    want = np.frombuffer(data[: 8 * MiB], np.float32).reshape(-1, 16)[3:12]
+    matrix = put(eng, f"r/rows-{mode}.bin", data[: 8 * MiB])
+    rows = ld.gather_replicas(matrix.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
+    assert rows[0].delivery == "read" and rows[1].delivery in {"peer", "host"}
+    # Bytes, not floats: random bytes hold NaNs, and NaN != NaN.
+    want_rows = data[: 8 * MiB][3 * 64 : 12 * 64]
     for r in rows:
-        assert np.array_equal(
-            _host(r.lease.buffer.array()[: r.lease.nbytes]).view(np.float32).reshape(9, 16), want
-        )
+        assert _host(r.lease.buffer.array()[: r.lease.nbytes]).tobytes() == want_rows
+    ld.leases.release_many([r.lease.id for r in rows])
+    assert sum(ld.leases.leased_bytes().values()) == 0
 
 
-def test_replicated_safetensors_and_every_rank_in_one_request(loader: Loader, ckpt: Any) -> None:
+def test_the_choice_is_measured_once_per_pair() -> None:
+    cuda = [parse_device(f"cuda:{i}") for i in range(2)]
+    _fanout.choose(cuda, "auto")
+    rates = _fanout.measured()
+    if not all(_fanout.peer_ok(a, [b]) for a in cuda for b in cuda if a != b):
+        pytest.skip("these GPUs have no peer access: nothing to measure")
+    assert {"cuda:0->cuda:1", "cuda:1->cuda:0"} <= set(rates)
+    assert all(r["peer_gbps"] > 0 and r["host_gbps"] > 0 for r in rates.values())
+    _fanout.choose(cuda, "auto")
+    assert _fanout.measured() == rates  # cached, not measured again
+
+
+@pytest.mark.parametrize("mode", ["auto", "host"])
+def test_replicated_safetensors_and_every_rank_in_one_request(
+    eng: Engine, ckpt: Any, mode: str, tmp_path: Path
+) -> None:
     ids, full = ckpt
-    for d in loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"]):
-        assert all(torch.equal(_tensors(d)[n], t) for n, t in full.items())
-    ranks = loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
-    for k, d in enumerate(ranks):
-        assert (d.rank, str(d.device)) == (k, f"cuda:{k}")
-        got = _tensors(d)
-        for name, tensor in full.items():
-            want = tensor.chunk(2, DIMS[name])[k] if name in DIMS else tensor
-            assert torch.equal(got[name], want), (k, name)
+    # A shard over several parts of a split (2 MiB), tensors crossing their boundaries.
+    g = torch.Generator().manual_seed(5)
+    big = {f"big.{i}": torch.randn(1000 + i, 777, generator=g).to(torch.bfloat16) for i in range(4)}
+    p = tmp_path / "big.safetensors"
+    save_file(big, str(p))
+    ids = [*ids, put(eng, "tp/big.safetensors", p.read_bytes()).id]
+    full = {**full, **big}
+    ld = Loader(eng, LoaderConfig(gpu_budget_bytes=256 * MiB, gpu_delivery=mode)).start()
+    try:
+        reps = ld.load_safetensors(ids, devices=["cuda:0", "cuda:1"])
+        split = _fanout.choose([d.device for d in reps], mode) == "peer"
+        assert [d.delivery for d in reps] == (["split"] * 2 if split else ["read", "host"])
+        for d in reps:
+            got = _tensors(d)
+            assert all(torch.equal(got[n], t) for n, t in full.items())
+        ld.leases.release_many([lease.id for d in reps for lease in d.loaded.leases])
+        ranks = ld.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
+        for k, d in enumerate(ranks):
+            assert (d.rank, str(d.device), d.delivery) == (k, f"cuda:{k}", "read")
+            got = _tensors(d)
+            for name, tensor in full.items():
+                want = tensor.chunk(2, DIMS[name])[k] if name in DIMS else tensor
+                assert torch.equal(got[name], want), (k, name)
+    finally:
+        ld.stop()
 
 
 @pytest.mark.parametrize("rank", [0, 1])

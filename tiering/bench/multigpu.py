@@ -6,7 +6,8 @@ Files on the fastest storage tier, hot in the page cache; one in-process
 warm-up; every lease is released before the next load. Rows and their targets:
 
 - **replicate**: a ``size`` byte file to ``cuda:0`` and ``cuda:1`` (``load_replicas``), against
-  the same file to one GPU: at most 1.15 × the time;
+  the same file to one GPU: at most 1.15 × the time. The note says the delivery, and the
+  setup the probe it was chosen by (peer copy against staging through the host);
 - **TP=2 one request**: a 4-shard bf16 checkpoint of ``size`` bytes split in two along dim 0
   (half to each GPU, ``rank=None``), against the full checkpoint to one GPU: at most 0.6 ×;
 - **TP=2 per rank**: each rank asking for itself (``rank=k``) at the same time, from two
@@ -23,11 +24,13 @@ Rates are GB/s of the bytes that land on the GPUs (a replica counts once per GPU
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +115,17 @@ def run(size: int = 4 << 30, *, repeats: int = 3, say: Callable[[str], None] = p
         # Wide rows: dim-1 segments of 1 MiB (strided); narrow: 2 KiB (read + cut).
         ckpt = _checkpoint(root, size, 1 << 20, "wide")
         narrow = _checkpoint(root, min(size, GiB), 2048, "narrow")
+        tiers = (
+            TierConfig("ram", kind="memory", quota_bytes=size + GiB),
+            TierConfig("nvme", root / "nvme"),
+            TierConfig("ssd", root / "ssd"),
+        )
         config = EngineConfig(
-            tiers=(TierConfig("nvme", root / "nvme"), TierConfig("ssd", root / "ssd")),
+            tiers=tiers,
             catalog_url=f"sqlite:///{root / 'catalog.db'}",
             watch=False,
         )
+        # No scheduler: the policy must not stage files into memory by their heat mid-run.
         eng = Engine(config).start(scheduler=False)
         try:
             budget = 2 * size + GiB
@@ -157,6 +166,8 @@ def _measure(
 ) -> None:
     from safetensors.torch import load_file
 
+    from tiering.io import _fanout
+
     two = ["cuda:0", "cuda:1"]
     split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
     split1 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 1}]}
@@ -181,7 +192,14 @@ def _measure(
         return reps
 
     rate("replicate", "file replicated to 2 GPUs", 2 * size, replicate)
-    report.rows["replicate"].note = f"delivery: {how[0] if how else '?'}"
+    # The delivery, and the probe it was chosen by (gpu_delivery auto), per pair of GPUs.
+    probes = _fanout.measured()
+    report.setup["delivery_probes"] = probes
+    seen = "; ".join(
+        f"{pair} peer {r['peer_gbps']:.0f} vs host {r['host_gbps']:.0f} GB/s"
+        for pair, r in probes.items()
+    )
+    report.rows["replicate"].note = f"delivery: {how[0] if how else '?'} ({seen or 'no probe'})"
     report.compare("replicate_s", "one_gpu_s", at_most=1.15)
 
     ck = sum((root / "nvme" / p).stat().st_size for p in ckpt)
@@ -240,3 +258,97 @@ def _measure(
         nb,
         lambda: loader.load_safetensors(narrow, devices=two, sharding=split1),
     )
+    _ceilings(report, root / "nvme" / blob, size, repeats, say)
+    _from_memory(report, loader, ckpt, ck, repeats, say)
+
+
+def _ceilings(
+    report: Report, path: Path, size: int, repeats: int, say: Callable[[str], None]
+) -> None:
+    """The host's ceilings the rows above run into: page cache → pinned host memory on every
+    core (what every hot read from storage must pass through, whatever its GPU), and pinned
+    host memory → one GPU, and → two GPUs at once (each over its own link)."""
+    import cupy as cp
+
+    say("ceilings: page cache -> host memory, host -> GPUs")
+    pinned = cp.cuda.alloc_pinned_memory(size)
+    host = np.frombuffer(pinned, dtype=np.uint8, count=size)
+    threads = os.cpu_count() or 1
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = [(k * size // threads, (k + 1) * size // threads) for k in range(threads)]
+
+        def read(lo: int, hi: int) -> None:
+            view = host.data[lo:hi]
+            done = 0
+            while done < hi - lo:
+                done += os.preadv(fd, [view[done : done + (64 << 20)]], lo + done)
+
+        with ThreadPoolExecutor(threads) as pool:
+            t = _timed(lambda: list(pool.map(lambda p: read(*p), parts)), repeats)
+    finally:
+        os.close(fd)
+    report.add(
+        BenchRow(
+            "host_read", f"page cache -> host memory, {threads} threads", gbps(size, t), "GB/s"
+        )
+    )
+    dst = []
+    for i in range(2):
+        with cp.cuda.Device(i):
+            dst.append((cp.empty(size, dtype=cp.uint8), cp.cuda.Stream(non_blocking=True)))
+
+    def h2d(gpus: int) -> None:
+        n = size // gpus
+        for i in range(gpus):
+            arr, stream = dst[i]
+            cp.cuda.runtime.memcpyAsync(arr.data.ptr, pinned.ptr + i * n, n, 1, stream.ptr)
+        for _, stream in dst[:gpus]:
+            stream.synchronize()
+
+    t1 = _timed(lambda: h2d(1), repeats)
+    report.add(BenchRow("h2d_one", "pinned host -> 1 GPU", gbps(size, t1), "GB/s"))
+    t2 = _timed(lambda: h2d(2), repeats)
+    report.add(BenchRow("h2d_two", "pinned host -> 2 GPUs at once", gbps(size, t2), "GB/s"))
+    dst.clear()
+    free_gpu()
+
+
+def _from_memory(
+    report: Report, loader: Any, ckpt: list[str], ck: int, repeats: int, say: Callable[[str], None]
+) -> None:
+    """The checkpoint held in the memory tier (pinned host memory: no page-cache copy, so
+    nothing on the CPU): the TP split against the whole checkpoint to one GPU again."""
+    say("memory tier: prefetch the checkpoint")
+    job = loader.prefetch(ckpt, target="memory")
+    while not job.finished:
+        time.sleep(0.05)
+    if job.state != "done":
+        raise RuntimeError(f"prefetch into memory ended {job.state}: {job.errors}")
+    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
+
+    def checked(out: Any) -> Any:
+        for item in out if isinstance(out, list) else [out]:
+            leases = item.loaded.leases if hasattr(item, "loaded") else item.leases
+            got = {lease.report.source for lease in leases if lease.report is not None}
+            if got != {"memory"}:
+                raise RuntimeError(f"expected loads from the memory tier, got {sorted(got)}")
+        return out
+
+    def rate(key: str, label: str, fn: Callable[[], Any]) -> None:
+        say(label)
+        t = _timed(lambda: _release(loader, checked(fn())), repeats)
+        report.add(BenchRow(key, label, gbps(ck, t), "GB/s"))
+        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+
+    rate(
+        "mem_ckpt_one",
+        "memory tier: checkpoint to 1 GPU",
+        lambda: loader.load_safetensors(ckpt, device="cuda:0"),
+    )
+    rate(
+        "mem_tp",
+        "memory tier: TP=2 split, one request",
+        lambda: loader.load_safetensors(ckpt, devices=["cuda:0", "cuda:1"], sharding=split0),
+    )
+    report.compare("mem_tp_s", "mem_ckpt_one_s", at_most=0.6)

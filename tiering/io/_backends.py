@@ -23,7 +23,8 @@ import importlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -295,6 +296,53 @@ class KvikioBackend:
             raise IntegrityError(
                 "file ended early: it was truncated while being read", offset=file_offset
             )
+
+    def read_pooled_many(
+        self,
+        handle: Any,
+        fd: int,
+        dst: Any,
+        segments: Sequence[tuple[int, int, int]],
+        threads: int,
+        task_size: int,
+    ) -> None:
+        """Every ``(file_offset, nbytes, dst_offset)`` of ``segments`` as its own ``pread`` on
+        KvikIO's pool, up to ``threads`` in flight at once (the tier's concurrency): the row
+        segments of a strided slice, or the slices of many tensors, which read one after
+        another would each wait for the last."""
+        task_size = -(-task_size // 4096) * 4096
+        pending: deque[tuple[int, int, Any]] = deque()
+        failed: tuple[int, int, BaseException] | None = None
+
+        def finish() -> None:
+            nonlocal failed
+            off, n, fut = pending.popleft()
+            try:
+                got = fut.get()
+                if got != n:
+                    raise IntegrityError(
+                        "file ended early: it was truncated while being read", offset=off
+                    )
+            except (RuntimeError, IntegrityError) as exc:
+                failed = failed or (off, n, exc)
+
+        try:
+            for off, n, at in segments:
+                if failed is not None:
+                    break
+                pending.append((off, n, handle.pread(_DevPtr(dst, at, n), n, off, task_size)))
+                while len(pending) >= max(1, threads):
+                    finish()
+        finally:
+            # Every read must have ended before this returns: the caller may free ``dst``.
+            while pending:
+                finish()
+        if failed is not None:
+            off, n, exc = failed
+            if isinstance(exc, IntegrityError):
+                raise exc
+            with _translated(fd, off, n):
+                raise exc
 
     def write(self, fd: int, path: str, src: Any) -> None:
         if isinstance(src, np.ndarray):

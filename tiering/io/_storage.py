@@ -89,11 +89,10 @@ class GpuDirectStorage(AsyncTwins):
         self.config = config or GdsConfig()
         self._chosen: Chosen = choose_backend(self.config.backend, self.device, self.config.enabled)
         self._backend: Backend = self._chosen.backend
-        self._tiers = [
-            (t.name, rank, Path(os.path.realpath(t.path)))
-            for rank, t in enumerate(tiers or ())
-            if t.path is not None
-        ]
+        # Ranks count directory tiers only: a memory tier above ``nvme`` must not make it
+        # rank 1 and give its reads the slow tiers' few threads (``GdsConfig.io_for``).
+        roots = [(t.name, Path(os.path.realpath(t.path))) for t in tiers or () if t.path]
+        self._tiers = [(name, rank, root) for rank, (name, root) in enumerate(roots)]
         # Storages of several devices may share one Stats, for one snapshot of them all.
         self._stats = stats if stats is not None else Stats()
         self._pools = Pools(self.device, self.config)
@@ -263,6 +262,10 @@ class GpuDirectStorage(AsyncTwins):
 
     def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
         return self._pools.fan_out(fn, calls)
+
+    def _share_pool(self, devices: int) -> None:
+        """Get ready for hot reads into ``devices`` GPUs at once (see Transfer.share_pool)."""
+        self._engine.share_pool(devices)
 
     # -- public API: loads -----------------------------------------------------------------
 

@@ -21,6 +21,7 @@ own source for a copy.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -64,8 +65,21 @@ class Transfer:
         # cold ones through tierd's threads with cold_io's few large requests.
         self._pooled = device.is_cuda and hasattr(backend, "read_pooled")
         if self._pooled:
-            hot = [config.fast_tier_io, config.slow_tier_io, *config.tier_io.values()]
-            backend.ensure_pool(max(io.threads for io in hot))  # type: ignore[attr-defined]
+            self.share_pool(1)
+
+    def share_pool(self, devices: int) -> None:
+        """Size KvikIO's (process-wide) pool for hot reads into ``devices`` GPUs at once.
+
+        Each GPU's reads need the tier's threads of their own: one GPU alone nearly fills its
+        host link with them (49 of 55 GB/s on an H200), so GPUs sharing one set of threads
+        share one link's worth of page-cache copies. More threads than cores only queue.
+        """
+        if not self._pooled:
+            return
+        cfg = self._config
+        hot = max(io.threads for io in [cfg.fast_tier_io, cfg.slow_tier_io, *cfg.tier_io.values()])
+        want = min(hot * max(1, devices), max(hot, os.cpu_count() or 1))
+        self._backend.ensure_pool(want)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.remote.close()
@@ -115,8 +129,37 @@ class Transfer:
         """
         if isinstance(file, RemoteFile):
             return self.remote.read(file, dst, segments)
+        if self._pooled and len(segments) > 1 and not isinstance(file, CopyFile):
+            return self._pooled_many(file, fd, dst, segments)
         parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
         return merge_reports(file, parts)
+
+    def _pooled_many(
+        self, file: GdsFile, fd: int, dst: Any, segments: Sequence[Segment]
+    ) -> IoReport:
+        """Many ranges of one local file into GPU memory, all at once on KvikIO's pool (see
+        :meth:`KvikioBackend.read_pooled_many`); counted as one transfer. Cold ranges (a page
+        cache probe of their span) go one by one instead, by :meth:`transfer`'s cold path."""
+        lo = min(off for off, _, _ in segments)
+        hi = max(off + n for off, n, _ in segments)
+        total = sum(n for _, n, _ in segments)
+        cold = hi - lo > _INLINE_MAX and (
+            _pagecache.residency(fd, lo, hi - lo) < self._config.cold_threshold
+        )
+        if cold:
+            parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
+            return merge_reports(file, parts)
+        io = self._config.io_for(file.tier, file.rank)
+        started = self._stats.begin(file.io_path, file.tier_key, "page_cache")
+        ok = False
+        try:
+            self._backend.read_pooled_many(  # type: ignore[attr-defined]
+                file._handle, fd, dst, segments, io.threads, io.task_size
+            )
+            ok = True
+        finally:
+            seconds = self._stats.end(file.io_path, file.tier_key, started, total, ok, "page_cache")
+        return IoReport(total, file.io_path, file.tier_key, seconds, False, source="page_cache")
 
     def _chunks(
         self,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tiering.io import Device, GdsConfig, IoReport
+from tiering.io._fanout import DeliveryMode
 
 __all__ = ["MiB", "FileRef", "LoaderConfig", "Observer"]
 
@@ -56,6 +57,11 @@ class LoaderConfig:
         model's shard size would make every reload of that shard pay ``cudaMalloc`` and a
         device-synchronising ``cudaFree`` (on the H100 a 4 GiB memory-tier load fell from
         the pinned copy's 55 GB/s to 47).
+    gpu_delivery:
+        How replicas on several GPUs get their bytes (see :mod:`tiering.io._fanout`):
+        ``auto`` measures a peer copy against staging through the host once per pair of GPUs
+        and takes the faster; ``peer`` takes peer copies wherever peer access exists;
+        ``host`` always stages through pinned host memory.
     io:
         Data-path settings for every device's :class:`~tiering.io.GpuDirectStorage`.
     """
@@ -74,4 +80,5 @@ class LoaderConfig:
     job_retention_s: float = 3600.0
     gpu_cache_bytes: int | None = None
     gpu_cache_idle_s: float = 30.0
+    gpu_delivery: DeliveryMode = "auto"
     io: GdsConfig = field(default_factory=GdsConfig)

@@ -36,7 +36,7 @@ from tiering.serving.loads import FanOut, LoadItem, load_many, load_one
 from tiering.serving.memory import MemoryHolder
 from tiering.serving.models import Models
 from tiering.serving.prefetch import start_prefetch
-from tiering.serving.replicas import Replica, replicate
+from tiering.serving.replicas import Replica, replicate, replicate_range
 from tiering.serving.residency import Residency
 from tiering.serving.safetensors import TensorsLoaded, load_shards
 from tiering.serving.sharded import DeviceLoaded, load_devices
@@ -328,25 +328,25 @@ class Loader:
         shape: Sequence[int] | None = None,
         ttl_s: float | None = None,
     ) -> list[Replica]:
-        """:meth:`load` into every one of ``devices`` (or ``"cuda:*"``): storage is read once,
-        into the first; the others get the bytes by peer copy or through pinned host staging
-        (each :class:`~tiering.serving.replicas.Replica` says which). A budget overrun on any
-        device leaves nothing leased anywhere."""
+        """:meth:`load` into every one of ``devices`` (or ``"cuda:*"``), storage read once.
 
-        def size() -> int:
-            if length is not None:
-                return length
-            return max(0, self._ctx.record(file).size - offset)
-
-        return replicate(
+        Where every pair of GPUs has peer access (and peer copies measured faster than
+        staging through the host; setting ``gpu_delivery``), each device reads 1/N of the
+        range at once over its own host link and the devices exchange their parts GPU to GPU
+        (delivery ``split``). Elsewhere the first device reads it all and the others get
+        its bytes through pinned host staging (``host``). Each
+        :class:`~tiering.serving.replicas.Replica` says which. A budget overrun on any device
+        leaves nothing leased anywhere.
+        """
+        return replicate_range(
             self._ctx,
+            file,
             devices,
-            nbytes=size,
-            first=lambda d: self.load(
-                file, offset=offset, length=length, device=d, dtype=dtype, shape=shape, ttl_s=ttl_s
-            ),
+            offset=offset,
+            length=length,
+            dtype=dtype,
+            shape=shape,
             ttl_s=ttl_s,
-            op="load",
         )
 
     def gather_replicas(
@@ -361,7 +361,9 @@ class Loader:
         count: int | None = None,
         ttl_s: float | None = None,
     ) -> list[Replica]:
-        """:meth:`gather` into every one of ``devices``, as :meth:`load_replicas` does."""
+        """:meth:`gather` into every one of ``devices``: the first device gathers the rows
+        (they are scattered, so there is no one range to split), the others get them by peer
+        copy or through pinned host staging (each Replica says which)."""
 
         def size() -> int:
             rows = len(indices) if indices is not None else (count or 0)

@@ -1,25 +1,42 @@
 """Replicated loads and gathers: one read of storage, the same bytes on several GPUs.
 
-The first device is filled by the ordinary single-device load (so it gets everything that
-path does: held copies, residency, the I/O path of its tier); the others get its bytes by
-peer copy, or through one pinned host staging buffer where peer access is off (see
-:mod:`tiering.io._fanout`). Every other device's budget is reserved before the first device
-reads, so an overrun anywhere reads nothing and leaves nothing leased.
+How the bytes travel is chosen per host (:func:`tiering.io._fanout.choose`, setting
+``gpu_delivery``):
+
+- **split** (peer access between every pair of GPUs, and peer copies measured faster): every
+  device reads its own 1/N of the range from storage at once, each over its own host link,
+  then the devices exchange their parts GPU to GPU. Storage and the page cache are read once
+  in all; the read runs N links wide.
+- **through one device** (no peer access, and gathers, whose rows are scattered): the first
+  device is filled by the ordinary single-device load (so it gets everything that path does:
+  held copies, residency, the I/O path of its tier); the others get its bytes by peer copy,
+  or through one pinned host staging buffer (see :mod:`tiering.io._fanout`).
+
+Every device's budget is reserved before anything is read, so an overrun anywhere reads
+nothing and leaves nothing leased.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from tiering.io import Device
-from tiering.io._fanout import Delivery, fan_out
+from tiering.errors import FileChanged
+from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
+from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.buffers import alloc_size
+from tiering.serving.checks import check_range, check_shape, parse_dtype
+from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
 from tiering.serving.devices import parse_devices
 from tiering.serving.leases import Lease, Reservation
+from tiering.serving.loads import load_one
 
-__all__ = ["Replica", "replicate"]
+__all__ = ["Replica", "replicate", "replicate_range", "same_file"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +47,118 @@ class Replica:
     delivery: Delivery
 
 
+def same_file(files: Sequence[GdsFile]) -> None:
+    """Raise :class:`FileChanged` unless the opens of one file for several devices got the same
+    bytes: an overwrite between two opens would leave devices with different contents."""
+    first = files[0]
+    for f in files[1:]:
+        if f.size() != first.size() or _identity(f) != _identity(first):
+            raise FileChanged(f"{first.path} changed while it was opened for several devices")
+
+
+def _identity(f: GdsFile) -> tuple[int, ...]:
+    fd = f._fd
+    if fd < 0:
+        return ()  # a remote object is pinned to its ETag, a held copy to its generation
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def replicate_range(
+    ctx: LoadContext,
+    file: FileRef,
+    devices: str | Sequence[str | Device],
+    *,
+    offset: int,
+    length: int | None,
+    dtype: str,
+    shape: Sequence[int] | None,
+    ttl_s: float | None,
+) -> list[Replica]:
+    """A range of ``file`` into every one of ``devices``; see
+    :meth:`tiering.serving.Loader.load_replicas`."""
+    devs = parse_devices(ctx, devices)
+
+    def one(d: Device) -> Lease:
+        return load_one(
+            ctx, file, offset=offset, length=length, device=d, dtype=dtype, shape=shape, ttl_s=ttl_s
+        )
+
+    if len(devs) == 1:
+        return [Replica(one(devs[0]), "read")]
+    how = choose(devs, ctx.config.gpu_delivery)
+    if how != "peer":
+
+        def size() -> int:
+            return length if length is not None else max(0, ctx.record(file).size - offset)
+
+        return replicate(ctx, devs, nbytes=size, first=one, ttl_s=ttl_s, op="load", how=how)
+    dt = parse_dtype(dtype)
+    ctx.leases.ttl(ttl_s)
+    storages = [ctx.storage(d) for d in devs]
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(ctx.open(file, s)) for s in storages]
+        same_file([f for f, _ in opened])
+        n = check_range(offset, length, opened[0][0].size())
+        shp = check_shape(n, dt, shape)
+        reserved = _reserve(ctx, devs, n)
+        granted: list[Lease] = []
+        try:
+            parts = split(n, len(devs))
+            for s in storages:
+                s._share_pool(len(devs))
+            started = time.perf_counter()
+            calls = [
+                (s, f, offset + lo, res, lo, hi)
+                for s, (f, _), res, (lo, hi) in zip(storages, opened, reserved, parts, strict=True)
+            ]
+            reads = storages[0]._fan_out(_fill_part, calls)
+            all_gather([(d, _flat(r, n)) for d, r in zip(devs, reserved, strict=True)], parts)
+            seconds = time.perf_counter() - started
+            out = []
+            for d, res, read, (_f, file_id) in zip(devs, reserved, reads, opened, strict=True):
+                report = IoReport(
+                    n, read.io_path, read.tier, seconds, read.cold, read.engine, read.source
+                )
+                lease = ctx.leases.grant(
+                    res,
+                    nbytes=n,
+                    dtype=dt.name,
+                    shape=shp,
+                    kind="load",
+                    file_ids=(file_id,),
+                    report=report,
+                    ttl_s=ttl_s,
+                )
+                granted.append(lease)
+                out.append(Replica(lease, "split"))
+                ctx.observe("load", d, report)
+            return out
+        except BaseException:
+            for res in reserved:
+                res.cancel()  # skips what was granted (see Reservation)
+            ctx.leases.release_many([lease.id for lease in granted])
+            raise
+
+
+def _fill_part(
+    storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, lo: int, hi: int
+) -> IoReport:
+    """One device's part ``[lo, hi)`` of a split load, read into the same place of its buffer."""
+    assert res.buffer is not None
+    if hi <= lo:
+        return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
+    storage.device.make_current()
+    report = storage.load_to_gpu(f, offset, res.buffer.array()[lo:hi])
+    res.buffer.synchronize()
+    return report
+
+
+def _flat(res: Reservation, n: int) -> Any:
+    assert res.buffer is not None
+    return res.buffer.array()[:n]
+
+
 def replicate(
     ctx: LoadContext,
     devices: str | Sequence[str | Device],
@@ -38,8 +167,10 @@ def replicate(
     first: Callable[[Device], Lease],
     ttl_s: float | None,
     op: str,
+    how: Literal["peer", "host"] | None = None,
 ) -> list[Replica]:
-    """``first(device)`` on the first device, its bytes copied to the others.
+    """``first(device)`` on the first device, its bytes copied to the others ``how`` (None:
+    as :func:`~tiering.io._fanout.choose` says for this host).
 
     ``nbytes()`` is the load's size, asked before anything is read, to reserve the other
     devices; a first lease of another size (the file changed) re-reserves them.
@@ -66,7 +197,8 @@ def replicate(
             assert res.buffer is not None
             targets.append((d, res.buffer.array()[:n]))
         tier = lease0.report.tier if lease0.report is not None else "copy"
-        how, reports = fan_out(src, devs[0], targets, n, tier)
+        way = how or choose(devs, ctx.config.gpu_delivery)
+        reports = fan_out(src, devs[0], targets, n, tier, way)
         out = [Replica(lease0, "read")]
         for res, report in zip(others, reports, strict=True):
             # On an error below, cancel() skips what was granted (see Reservation).
@@ -81,7 +213,7 @@ def replicate(
                 ttl_s=ttl_s,
             )
             granted.append(lease)
-            out.append(Replica(lease, how))
+            out.append(Replica(lease, way))
             ctx.observe(op, lease.device, report)
         return out
     except BaseException:

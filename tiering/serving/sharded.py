@@ -1,13 +1,16 @@
 """Safetensors loads into several devices: replicas, and tensor-parallel slices by rank.
 
-``devices`` without ``sharding``: every device gets every selected tensor. Storage is read
-once, into the first device; the others get the bytes by peer copy, or through one pinned
-host staging buffer where peer access is off (see :mod:`tiering.io._fanout`).
+``devices`` without ``sharding``: every device gets every selected tensor, storage read
+once. Where every pair of GPUs has peer access (see :func:`tiering.io._fanout.choose`), each
+device reads its own 1/N of every shard's buffer, all at once over their own host links, and
+the devices then exchange their parts GPU to GPU (delivery ``split``); elsewhere the first
+device reads everything and the others get it through one pinned host staging buffer.
 
 With ``sharding`` (see :mod:`tiering.io.sharding`): rank ``k`` gets its slice of each tensor
 a rule matches and all of the others. ``rank=None`` loads every rank, one device per rank;
 ``rank=k`` loads that rank into its one device (a worker asking for itself; ``cpu`` too).
-Each rank reads only its own bytes from storage, straight into its device:
+Each rank reads only its own bytes from storage, straight into its device, and all ranks
+read at once:
 
 - a dim-0 slice (and a replicated tensor) is one contiguous range;
 - a slice along ``dim > 0`` is one row segment per outer index. Segments of at least
@@ -24,6 +27,7 @@ device's budget fails with nothing read and nothing left leased anywhere.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +36,7 @@ import numpy as np
 
 from tiering.errors import InvalidInput, InvalidSharding, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
-from tiering.io._fanout import Delivery, fan_out
+from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.buffers import alloc_size
 from tiering.io.safetensors import DTYPES, TensorInfo, parse_header, select_tensors
 from tiering.io.sharding import (
@@ -50,6 +54,7 @@ from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
 from tiering.serving.devices import parse_devices
 from tiering.serving.leases import Lease, Reservation
+from tiering.serving.replicas import same_file
 from tiering.serving.safetensors import TensorsLoaded, load_shards, loaded
 
 __all__ = ["STRIDED_MIN_SEGMENT", "DeviceLoaded", "load_devices"]
@@ -148,12 +153,18 @@ def load_devices(
     if spec is None and len(devs) == 1:
         one = load_shards(ctx, files, names=names, device=devs[0], ttl_s=ttl_s)
         return [DeviceLoaded(devs[0], None, one, "read")]
-    # Replicas read storage into the first device only; every rank reads its own slices.
-    readers = devs if spec is not None else devs[:1]
+    # Every rank reads its own slices; replicas split the reads over every device, or read
+    # into the first device only where the GPUs cannot copy to each other.
+    how: Delivery = "read"
+    if spec is None:
+        how = "split" if choose(devs, ctx.config.gpu_delivery) == "peer" else "host"
+    readers = devs[:1] if how == "host" else devs
     with contextlib.ExitStack() as stack:
         opened = [
             [stack.enter_context(ctx.open(ref, ctx.storage(d))) for ref in files] for d in readers
         ]
+        for i in range(len(files)):
+            same_file([o[i][0] for o in opened])
         headers = []
         for f, _id in opened[0]:
             with f._use():
@@ -163,14 +174,14 @@ def load_devices(
         if spec is not None:
             check_spec(spec, {t.name: t.shape for shard in infos for t in shard})
         plans = [[_plan(shard, spec, r) for shard in infos] for r in ranks]
-        return _run(ctx, devs, ranks, readers, opened, plans, infos, ttl_s, sharded=bool(spec))
+        return _run(ctx, devs, ranks, how, opened, plans, infos, ttl_s, sharded=bool(spec))
 
 
 def _run(
     ctx: LoadContext,
     devs: list[Device],
     ranks: list[int | None],
-    readers: list[Device],
+    how: Delivery,
     opened: list[list[tuple[GdsFile, int]]],
     plans: list[list[_Plan]],
     infos: list[list[TensorInfo]],
@@ -187,22 +198,37 @@ def _run(
                 n = max(1, plans[k][i].nbytes)
                 res = reserved[(k, i)] = ctx.leases.reserve(d, alloc_size(d, n))
                 res.attach(ctx.leases.pool.get(d, n))
-        reports: dict[tuple[int, int], IoReport] = {}
-        how: list[Delivery] = ["read"] * len(devs)
-        for k, d in enumerate(readers):
-            storage = ctx.storage(d)
-            calls = [(storage, opened[k][i][0], reserved[(k, i)], plans[k][i]) for i in shards]
-            for i, rep in zip(shards, storage._fan_out(_read_plan, calls), strict=True):
-                reports[(k, i)] = rep
-        if len(readers) < len(devs):  # replicas: from the first device to the others
+        storages = [ctx.storage(d) for d in devs[: len(opened)]]
+        for s in storages:
+            s._share_pool(len(storages))
+        # One part of each shard per device for a split, else all of it.
+        parts = {i: split(plans[0][i].nbytes, len(devs)) for i in shards} if how == "split" else {}
+        calls = [
+            (s, opened[k][i][0], reserved[(k, i)], plans[k][i], parts[i][k] if parts else None)
+            for k, s in enumerate(storages)
+            for i in shards
+        ]
+        started = time.perf_counter()
+        # All devices read at once: each has its own host link.
+        done = iter(storages[0]._fan_out(_read_plan, calls))
+        reports = {(k, i): next(done) for k in range(len(storages)) for i in shards}
+        if how == "split":
             for i in shards:
-                src = reserved[(0, i)].buffer
-                assert src is not None
+                n = plans[0][i].nbytes
+                all_gather([(d, _flat(reserved[(k, i)], n)) for k, d in enumerate(devs)], parts[i])
+            seconds = time.perf_counter() - started
+            for (k, i), rep in reports.items():
+                reports[(k, i)] = IoReport(
+                    plans[k][i].nbytes, rep.io_path, rep.tier, seconds, rep.cold, rep.engine,
+                    rep.source,
+                )  # fmt: skip
+        elif how == "host":  # from the first device to the others
+            for i in shards:
                 n = plans[0][i].nbytes
                 targets = [(devs[k], _flat(reserved[(k, i)], n)) for k in range(1, len(devs))]
-                way, reps = fan_out(_flat(reserved[(0, i)], n), devs[0], targets, n, "copy")
+                reps = fan_out(_flat(reserved[(0, i)], n), devs[0], targets, n, "copy", "host")
                 for k, rep in enumerate(reps, start=1):
-                    reports[(k, i)], how[k] = rep, way
+                    reports[(k, i)] = rep
         out = []
         for k, d in enumerate(devs):
             leases = []
@@ -213,7 +239,8 @@ def _run(
                 )
                 granted.append(lease)
                 leases.append(lease)
-            out.append(DeviceLoaded(d, ranks[k], loaded(ctx, d, leases), how[k]))
+            way: Delivery = "read" if how == "host" and k == 0 else how
+            out.append(DeviceLoaded(d, ranks[k], loaded(ctx, d, leases), way))
         return out
     except BaseException:
         ctx.leases.release_many([lease.id for lease in granted])
@@ -227,8 +254,15 @@ def _flat(res: Reservation, n: int) -> Any:
     return res.buffer.array()[:n]
 
 
-def _read_plan(storage: GpuDirectStorage, f: GdsFile, res: Reservation, plan: _Plan) -> IoReport:
-    """Read one shard's pieces into its reservation's buffer; see the module docstring."""
+def _read_plan(
+    storage: GpuDirectStorage,
+    f: GdsFile,
+    res: Reservation,
+    plan: _Plan,
+    window: tuple[int, int] | None,
+) -> IoReport:
+    """Read one shard's pieces into its reservation's buffer (only the buffer's bytes in
+    ``window``, for a split replica); see the module docstring."""
     storage.device.make_current()
     buf = _flat(res, plan.nbytes)
     reads: list[tuple[int, int, int]] = []
@@ -243,6 +277,8 @@ def _read_plan(storage: GpuDirectStorage, f: GdsFile, res: Reservation, plan: _P
                 at += n
         else:
             cuts.append(p)
+    if window is not None:  # replicas only: no slices, so no cuts
+        reads = _clip(reads, *window)
     parts: list[IoReport] = []
     with f._use() as fd:
         if reads:
@@ -267,6 +303,17 @@ def _read_plan(storage: GpuDirectStorage, f: GdsFile, res: Reservation, plan: _P
         engine=first.engine,
         source=first.source,
     )
+
+
+def _clip(reads: list[tuple[int, int, int]], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """The parts of ``(file_offset, nbytes, dst_offset)`` reads landing in ``[lo, hi)`` of the
+    buffer."""
+    out = []
+    for off, n, at in reads:
+        a, b = max(at, lo), min(at + n, hi)
+        if b > a:
+            out.append((off + a - at, b - a, a))
+    return out
 
 
 def _grant(
