@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import put
 from tiering.engine import Engine
-from tiering.errors import InsufficientSpace
-from tiering.io import _fanout
+from tiering.errors import InsufficientSpace, InvalidDevice
+from tiering.io import GpuDirectStorage, _fanout
 from tiering.io._device import parse_device
 from tiering.serving import Loader, LoaderConfig
 
@@ -229,3 +229,40 @@ def test_a_second_process_opens_every_devices_lease(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == [data.hex()[:64]] * _gpus()
+
+
+def test_loads_leave_the_callers_current_device_alone(
+    eng: Engine, loader: Loader, ckpt: Any
+) -> None:
+    cp = importlib.import_module("cupy")
+    rec = put(eng, "r/current.bin", os.urandom(3 * MiB))
+    ids, _ = ckpt
+    for before in (0, 1):
+        cp.cuda.runtime.setDevice(before)
+        for d in ("cuda:1", "cuda:0", "cuda:1"):
+            loader.leases.release(loader.load(rec.id, device=d).id)
+            assert cp.cuda.runtime.getDevice() == before
+        out = loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
+        loader.leases.release_many([lease.id for d in out for lease in d.loaded.leases])
+        assert cp.cuda.runtime.getDevice() == before
+    cp.cuda.runtime.setDevice(0)
+
+
+def test_one_thread_switches_between_devices() -> None:
+    cp = importlib.import_module("cupy")
+    for order in ((1, 0, 1), (0, 1, 0, 1)):
+        for i in order:
+            parse_device(f"cuda:{i}").make_current()
+            assert cp.cuda.runtime.getDevice() == i
+    cp.cuda.runtime.setDevice(0)
+
+
+def test_a_buffer_on_another_gpu_is_refused_whatever_is_current(tmp_path: Path) -> None:
+    cp = importlib.import_module("cupy")
+    (tmp_path / "f.bin").write_bytes(os.urandom(1 << 16))
+    with cp.cuda.Device(1):
+        other = cp.empty((64, 1024), dtype=cp.uint8)[:, :512]  # not the fast path's flat array
+    with GpuDirectStorage("cuda:0") as gds, gds.open_file(tmp_path / "f.bin") as f:
+        for current in (0, 1):
+            with cp.cuda.Device(current), pytest.raises(InvalidDevice, match="cuda:1"):
+                gds.load_to_gpu(f, 0, other)

@@ -6,18 +6,22 @@ Files on the fastest storage tier, hot in the page cache; one in-process
 warm-up; every lease is released before the next load. Rows and their targets:
 
 - **replicate**: a ``size`` byte file to ``cuda:0`` and ``cuda:1`` (``load_replicas``), against
-  the same file to one GPU: at most 1.15 × the time. The note says the delivery, and the
-  setup the probe it was chosen by (peer copy against staging through the host);
+  the same file to one GPU: at most 1.15 × the time. The note says the delivery and the probe
+  it was chosen by (peer copy against staging through the host);
 - **TP=2 one request**: a 4-shard bf16 checkpoint of ``size`` bytes split in two along dim 0
   (half to each GPU, ``rank=None``), against the full checkpoint to one GPU: at most 0.6 ×;
-- **TP=2 per rank**: each rank asking for itself (``rank=k``) at the same time, from two
-  threads (the service's side of two worker processes: the same two requests, concurrently),
-  against the one request: at most 1.2 ×;
 - **replicate vs safetensors**: the checkpoint replicated to both GPUs by one
   ``load_safetensors(devices=...)``, against ``safetensors.torch.load_file`` once per GPU:
   at least 10 × faster;
 - **dim 1, strided** and **dim 1, read + cut**: the TP=2 split along dim 1 with row segments
-  above and below :data:`~tiering.serving.sharded.STRIDED_MIN_SEGMENT`, for choosing it.
+  above and below :data:`~tiering.serving.sharded.STRIDED_MIN_SEGMENT`, for choosing it;
+- **ceilings**: page cache → pinned host memory on every core, and pinned host memory → one
+  GPU and → two GPUs at once: what the rows above run into;
+- **memory tier**: the checkpoint held in pinned host memory (no page-cache copy), the TP=2
+  split against the whole checkpoint to one GPU again: at most 0.6 ×;
+- **REST, per rank**: one tierd server and worker processes opening their buffers by CUDA
+  IPC (see :mod:`._ranks`): two processes each asking for their own rank (``rank=k``) at the
+  same time, against one process asking for every rank in one request: at most 1.2 ×.
 
 Rates are GB/s of the bytes that land on the GPUs (a replica counts once per GPU).
 """
@@ -27,7 +31,6 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +138,7 @@ def run(size: int = 4 << 30, *, repeats: int = 3, say: Callable[[str], None] = p
             finally:
                 loader.stop()
                 free_gpu()
+            _rest_ranks(report, root, ckpt, repeats, say)
         finally:
             eng.stop()
     return report
@@ -216,22 +220,6 @@ def _measure(
         lambda: loader.load_safetensors(ckpt, devices=two, sharding=split0),
     )
     report.compare("tp_one_request_s", "ckpt_one_s", at_most=0.6)
-
-    def per_rank() -> Any:
-        out: list[Any] = [None, None]
-
-        def ask(k: int) -> None:
-            out[k] = loader.load_safetensors(ckpt, devices=[two[k]], sharding=split0, rank=k)[0]
-
-        threads = [threading.Thread(target=ask, args=(k,)) for k in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
-
-    rate("tp_per_rank", "TP=2 split, each rank for itself", ck, per_rank)
-    report.compare("tp_per_rank_s", "tp_one_request_s", at_most=1.2)
 
     rate(
         "replicate_ckpt",
@@ -352,3 +340,23 @@ def _from_memory(
         lambda: loader.load_safetensors(ckpt, devices=["cuda:0", "cuda:1"], sharding=split0),
     )
     report.compare("mem_tp_s", "mem_ckpt_one_s", at_most=0.6)
+
+
+def _rest_ranks(
+    report: Report, root: Path, ckpt: list[str], repeats: int, say: Callable[[str], None]
+) -> None:
+    """The TP=2 split as serving engines ask for it: worker processes over REST, each opening
+    its buffers by CUDA IPC; one request for every rank against one process per rank."""
+    from ._ranks import per_rank_processes
+
+    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
+    files = [root / "nvme" / p for p in ckpt]
+    ck = sum(f.stat().st_size for f in files)
+    one, each = per_rank_processes(files, split0, ["cuda:0", "cuda:1"], repeats, say)
+    for key, label, t in (
+        ("rest_tp_one", "REST: TP=2 split, one request (1 process)", one),
+        ("rest_tp_per_rank", "REST: TP=2 split, each rank for itself (2 processes)", each),
+    ):
+        report.add(BenchRow(key, label, gbps(ck, t), "GB/s"))
+        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+    report.compare("rest_tp_per_rank_s", "rest_tp_one_s", at_most=1.2)

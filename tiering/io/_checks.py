@@ -70,11 +70,14 @@ def flat_target(device: Device, buffer: Any) -> Any:
         if not on_gpu:
             raise InvalidDevice(f"buffer is in host memory but this storage loads into {device}")
         cp = import_cupy()
-        arr = cp.asarray(buffer)  # no copy: wraps __cuda_array_interface__
-        if arr.device.id != device.index:
-            raise InvalidDevice(
-                f"buffer is on cuda:{arr.device.id} but this storage loads into {device}"
-            )
+        # Where the memory is, asked of the driver: cupy.asarray alone would copy a buffer
+        # of another device onto the calling thread's current one rather than say so.
+        ptr = int(buffer.__cuda_array_interface__["data"][0])
+        on = cp.cuda.runtime.pointerGetAttributes(ptr).device if ptr else device.index
+        if on != device.index:
+            raise InvalidDevice(f"buffer is on cuda:{on} but this storage loads into {device}")
+        with cp.cuda.Device(device.index):
+            arr = cp.asarray(buffer)  # no copy: wraps __cuda_array_interface__
     else:
         if on_gpu:
             raise InvalidDevice("buffer is in GPU memory but this storage loads into cpu")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -63,10 +65,30 @@ class Device:
         """
         if not self.is_cuda:
             return
+        runtime = import_cupy().cuda.runtime
         done: set[int] = _tls.__dict__.setdefault("devices", set())
-        if self.index not in done:
-            import_cupy().cuda.runtime.setDevice(self.index)
+        # A thread that made another device current since must switch back: remembering
+        # only "done once" left reads of two GPUs from one thread on whichever came last.
+        if self.index not in done or runtime.getDevice() != self.index:
+            runtime.setDevice(self.index)
             done.add(self.index)
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """This device current on the calling thread for the block, and the thread's device
+        before it current again after: a load into ``cuda:1`` from a caller's thread must not
+        move the caller's own work (its CuPy or torch calls) to ``cuda:1``."""
+        if not self.is_cuda:
+            yield
+            return
+        runtime = import_cupy().cuda.runtime
+        before = runtime.getDevice()
+        self.make_current()
+        try:
+            yield
+        finally:
+            if before != self.index:
+                runtime.setDevice(before)
 
 
 _tls = threading.local()

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ._copies import _D2H, _H2D, _stream, peer_access
 from ._device import Device, import_cupy
@@ -31,10 +31,12 @@ from ._stats import IoReport, LoadSource
 __all__ = [
     "Delivery",
     "DeliveryMode",
+    "PeerCopy",
     "all_gather",
     "choose",
     "fan_out",
     "measured",
+    "peer_copies",
     "peer_ok",
     "split",
 ]
@@ -157,21 +159,48 @@ def all_gather(arrays: Sequence[tuple[Device, Any]], parts: Sequence[tuple[int, 
     array; copy every part into every other device's array, at the same offsets, by peer
     copies (peer access must be on: see :func:`choose`). Returns the seconds taken, once
     every copy has landed."""
+    copies = [
+        PeerCopy(src_dev, src, lo, dev, dst, lo, hi - lo)
+        for k, (dev, dst) in enumerate(arrays)
+        for j, ((src_dev, src), (lo, hi)) in enumerate(zip(arrays, parts, strict=True))
+        if j != k and hi > lo
+    ]
+    return peer_copies(copies)
+
+
+class PeerCopy(NamedTuple):
+    """``nbytes`` from flat uint8 ``src[src_at:]`` on ``src_dev`` to ``dst[dst_at:]`` on
+    ``dst_dev``."""
+
+    src_dev: Device
+    src: Any
+    src_at: int
+    dst_dev: Device
+    dst: Any
+    dst_at: int
+    nbytes: int
+
+
+def peer_copies(copies: Sequence[PeerCopy]) -> float:
+    """Run every copy at once, each on its target's copy stream (peer access must be on);
+    returns the seconds until the last has landed."""
     cp = import_cupy()
     started = time.perf_counter()
-    streams = []
-    for k, (dev, dst) in enumerate(arrays):
-        s = _stream(dev.index)
-        with cp.cuda.Device(dev.index):
-            for j, (src_dev, src) in enumerate(arrays):
-                lo, hi = parts[j]
-                if j == k or hi <= lo:
-                    continue
-                cp.cuda.runtime.memcpyPeerAsync(
-                    dst.data.ptr + lo, dev.index, src.data.ptr + lo, src_dev.index, hi - lo, s.ptr
-                )
-        streams.append(s)
-    for s in streams:
+    streams: dict[int, Any] = {}
+    for c in copies:
+        s = streams.get(c.dst_dev.index)
+        if s is None:
+            s = streams[c.dst_dev.index] = _stream(c.dst_dev.index)
+        with cp.cuda.Device(c.dst_dev.index):
+            cp.cuda.runtime.memcpyPeerAsync(
+                c.dst.data.ptr + c.dst_at,
+                c.dst_dev.index,
+                c.src.data.ptr + c.src_at,
+                c.src_dev.index,
+                c.nbytes,
+                s.ptr,
+            )
+    for s in streams.values():
         s.synchronize()
     return time.perf_counter() - started
 

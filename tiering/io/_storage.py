@@ -263,10 +263,6 @@ class GpuDirectStorage(AsyncTwins):
     def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
         return self._pools.fan_out(fn, calls)
 
-    def _share_pool(self, devices: int) -> None:
-        """Get ready for hot reads into ``devices`` GPUs at once (see Transfer.share_pool)."""
-        self._engine.share_pool(devices)
-
     # -- public API: loads -----------------------------------------------------------------
 
     def load_to_gpu(self, file: GdsFile, offset: int, buffer: Any) -> IoReport:

@@ -238,7 +238,7 @@ def fill(storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, n
     assert res.buffer is not None
     if n == 0:
         return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
-    storage.device.make_current()
-    report = storage.load_to_gpu(f, offset, res.buffer.array()[:n])
-    res.buffer.synchronize()  # the client may read as soon as it has the reply
+    with storage.device.current():
+        report = storage.load_to_gpu(f, offset, res.buffer.array()[:n])
+        res.buffer.synchronize()  # the client may read as soon as it has the reply
     return report

@@ -82,9 +82,9 @@ def gather_rows(
             if n == 0:
                 report = IoReport(0, "remote" if f.io_path == "remote" else "host", f.tier_key, 0.0)
             elif idx is not None:
-                storage.device.make_current()
-                report = storage.prefetch_vectors(f, idx, dim, dt, buf.array()[:n])
-                buf.synchronize()
+                with storage.device.current():
+                    report = storage.prefetch_vectors(f, idx, dim, dt, buf.array()[:n])
+                    buf.synchronize()
             else:
                 assert start is not None
                 report = fill(storage, f, start * row, res, n)

@@ -105,8 +105,6 @@ def replicate_range(
         granted: list[Lease] = []
         try:
             parts = split(n, len(devs))
-            for s in storages:
-                s._share_pool(len(devs))
             started = time.perf_counter()
             calls = [
                 (s, f, offset + lo, res, lo, hi)
@@ -148,9 +146,9 @@ def _fill_part(
     assert res.buffer is not None
     if hi <= lo:
         return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
-    storage.device.make_current()
-    report = storage.load_to_gpu(f, offset, res.buffer.array()[lo:hi])
-    res.buffer.synchronize()
+    with storage.device.current():
+        report = storage.load_to_gpu(f, offset, res.buffer.array()[lo:hi])
+        res.buffer.synchronize()
     return report
 
 

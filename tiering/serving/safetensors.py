@@ -103,8 +103,8 @@ def load_shards(
         if select is not None:
             names = select([f for f, _ in opened])
         try:
-            storage.device.make_current()
-            shards = storage.load_safetensors_raw([f for f, _ in opened], names, alloc)
+            with storage.device.current():
+                shards = storage.load_safetensors_raw([f for f, _ in opened], names, alloc)
             for shard, (_f, file_id) in zip(shards, opened, strict=True):
                 res = by_array[id(shard.buffer)]
                 if not shard.tensors:
@@ -222,9 +222,10 @@ def _load_shared(
                         leases[i] = hit
             todo = [i for i in keys if i not in leases]
             if todo:
-                storage.device.make_current()
                 wanted = None if names is None else [n for i in todo for n in chosen[i]]
-                shards = storage.load_safetensors_raw([opened[i][0] for i in todo], wanted, alloc)
+                with storage.device.current():
+                    todo_files = [opened[i][0] for i in todo]
+                    shards = storage.load_safetensors_raw(todo_files, wanted, alloc)
                 for i, shard in zip(todo, shards, strict=True):
                     res = by_array[id(shard.buffer)]
                     lease = _grant(ctx, res, shard, recs[i].id, ttl_s, read_only=True)

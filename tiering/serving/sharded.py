@@ -10,7 +10,9 @@ With ``sharding`` (see :mod:`tiering.io.sharding`): rank ``k`` gets its slice of
 a rule matches and all of the others. ``rank=None`` loads every rank, one device per rank;
 ``rank=k`` loads that rank into its one device (a worker asking for itself; ``cpu`` too).
 Each rank reads only its own bytes from storage, straight into its device, and all ranks
-read at once:
+read at once. A tensor no rule matches goes whole to every rank; in a load of every rank
+with peer access between the GPUs it is read from storage once, by one rank, and copied GPU
+to GPU to the others. Slices are read:
 
 - a dim-0 slice (and a replicated tensor) is one contiguous range;
 - a slice along ``dim > 0`` is one row segment per outer index. Segments of at least
@@ -36,7 +38,7 @@ import numpy as np
 
 from tiering.errors import InvalidInput, InvalidSharding, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
-from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
+from tiering.io._fanout import Delivery, PeerCopy, all_gather, choose, fan_out, peer_copies, split
 from tiering.io.buffers import alloc_size
 from tiering.io.safetensors import DTYPES, TensorInfo, parse_header, select_tensors
 from tiering.io.sharding import (
@@ -156,8 +158,9 @@ def load_devices(
     # Every rank reads its own slices; replicas split the reads over every device, or read
     # into the first device only where the GPUs cannot copy to each other.
     how: Delivery = "read"
+    peer = len(devs) > 1 and choose(devs, ctx.config.gpu_delivery) == "peer"
     if spec is None:
-        how = "split" if choose(devs, ctx.config.gpu_delivery) == "peer" else "host"
+        how = "split" if peer else "host"
     readers = devs[:1] if how == "host" else devs
     with contextlib.ExitStack() as stack:
         opened = [
@@ -174,7 +177,9 @@ def load_devices(
         if spec is not None:
             check_spec(spec, {t.name: t.shape for shard in infos for t in shard})
         plans = [[_plan(shard, spec, r) for shard in infos] for r in ranks]
-        return _run(ctx, devs, ranks, how, opened, plans, infos, ttl_s, sharded=bool(spec))
+        return _run(
+            ctx, devs, ranks, how, opened, plans, infos, ttl_s, sharded=bool(spec), peer=peer
+        )
 
 
 def _run(
@@ -188,6 +193,7 @@ def _run(
     ttl_s: float | None,
     *,
     sharded: bool,
+    peer: bool,
 ) -> list[DeviceLoaded]:
     shards = [i for i, shard in enumerate(infos) if shard]
     reserved: dict[tuple[int, int], Reservation] = {}
@@ -199,12 +205,18 @@ def _run(
                 res = reserved[(k, i)] = ctx.leases.reserve(d, alloc_size(d, n))
                 res.attach(ctx.leases.pool.get(d, n))
         storages = [ctx.storage(d) for d in devs[: len(opened)]]
-        for s in storages:
-            s._share_pool(len(storages))
         # One part of each shard per device for a split, else all of it.
         parts = {i: split(plans[0][i].nbytes, len(devs)) for i in shards} if how == "split" else {}
+        owners = _owners(plans, shards) if sharded and peer else {}
         calls = [
-            (s, opened[k][i][0], reserved[(k, i)], plans[k][i], parts[i][k] if parts else None)
+            (
+                s,
+                opened[k][i][0],
+                reserved[(k, i)],
+                plans[k][i],
+                parts[i][k] if parts else None,
+                frozenset(j for (i2, j), o in owners.items() if i2 == i and o != k),
+            )
             for k, s in enumerate(storages)
             for i in shards
         ]
@@ -212,10 +224,28 @@ def _run(
         # All devices read at once: each has its own host link.
         done = iter(storages[0]._fan_out(_read_plan, calls))
         reports = {(k, i): next(done) for k in range(len(storages)) for i in shards}
+        if owners:  # each replicated tensor from the rank that read it to the others
+            peer_copies(
+                [
+                    PeerCopy(
+                        devs[o],
+                        _flat(reserved[(o, i)], plans[o][i].nbytes),
+                        plans[o][i].pieces[j].at,
+                        devs[k],
+                        _flat(reserved[(k, i)], plans[k][i].nbytes),
+                        plans[k][i].pieces[j].at,
+                        plans[k][i].pieces[j].part.nbytes,
+                    )
+                    for (i, j), o in owners.items()
+                    for k in range(len(devs))
+                    if k != o
+                ]
+            )
         if how == "split":
             for i in shards:
                 n = plans[0][i].nbytes
                 all_gather([(d, _flat(reserved[(k, i)], n)) for k, d in enumerate(devs)], parts[i])
+        if how == "split" or owners:
             seconds = time.perf_counter() - started
             for (k, i), rep in reports.items():
                 reports[(k, i)] = IoReport(
@@ -249,6 +279,21 @@ def _run(
         raise
 
 
+def _owners(plans: list[list[_Plan]], shards: list[int]) -> dict[tuple[int, int], int]:
+    """Which rank reads each replicated tensor (``(shard, piece) → rank``) of a load of every
+    rank: each is read from storage once, by the rank with the fewest such bytes so far, and
+    peer-copied to the others, rather than read once per rank."""
+    load = [0] * len(plans)
+    owners = {}
+    for i in shards:
+        for j, p in enumerate(plans[0][i].pieces):
+            if p.part.dim is None and p.part.nbytes:
+                k = min(range(len(plans)), key=load.__getitem__)
+                owners[(i, j)] = k
+                load[k] += p.part.nbytes
+    return owners
+
+
 def _flat(res: Reservation, n: int) -> Any:
     assert res.buffer is not None
     return res.buffer.array()[:n]
@@ -260,15 +305,28 @@ def _read_plan(
     res: Reservation,
     plan: _Plan,
     window: tuple[int, int] | None,
+    skip: frozenset[int],
 ) -> IoReport:
     """Read one shard's pieces into its reservation's buffer (only the buffer's bytes in
-    ``window``, for a split replica); see the module docstring."""
-    storage.device.make_current()
+    ``window``, for a split replica; not the pieces in ``skip``, which another rank reads);
+    see the module docstring."""
+    with storage.device.current():
+        return _read_pieces(storage, f, res, plan, window, skip)
+
+
+def _read_pieces(
+    storage: GpuDirectStorage,
+    f: GdsFile,
+    res: Reservation,
+    plan: _Plan,
+    window: tuple[int, int] | None,
+    skip: frozenset[int],
+) -> IoReport:
     buf = _flat(res, plan.nbytes)
     reads: list[tuple[int, int, int]] = []
     cuts: list[_Piece] = []
-    for p in plan.pieces:
-        if p.part.nbytes == 0:
+    for j, p in enumerate(plan.pieces):
+        if p.part.nbytes == 0 or j in skip:
             continue
         if p.part.dim in (None, 0) or p.part.segment_bytes >= STRIDED_MIN_SEGMENT:
             at = p.at
