@@ -217,12 +217,14 @@ class RemoteReads:
         ok = False
         engine = "python"
         try:
-            if nbytes and self._by_kvikio(file, dst, segments, nbytes):
-                engine = "kvikio"
-            elif nbytes and isinstance(dst, np.ndarray):
-                self._python_to_host(file, dst, segments)
-            elif nbytes:
-                self._to_device(file, dst, segments)
+            # The reads need this device current; the caller's thread gets its own back.
+            with self._device.current():
+                if nbytes and self._by_kvikio(file, dst, segments, nbytes):
+                    engine = "kvikio"
+                elif nbytes and isinstance(dst, np.ndarray):
+                    self._python_to_host(file, dst, segments)
+                elif nbytes:
+                    self._to_device(file, dst, segments)
             ok = True
         finally:
             seconds = self._stats.end(
