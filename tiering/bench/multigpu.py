@@ -144,6 +144,12 @@ def run(size: int = 4 << 30, *, repeats: int = 3, say: Callable[[str], None] = p
     return report
 
 
+def _add_rate(report: Report, key: str, label: str, nbytes: int, t: float, note: str = "") -> None:
+    """Two rows: GB/s of ``nbytes`` in ``t`` seconds (``key``), and the time (``key_s``)."""
+    report.add(BenchRow(key, label, gbps(nbytes, t), "GB/s", note=note))
+    report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+
+
 def _release(loader: Any, out: Any) -> None:
     ids: list[str] = []
     for item in out if isinstance(out, list) else [out]:
@@ -182,9 +188,7 @@ def _measure(
         def once() -> None:
             _release(loader, fn())
 
-        t = _timed(once, repeats)
-        report.add(BenchRow(key, label, gbps(nbytes, t), "GB/s", note=note))
-        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+        _add_rate(report, key, label, nbytes, _timed(once, repeats), note)
 
     blob = "bench/blob.bin"
     rate("one_gpu", "file to 1 GPU", size, lambda: loader.load(blob, device="cuda:0"))
@@ -325,9 +329,7 @@ def _from_memory(
 
     def rate(key: str, label: str, fn: Callable[[], Any]) -> None:
         say(label)
-        t = _timed(lambda: _release(loader, checked(fn())), repeats)
-        report.add(BenchRow(key, label, gbps(ck, t), "GB/s"))
-        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+        _add_rate(report, key, label, ck, _timed(lambda: _release(loader, checked(fn())), repeats))
 
     rate(
         "mem_ckpt_one",
@@ -357,6 +359,5 @@ def _rest_ranks(
         ("rest_tp_one", "REST: TP=2 split, one request (1 process)", one),
         ("rest_tp_per_rank", "REST: TP=2 split, each rank for itself (2 processes)", each),
     ):
-        report.add(BenchRow(key, label, gbps(ck, t), "GB/s"))
-        report.add(BenchRow(f"{key}_s", f"  time of {label}", t, "s"))
+        _add_rate(report, key, label, ck, t)
     report.compare("rest_tp_per_rank_s", "rest_tp_one_s", at_most=1.2)

@@ -114,31 +114,33 @@ class Transfer:
     ) -> IoReport:
         """Read every ``(file_offset, nbytes, dst_offset)`` of ``segments`` into ``dst``.
 
-        A local file reads them one after the other (each a transfer); a remote one hands
-        them all to :meth:`RemoteReads.read`, which fetches them concurrently.
+        A remote file hands them all to :meth:`RemoteReads.read`, which fetches them
+        concurrently; several hot ranges of a local file into GPU memory go to KvikIO's pool
+        at once; anything else reads them one after the other (each a transfer).
         """
         if isinstance(file, RemoteFile):
             return self.remote.read(file, dst, segments)
         if self._pooled and len(segments) > 1 and not isinstance(file, CopyFile):
-            return self._pooled_many(file, fd, dst, segments)
+            report = self._pooled_many(file, fd, dst, segments)
+            if report is not None:
+                return report
         parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
         return merge_reports(file, parts)
 
     def _pooled_many(
         self, file: GdsFile, fd: int, dst: Any, segments: Sequence[Segment]
-    ) -> IoReport:
+    ) -> IoReport | None:
         """Many ranges of one local file into GPU memory, all at once on KvikIO's pool (see
-        :meth:`KvikioBackend.read_pooled_many`); counted as one transfer. Cold ranges (a page
-        cache probe of their span) go one by one instead, by :meth:`transfer`'s cold path."""
+        :meth:`KvikioBackend.read_pooled_many`); counted as one transfer. None, reading
+        nothing, where a page-cache probe of their span finds them cold: those go one by one
+        by :meth:`transfer`'s cold path."""
         lo = min(off for off, _, _ in segments)
         hi = max(off + n for off, n, _ in segments)
-        total = sum(n for _, n, _ in segments)
-        cold = hi - lo > _INLINE_MAX and (
+        if hi - lo > _INLINE_MAX and (
             _pagecache.residency(fd, lo, hi - lo) < self._config.cold_threshold
-        )
-        if cold:
-            parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
-            return merge_reports(file, parts)
+        ):
+            return None
+        total = sum(n for _, n, _ in segments)
         io = self._config.io_for(file.tier, file.rank)
         started = self._stats.begin(file.io_path, file.tier_key, "page_cache")
         ok = False

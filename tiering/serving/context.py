@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from tiering.catalog import FileRecord, FileState
 from tiering.engine import Engine
@@ -26,7 +27,7 @@ from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation
 from tiering.serving.residency import Residency
 
-__all__ = ["LoadContext", "fill"]
+__all__ = ["LoadContext", "fill", "flat"]
 
 log = logging.getLogger(__name__)
 
@@ -233,12 +234,21 @@ class LoadContext:
                 log.exception("load observer failed")
 
 
-def fill(storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, n: int) -> IoReport:
-    """Read ``n`` bytes of ``f`` from ``offset`` into the buffer attached to ``res``."""
-    assert res.buffer is not None
+def fill(
+    storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, n: int, at: int = 0
+) -> IoReport:
+    """Read ``n`` bytes of ``f`` from ``offset`` into the buffer attached to ``res``, from
+    its byte ``at``."""
     if n == 0:
         return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
     with storage.device.current():
-        report = storage.load_to_gpu(f, offset, res.buffer.array()[:n])
+        report = storage.load_to_gpu(f, offset, flat(res, at + n)[at:])
+        assert res.buffer is not None
         res.buffer.synchronize()  # the client may read as soon as it has the reply
     return report
+
+
+def flat(res: Reservation, n: int) -> Any:
+    """The first ``n`` bytes of the buffer attached to ``res``, as a flat uint8 array."""
+    assert res.buffer is not None
+    return res.buffer.array()[:n]

@@ -19,19 +19,20 @@ nothing and leaves nothing leased.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from tiering.errors import FileChanged
-from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
+from tiering.io import Device, GdsFile
 from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.buffers import alloc_size
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
-from tiering.serving.context import LoadContext
+from tiering.serving.context import LoadContext, fill, flat
 from tiering.serving.devices import parse_devices
 from tiering.serving.leases import Lease, Reservation
 from tiering.serving.loads import load_one
@@ -107,17 +108,15 @@ def replicate_range(
             parts = split(n, len(devs))
             started = time.perf_counter()
             calls = [
-                (s, f, offset + lo, res, lo, hi)
+                (s, f, offset + lo, res, hi - lo, lo)
                 for s, (f, _), res, (lo, hi) in zip(storages, opened, reserved, parts, strict=True)
             ]
-            reads = storages[0]._fan_out(_fill_part, calls)
-            all_gather([(d, _flat(r, n)) for d, r in zip(devs, reserved, strict=True)], parts)
+            reads = storages[0]._fan_out(fill, calls)
+            all_gather([(d, flat(r, n)) for d, r in zip(devs, reserved, strict=True)], parts)
             seconds = time.perf_counter() - started
             out = []
             for d, res, read, (_f, file_id) in zip(devs, reserved, reads, opened, strict=True):
-                report = IoReport(
-                    n, read.io_path, read.tier, seconds, read.cold, read.engine, read.source
-                )
+                report = dataclasses.replace(read, nbytes=n, seconds=seconds)
                 lease = ctx.leases.grant(
                     res,
                     nbytes=n,
@@ -137,24 +136,6 @@ def replicate_range(
                 res.cancel()  # skips what was granted (see Reservation)
             ctx.leases.release_many([lease.id for lease in granted])
             raise
-
-
-def _fill_part(
-    storage: GpuDirectStorage, f: GdsFile, offset: int, res: Reservation, lo: int, hi: int
-) -> IoReport:
-    """One device's part ``[lo, hi)`` of a split load, read into the same place of its buffer."""
-    assert res.buffer is not None
-    if hi <= lo:
-        return IoReport(0, f.io_path, f.tier_key, 0.0, source=getattr(f, "source", "page_cache"))
-    with storage.device.current():
-        report = storage.load_to_gpu(f, offset, res.buffer.array()[lo:hi])
-        res.buffer.synchronize()
-    return report
-
-
-def _flat(res: Reservation, n: int) -> Any:
-    assert res.buffer is not None
-    return res.buffer.array()[:n]
 
 
 def replicate(
@@ -190,10 +171,7 @@ def replicate(
             others = _reserve(ctx, devs[1:], lease0.nbytes)
         n = lease0.nbytes
         src = lease0.buffer.array()[lease0.offset : lease0.offset + n]
-        targets = []
-        for d, res in zip(devs[1:], others, strict=True):
-            assert res.buffer is not None
-            targets.append((d, res.buffer.array()[:n]))
+        targets = [(d, flat(res, n)) for d, res in zip(devs[1:], others, strict=True)]
         tier = lease0.report.tier if lease0.report is not None else "copy"
         way = how or choose(devs, ctx.config.gpu_delivery)
         reports = fan_out(src, devs[0], targets, n, tier, way)

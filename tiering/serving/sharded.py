@@ -29,6 +29,7 @@ device's budget fails with nothing read and nothing left leased anywhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from tiering.io.sharding import (
     whole_range,
 )
 from tiering.serving.config import FileRef
-from tiering.serving.context import LoadContext
+from tiering.serving.context import LoadContext, flat
 from tiering.serving.devices import parse_devices
 from tiering.serving.leases import Lease, Reservation
 from tiering.serving.replicas import same_file
@@ -229,10 +230,10 @@ def _run(
                 [
                     PeerCopy(
                         devs[o],
-                        _flat(reserved[(o, i)], plans[o][i].nbytes),
+                        flat(reserved[(o, i)], plans[o][i].nbytes),
                         plans[o][i].pieces[j].at,
                         devs[k],
-                        _flat(reserved[(k, i)], plans[k][i].nbytes),
+                        flat(reserved[(k, i)], plans[k][i].nbytes),
                         plans[k][i].pieces[j].at,
                         plans[k][i].pieces[j].part.nbytes,
                     )
@@ -244,19 +245,17 @@ def _run(
         if how == "split":
             for i in shards:
                 n = plans[0][i].nbytes
-                all_gather([(d, _flat(reserved[(k, i)], n)) for k, d in enumerate(devs)], parts[i])
+                all_gather([(d, flat(reserved[(k, i)], n)) for k, d in enumerate(devs)], parts[i])
         if how == "split" or owners:
             seconds = time.perf_counter() - started
             for (k, i), rep in reports.items():
-                reports[(k, i)] = IoReport(
-                    plans[k][i].nbytes, rep.io_path, rep.tier, seconds, rep.cold, rep.engine,
-                    rep.source,
-                )  # fmt: skip
+                n = plans[k][i].nbytes
+                reports[(k, i)] = dataclasses.replace(rep, nbytes=n, seconds=seconds)
         elif how == "host":  # from the first device to the others
             for i in shards:
                 n = plans[0][i].nbytes
-                targets = [(devs[k], _flat(reserved[(k, i)], n)) for k in range(1, len(devs))]
-                reps = fan_out(_flat(reserved[(0, i)], n), devs[0], targets, n, "copy", "host")
+                targets = [(devs[k], flat(reserved[(k, i)], n)) for k in range(1, len(devs))]
+                reps = fan_out(flat(reserved[(0, i)], n), devs[0], targets, n, "copy", "host")
                 for k, rep in enumerate(reps, start=1):
                     reports[(k, i)] = rep
         out = []
@@ -294,11 +293,6 @@ def _owners(plans: list[list[_Plan]], shards: list[int]) -> dict[tuple[int, int]
     return owners
 
 
-def _flat(res: Reservation, n: int) -> Any:
-    assert res.buffer is not None
-    return res.buffer.array()[:n]
-
-
 def _read_plan(
     storage: GpuDirectStorage,
     f: GdsFile,
@@ -322,7 +316,7 @@ def _read_pieces(
     window: tuple[int, int] | None,
     skip: frozenset[int],
 ) -> IoReport:
-    buf = _flat(res, plan.nbytes)
+    buf = flat(res, plan.nbytes)
     reads: list[tuple[int, int, int]] = []
     cuts: list[_Piece] = []
     for j, p in enumerate(plan.pieces):
