@@ -37,8 +37,8 @@ test: $(BIN)/tierd
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: $(BIN)/tierd
-	$(BIN)/ruff check app tiering tierd_client tests migrations
-	$(BIN)/ruff format --check app tiering tierd_client tests migrations
+	$(BIN)/ruff check app tiering tierd_client tierd_bench tests migrations
+	$(BIN)/ruff format --check app tiering tierd_client tierd_bench tests migrations
 	$(BIN)/mypy
 
 gpu-test: $(BIN)/tierd

@@ -299,9 +299,9 @@ def stat(
     out.print(table)
 
 
-from app.cli_bench import bench_cli as _bench_cli  # noqa: E402
 from app.cli_models import register as _register_models  # noqa: E402
 from app.cli_tiering import register as _register_tiering  # noqa: E402
+from tierd_bench.cli import bench_cli as _bench_cli  # noqa: E402
 
 _register_tiering(cli, sys.modules[__name__])
 _register_models(cli, sys.modules[__name__])

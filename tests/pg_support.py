@@ -1,6 +1,6 @@
 """A real PostgreSQL for the tests: Debian's server (``/usr/lib/postgresql/<v>/bin``) in a temp
 directory on a free loopback port, for the whole session, and a fresh database per test. The
-server itself is :class:`tiering.bench._postgres.PgServer`, which ``tierd bench catalog`` starts
+server itself is :class:`tierd_bench._postgres.PgServer`, which ``tierd bench catalog`` starts
 the same way.
 
 initdb refuses to run as root, so as root the server runs as the ``postgres`` user (``setpriv``,
@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tiering.bench._postgres import PgServer, find_bindir, why_no_postgresql
+from tierd_bench._postgres import PgServer, find_bindir, why_no_postgresql
 
 __all__ = [
     "BACKENDS",

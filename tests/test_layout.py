@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "tiering", "tierd_client")
+PACKAGES = ("app", "tiering", "tierd_client", "tierd_bench")
 MAX_LINES = 500
 
 # Rooms of ``tiering`` from the bottom up. A module may import its own room and rooms of a
@@ -32,11 +32,14 @@ RANKS: dict[str, int] = {
     "tiering.sync": 5,
     "tiering.placement": 5,
     "tiering.fleet": 5,
+    # Caches of bytes whose authority is elsewhere: they carry out placement's decisions.
+    "tiering.copies": 5.5,
     "tiering.engine": 6,
     "tiering.serving": 7,
-    "tiering.bench": 8,
+    # The benchmark harness: its own package above the library, which never imports it.
+    "tierd_bench": 8,
     # The client: above the data path whose buffer hand-off it shares, below everything that
-    # needs the server's dependencies. ``tiering.bench`` drives it for the REST benchmark.
+    # needs the server's dependencies. ``tierd_bench`` drives it for the REST benchmark.
     "tierd_client": 3.5,
 }
 # What the client may reach in ``tiering``: the buffer hand-off and dtypes of ``tiering.io``,
@@ -158,3 +161,16 @@ def test_engine_and_client_never_import_the_web_stack(module: str) -> None:
     assert not third_party & set(SERVER_ONLY[:3]), f"{module} imports {third_party}"
     if module.startswith("tierd_client") or _room(module) in CLIENT_MAY_IMPORT:
         assert not third_party & set(SERVER_ONLY), f"{module} imports {third_party}"
+
+
+def test_the_library_never_imports_the_bench() -> None:
+    # The bench ships as its own package (``tierd bench`` loads it): tiering and the client
+    # stay free of its harness and peers.
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m in MODULES
+        if m.startswith(("tiering", "tierd_client"))
+        for t in _graph()[m]
+        if _room(t) == "tierd_bench"
+    )
+    assert not wrong, wrong

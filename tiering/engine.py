@@ -18,6 +18,7 @@ from tiering.catalog import Catalog, CatalogLock, Copies, Database, FileRecord, 
 from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
+from tiering.copies import HostCopies, MemoryCache
 from tiering.errors import FileNotFound, NotFound, Unavailable
 from tiering.fleet import Heartbeat, adopt_local_records, host_database
 from tiering.moves import (
@@ -37,7 +38,6 @@ from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
     Decision,
-    MemoryCache,
     PassReport,
     PlannedMove,
     Policy,
@@ -51,7 +51,6 @@ from tiering.placement import (
     tier_infos,
     tier_states,
 )
-from tiering.placement.hostcopies import HostCopies
 from tiering.sync import ScanReport, TierWatcher, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import validate_relpath

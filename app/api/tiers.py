@@ -11,7 +11,7 @@ from app.api.deps import EngineDep
 from app.api.responses import ADMIN, BUSY, DATA, INVALID
 from app.auth import require_admin, require_data
 from app.schemas import TierOut
-from tiering.placement import MemoryCache
+from tiering.copies import MemoryCache
 
 router = APIRouter(prefix="/v1", tags=["tiers"])
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.pg_support import PgServer
-from tiering.bench.catalog import run
+from tierd_bench.catalog import run
 
 from .test_report import assert_shared_shape
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiering.bench import parse_size, render
-from tiering.bench.data_path import run_bench
+from tierd_bench import parse_size, render
+from tierd_bench.data_path import run_bench
 
 from .test_report import assert_shared_shape
 

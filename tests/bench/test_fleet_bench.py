@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.pg_support import PgServer
-from tiering.bench.fleet import SAMPLE, FleetBenchUnavailable, _write_shard, run
+from tierd_bench.fleet import SAMPLE, FleetBenchUnavailable, _write_shard, run
 
 from .test_report import assert_shared_shape
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from tiering.bench.memory import run
+from tierd_bench.memory import run
 
 
 def test_memory_bench_measures_each_path_on_cpu() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("safetensors")
 
-from tiering.bench.models import run  # noqa: E402
+from tierd_bench.models import run  # noqa: E402
 
 
 def test_models_bench_measures_both_and_checks_bytes() -> None:

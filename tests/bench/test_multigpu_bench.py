@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from tiering.bench.multigpu import run
+from tierd_bench.multigpu import run
 
 
 def _gpus() -> int:

@@ -19,16 +19,16 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from tiering.bench import _nginx, _origin, _runai
-from tiering.bench._objrun import (
+from tierd_bench import _nginx, _origin, _runai
+from tierd_bench._objrun import (
     BytesMismatch,
     check_bytes,
     checksum_of_file,
     cpu_of,
     write_source,
 )
-from tiering.bench._s3peers import SWEEP
-from tiering.bench.objectstore import OriginUnavailable, run
+from tierd_bench._s3peers import SWEEP
+from tierd_bench.objectstore import OriginUnavailable, run
 
 from .test_cli_bench import run_to_json
 
@@ -182,7 +182,7 @@ def test_a_result_with_other_bytes_stops_the_bench(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The source's checksum is replaced by a wrong one: the first result checked must fail.
-    import tiering.bench.objectstore as objectstore
+    import tierd_bench.objectstore as objectstore
 
     def wrong(path: Path, size: int) -> str:
         write_source(path, size)

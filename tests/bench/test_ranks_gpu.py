@@ -1,4 +1,4 @@
-"""``tiering.bench._ranks``: one request for every rank against one worker process per rank,
+"""``tierd_bench._ranks``: one request for every rank against one worker process per rank,
 through a real tierd server. The measure needs two GPUs; its import and its refusals don't."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.bench._ranks import per_rank_processes
+from tierd_bench._ranks import per_rank_processes
 
 
 def _gpus() -> int:
@@ -25,7 +25,7 @@ def test_imports_without_cuda() -> None:
     # Worker processes and the bench's command line import the module; neither may pay for
     # (or need) torch or CUDA until a measure runs.
     code = (
-        "import sys, tiering.bench._ranks; "
+        "import sys, tierd_bench._ranks; "
         "bad = {'torch', 'cupy', 'kvikio'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tiering.bench import BenchRow, Report, format_size, print_report, render, write_json
-from tiering.bench._measure import percentile
+from tierd_bench import BenchRow, Report, format_size, print_report, render, write_json
+from tierd_bench._measure import percentile
 
 ROW_KEYS = {f.name for f in dataclasses.fields(BenchRow)}
 
@@ -106,10 +106,10 @@ def test_format_size(nbytes: int, text: str) -> None:
 
 
 def test_importing_the_package_stays_light() -> None:
-    # The CLI imports tiering.bench to register its commands: that must not pull in the data
+    # The CLI imports tierd_bench to register its commands: that must not pull in the data
     # path, the engine, CUDA libraries or the server.
     code = (
-        "import sys, tiering.bench; "
+        "import sys, tierd_bench; "
         "heavy = [m for m in ('tiering.io', 'tiering.engine', 'cupy', 'torch', 'kvikio', "
         "'fastapi', 'uvicorn', 'sqlalchemy', 'tierd_client') if m in sys.modules]; "
         "print(heavy)"

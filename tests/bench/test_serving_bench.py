@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from tiering.bench.serving import KINDS, run
+from tierd_bench.serving import KINDS, run
 
 from .test_cli_bench import run_to_json
 

@@ -16,8 +16,8 @@ from tests.conftest import make_settings
 from tests.s3 import REGION
 from tiering.catalog import Copies
 from tiering.config import EngineConfig
+from tiering.copies.hostcopies import HostCopies
 from tiering.engine import Engine
-from tiering.placement.hostcopies import HostCopies
 
 KiB = 1 << 10
 HL = 1000.0  # the policies' half-life: a test's few seconds decay heat by well under 1 %

@@ -46,9 +46,9 @@ from tests.helpers import checksum, put
 from tests.pg_support import PgServer
 from tests.s3 import REGION
 from tiering.catalog import Copies, FileRecord, FileState, MigrationPhase
+from tiering.copies.hostcopies import HostCopies
 from tiering.engine import Engine
 from tiering.errors import AlreadyExists, Conflict, NotFound, TierdError
-from tiering.placement.hostcopies import HostCopies
 from tiering.tiers.paths import RESERVED_DIR, is_temp_name
 
 HOSTS = ("host-a", "host-b")

@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import make_settings
 from tests.s3 import REGION
 from tiering.catalog import Copies
+from tiering.copies.hostcopies import HostCopies
 from tiering.engine import Engine
 from tiering.errors import Conflict, InsufficientSpace
-from tiering.placement.hostcopies import HostCopies
 
 KiB = 1 << 10
 

@@ -4,7 +4,7 @@
 What each host's tiers are comes from its own heartbeat report; where a file is comes from
 the file's record (its tier, and the host whose own tier that is when it is host-local) and
 from the copies table (cached copies in a host's memory tier, or on one of its directory
-tiers: a copy of a shared file, see :mod:`tiering.placement.hostcopies`). A file on a shared
+tiers: a copy of a shared file, see :mod:`tiering.copies.hostcopies`). A file on a shared
 tier (an object store) is held by every host that has that tier, as its coldest place.
 """
 

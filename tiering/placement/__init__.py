@@ -1,13 +1,12 @@
 """Placement: which tier each file belongs on. Access counting (heat), the policy and its planner
-(a pure function: moves and their reasons), and the scheduler that submits planned moves; the
-memory tier's cache planner (also pure) and :class:`MemoryCache`, which runs its fills and drops
-against the catalog."""
+(a pure function: moves and their reasons), and the scheduler that submits planned moves; and the
+memory tier's cache planner (also pure). Decisions only: the caches that carry them out live in
+:mod:`tiering.copies`."""
 
 from tiering.placement.access import AccessTracker
 from tiering.placement.cache import CachedCopy, CacheDrop, CacheFill, CachePlan, plan_cache
 from tiering.placement.current import CurrentPolicy, PolicyInfo
 from tiering.placement.explain import Decision, Reason, decide, plan
-from tiering.placement.memory import CachePassReport, MemoryCache
 from tiering.placement.policy import (
     FileView,
     PlannedMove,
@@ -24,10 +23,8 @@ __all__ = [
     "AccessTracker",
     "CacheDrop",
     "CacheFill",
-    "CachePassReport",
     "CachePlan",
     "CachedCopy",
-    "MemoryCache",
     "memory_rule",
     "plan_cache",
     "Decision",

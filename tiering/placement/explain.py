@@ -91,7 +91,7 @@ def decide(
     Arguments otherwise as for :func:`tiering.placement.policy.plan`. The files of a model get
     one decision between them (see the module docstring); ``Decision.heat`` is then the
     model's. ``origins``: tiers whose files never leave them (a fleet's shared tier, see
-    :mod:`tiering.placement.hostcopies`); a unit with a file there stays, reason ``origin``.
+    :mod:`tiering.copies.hostcopies`); a unit with a file there stays, reason ``origin``.
     ``local``: this host's heat of files on shared tiers, which is their heat here when policy
     ``promotion_heat`` is ``local`` (see :func:`tiering.placement.fleetheat.heat_for_promotion`).
     """

@@ -208,7 +208,7 @@ class LoadContext:
 
     def _open_disk_copy(self, file_id: int, storage: GpuDirectStorage) -> GdsFile | None:
         """This host's current copy of a fleet's origin file on one of its directory tiers
-        (see :mod:`tiering.placement.hostcopies`), opened for ``storage`` as a file of that
+        (see :mod:`tiering.copies.hostcopies`), opened for ``storage`` as a file of that
         tier (its I/O path, its source rules); counts one access. None: no current copy."""
         hc = self.engine.host_copies
         assert hc is not None

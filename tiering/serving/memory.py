@@ -11,10 +11,10 @@ it) and marks its use, until the load releases it.
 from __future__ import annotations
 
 from tiering.catalog import FileRecord
+from tiering.copies import MemoryCache
 from tiering.engine import Engine
 from tiering.errors import TierdError
 from tiering.io import Device
-from tiering.placement import MemoryCache
 from tiering.serving.held import Held, still_current
 
 __all__ = ["MemoryHolder"]

@@ -6,7 +6,7 @@ copy). ``nvme`` promotes them to the fastest tier through the mover (parallel ra
 a temp file, hashed, published). ``page_cache`` has no cache to warm for an object: such a
 file is promoted to the nearest faster local tier instead (see :func:`_prefetch_page_cache`).
 On a catalog several hosts share, the object store is the fleet's origin and both targets
-make a copy on this host's tier instead of a move (see :mod:`tiering.placement.hostcopies`).
+make a copy on this host's tier instead of a move (see :mod:`tiering.copies.hostcopies`).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def _prefetch_gpu(
 def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
     """Move ``rec`` to ``to_tier`` through the mover (one access counted), its copied bytes
     reported as the job's progress; a file already there is done at once. A fleet's origin
-    file (see :mod:`tiering.placement.hostcopies`) is copied there instead, kept at least
+    file (see :mod:`tiering.copies.hostcopies`) is copied there instead, kept at least
     the lease TTL whatever its heat."""
     base = job.bytes_done
     hc = ctx.engine.host_copies

@@ -26,7 +26,7 @@ MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux filesystems
 MAX_DEPTH = 64
 TEMP_SUFFIX = ".tierd-tmp"
 #: The top-level directory of a tier root where tierd keeps this host's copies of files whose
-#: origin is a shared tier (see tiering.placement.hostcopies): never a file of the tier.
+#: origin is a shared tier (see tiering.copies.hostcopies): never a file of the tier.
 RESERVED_DIR = ".tierd-copies"
 # Every temp file tierd creates: ".<anything>.tierd-tmp". Nothing else is ever deleted as a temp.
 _TEMP_RE = re.compile(r"^\.[A-Za-z0-9_.-]+\.tierd-tmp$")

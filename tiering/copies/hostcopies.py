@@ -46,18 +46,7 @@ from pathlib import Path
 
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
 from tiering.catalog.db import Database
-from tiering.errors import (
-    Conflict,
-    FileBusy,
-    FileChanged,
-    InsufficientSpace,
-    IntegrityError,
-    InvalidInput,
-    StorageError,
-)
-from tiering.moves import Content, FileOps, RateLimiter
-from tiering.periodic import Periodic
-from tiering.placement.copyfiles import (
+from tiering.copies.copyfiles import (
     CopyEntry,
     CopyPassReport,
     CopySource,
@@ -70,7 +59,18 @@ from tiering.placement.copyfiles import (
     unlink,
     write_temp,
 )
-from tiering.placement.copyplan import CopyPasses
+from tiering.copies.copyplan import CopyPasses
+from tiering.errors import (
+    Conflict,
+    FileBusy,
+    FileChanged,
+    InsufficientSpace,
+    IntegrityError,
+    InvalidInput,
+    StorageError,
+)
+from tiering.moves import Content, FileOps, RateLimiter
+from tiering.periodic import Periodic
 from tiering.placement.fleetheat import LocalHeat, local_heat
 from tiering.placement.policy import Policy
 from tiering.tiers import FillCancelled, Tier, Tiers

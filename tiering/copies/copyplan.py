@@ -1,4 +1,4 @@
-"""The copy planner's pass of :class:`~tiering.placement.hostcopies.HostCopies` (a mixin):
+"""The copy planner's pass of :class:`~tiering.copies.hostcopies.HostCopies` (a mixin):
 per directory tier, fastest first, which origin files to copy there and which copies to drop,
 by :func:`~tiering.placement.cache.plan_cache` over the room the tier's own files leave."""
 
@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from tiering.catalog import Catalog, FileRecord
+from tiering.copies.copyfiles import CopyEntry, CopyPassReport, copy_heat
 from tiering.errors import (
     FileBusy,
     FileChanged,
@@ -19,14 +20,13 @@ from tiering.errors import (
     StorageError,
 )
 from tiering.placement.cache import CachedCopy, CachePlan, plan_cache
-from tiering.placement.copyfiles import CopyEntry, CopyPassReport, copy_heat
 from tiering.placement.fleetheat import local_heat
 from tiering.placement.policy import Policy
 from tiering.tiers import FillCancelled, Tier
 
 __all__ = ["CopyPasses"]
 
-log = logging.getLogger("tiering.placement.hostcopies")
+log = logging.getLogger("tiering.copies.hostcopies")
 
 
 class CopyPasses:

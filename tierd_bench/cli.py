@@ -1,4 +1,4 @@
-"""``tierd bench``: one command for every benchmark; the measuring is :mod:`tiering.bench`.
+"""``tierd bench``: one command for every benchmark; the measuring is :mod:`tierd_bench`.
 
 ``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
 ``tierd bench access|mover|rest|serving|models|object-store|catalog|fleet`` run the others
@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from tiering.bench import Report, format_size, parse_size, print_report, progress, write_json
+from tierd_bench import Report, format_size, parse_size, print_report, progress, write_json
 
 __all__ = ["bench_cli"]
 
@@ -187,7 +187,7 @@ def bench_data(
     json_path: JsonOpt = None,
 ) -> None:
     """Files into GPU (or host) memory: ceilings, baselines, peers and tierd, in one run."""
-    from tiering.bench.data_path import run_bench
+    from tierd_bench.data_path import run_bench
 
     report = run_bench(
         _size(size, minimum=1 << 20),
@@ -216,7 +216,7 @@ def bench_access(
     json_path: JsonOpt = None,
 ) -> None:
     """Access ingest: accesses counted per second, and a read's latency meanwhile."""
-    from tiering.bench.access import measure_access_ingest
+    from tierd_bench.access import measure_access_ingest
 
     report = measure_access_ingest(files, accesses, reads, repeats, say=progress())
     _finish(report, json_path)
@@ -241,7 +241,7 @@ def bench_mover(
     json_path: JsonOpt = None,
 ) -> None:
     """Migrations: tierd's copy path and whole move against cp + sync (+ rm), both ways."""
-    from tiering.bench.mover import run
+    from tierd_bench.mover import run
 
     nbytes = _size(size)
     for name, path in (("--src", src), ("--dst", dst)):
@@ -265,7 +265,7 @@ def bench_rest(
     json_path: JsonOpt = None,
 ) -> None:
     """Loads over REST from a client process against tiering.io in-process."""
-    from tiering.bench.rest import run
+    from tierd_bench.rest import run
 
     report = run(_size(size, minimum=4096), device, repeats=repeats, small=small, say=progress())
     _finish(report, json_path)
@@ -297,7 +297,7 @@ def bench_serving(
     json_path: JsonOpt = None,
 ) -> None:
     """Requests over REST at idle and while files move between tiers: p50/p99, rate, ratios."""
-    from tiering.bench.serving import run
+    from tierd_bench.serving import run
 
     report = run(
         duration,
@@ -323,7 +323,7 @@ def bench_models(
     json_path: JsonOpt = None,
 ) -> None:
     """One model load over REST against its shards loaded one request at a time."""
-    from tiering.bench.models import run
+    from tierd_bench.models import run
 
     nbytes = _size(size, minimum=shards << 20)
     report = run(nbytes, device, shards=shards, repeats=repeats, say=progress())
@@ -340,7 +340,7 @@ def bench_memory(
     json_path: JsonOpt = None,
 ) -> None:
     """Loads from the memory tier and from GPU-resident copies against the page cache."""
-    from tiering.bench.memory import run
+    from tierd_bench.memory import run
 
     report = run(_size(size, minimum=1 << 20), device, repeats=repeats, say=progress())
     _finish(report, json_path)
@@ -353,7 +353,7 @@ def bench_multi_gpu(
     json_path: JsonOpt = None,
 ) -> None:
     """One storage read filling 2 GPUs, and TP=2 slices to their GPUs (needs 2 GPUs)."""
-    from tiering.bench.multigpu import run
+    from tierd_bench.multigpu import run
 
     try:
         report = run(_size(size, minimum=64 << 20), repeats=repeats, say=progress())
@@ -381,7 +381,7 @@ def bench_object_store(
 ) -> None:
     """The object-store tier against S3 clients: promotion, demotion, loads into cuda and cpu
     (in process and over REST), 4 KiB reads, serving while it streams, adoption."""
-    from tiering.bench.objectstore import OriginUnavailable, run
+    from tierd_bench.objectstore import OriginUnavailable, run
 
     nbytes, cap = _size(size, minimum=1 << 20), _rate(rate)
     try:
@@ -423,8 +423,8 @@ def bench_catalog(
     json_path: JsonOpt = None,
 ) -> None:
     """Catalog writes per second: SQLite against PostgreSQL, and several hosts on PostgreSQL."""
-    from tiering.bench._postgres import NoScratchDatabase
-    from tiering.bench.catalog import CatalogBenchUnavailable, run
+    from tierd_bench._postgres import NoScratchDatabase
+    from tierd_bench.catalog import CatalogBenchUnavailable, run
 
     try:
         report = run(seconds, runs, hosts, catalog_url, say=progress())
@@ -464,7 +464,7 @@ def bench_fleet(
     json_path: JsonOpt = None,
 ) -> None:
     """A model onto every host: one fleet prefetch against one prefetch per host by hand."""
-    from tiering.bench.fleet import FleetBenchFailed, FleetBenchUnavailable, run
+    from tierd_bench.fleet import FleetBenchFailed, FleetBenchUnavailable, run
 
     nbytes = _size(size, minimum=shards * 16 << 10)
     try:

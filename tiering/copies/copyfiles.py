@@ -1,4 +1,4 @@
-"""The files of :mod:`tiering.placement.hostcopies`: names, the temp a fill writes, the sweep
+"""The files of :mod:`tiering.copies.hostcopies`: names, the temp a fill writes, the sweep
 of a copies directory at reconcile, and the source a copy is read through."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from .rest import server_process
 __all__ = ["per_rank_processes"]
 
 #: What a worker process runs: :func:`._rankworker.main`, typed and linted, not code in a string.
-WORKER_SRC = "import sys; from tiering.bench._rankworker import main; main(sys.argv[1])"
+WORKER_SRC = "import sys; from tierd_bench._rankworker import main; main(sys.argv[1])"
 _TIMEOUT_S = 600.0  # one reply: a cold worker's torch import, or a load of a large checkpoint
 # Above the checkpoint's bytes: each tensor is aligned in its buffer, and each buffer is
 # allocated in 2 MiB granules.
