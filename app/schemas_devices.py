@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.schemas_loads import LeaseOut, TensorOut
-from tiering.serving.replicas import Replica
-from tiering.serving.sharded import DeviceLoaded
+from app.schemas_loads import LeaseOut, SafetensorsOut, TensorOut
+from tiering.serving import DeviceLoaded, LoadTarget, Replica
 
-__all__ = ["DeviceTensorsOut", "DevicesTensorsOut", "ReplicaOut", "ReplicasOut", "SliceOut"]
+__all__ = [
+    "DeviceTensorsOut",
+    "DevicesTensorsOut",
+    "ReplicaOut",
+    "ReplicasOut",
+    "SliceOut",
+    "tensors_out",
+]
 
 _DELIVERY = Field(
     description="How the device got its bytes: read (from storage, a held copy or the page "
@@ -85,3 +91,11 @@ class DevicesTensorsOut(BaseModel):
     @classmethod
     def of(cls, loads: list[DeviceLoaded]) -> DevicesTensorsOut:
         return cls(devices=[DeviceTensorsOut.of(d) for d in loads])
+
+
+def tensors_out(
+    target: LoadTarget, loads: list[DeviceLoaded]
+) -> SafetensorsOut | DevicesTensorsOut:
+    """The reply of a safetensors or model load: one entry per device where the target named
+    several (or a sharding), else the single-device reply."""
+    return DevicesTensorsOut.of(loads) if target.many else SafetensorsOut.of(loads[0].loaded)

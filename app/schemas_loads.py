@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from app.api.responses import MAX_ID
 from app.schemas import iso
-from tiering.serving import FileRef, Job, Lease, TensorsLoaded
+from tiering.io.target import ALL_GPUS, MAX_DEVICES
+from tiering.serving import FileRef, Job, Lease, LoadTarget, TensorsLoaded
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = [
@@ -25,9 +26,11 @@ __all__ = [
     "RenewRequest",
     "SHARED_DOC",
     "ShardRuleIn",
+    "ShardedTargetIn",
     "ShardingIn",
     "SafetensorsOut",
     "SafetensorsRequest",
+    "TargetIn",
     "TensorOut",
     "lease_json",
 ]
@@ -37,20 +40,8 @@ _DEVICE = Field(default="cpu", max_length=32, description="cpu or cuda:N")
 _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
 
 
-def _devices() -> Any:
-    return Field(
-        default=None,
-        min_length=1,
-        max_length=64,
-        description="Several devices instead of device: cuda:N each, or cuda:* for every GPU "
-        "of the host (cpu only alone). Storage is read once; the other GPUs get the bytes by "
-        "peer copy, or from one pinned host staging buffer where peer access is off. The "
-        "reply then has one buffer per device (see each one's delivery); a budget overrun on "
-        "any device is a 507 with nothing leased on the others.",
-    )
-
-
 DeviceName = Annotated[str, Field(min_length=1, max_length=32)]
+DeviceList = Annotated[list[DeviceName], Field(min_length=1, max_length=MAX_DEVICES)]
 
 
 class ShardRuleIn(BaseModel):
@@ -81,11 +72,6 @@ class ShardingIn(BaseModel):
         return self.model_dump()
 
 
-def _not_both(req: BaseModel) -> None:
-    if getattr(req, "devices", None) is not None and "device" in req.model_fields_set:
-        raise ValueError("give device or devices, not both")
-
-
 SHARED_DOC = (
     "Read-only contract: the caller promises never to write the buffer (inference weights). "
     "In return, what the load asks for that is already resident on the device (another "
@@ -98,6 +84,69 @@ SHARED_DOC = (
     "interface and DLPack (1.0+) read-only; torch and CuPy cannot refuse writes, which would "
     "change every sharer's bytes. A file that changed is never served from an older copy."
 )
+
+
+class TargetIn(BaseModel):
+    """Where a load goes: ``device``, or ``devices``. The handler builds the
+    :class:`~tiering.io.target.LoadTarget` once (:meth:`target`) and passes it down."""
+
+    device: str = _DEVICE
+    devices: DeviceList | DeviceName | None = Field(
+        default=None,
+        description=f"Several devices instead of device: cuda:N each, or {ALL_GPUS} (a list "
+        "of one, or the string) for every GPU of the host; cpu only alone, and a string names "
+        "one device. Storage is read once; the other GPUs get the bytes by peer copy, or "
+        "from one pinned host staging buffer where peer access is off. The reply then has "
+        "one entry per device (see each one's delivery); a budget overrun on any device is a "
+        "507 with nothing leased on the others.",
+    )
+
+    @model_validator(mode="after")
+    def _device_or_devices(self) -> Any:
+        if self.devices is not None and "device" in self.model_fields_set:
+            raise ValueError("give device or devices, not both")
+        return self
+
+    def target(self) -> LoadTarget:
+        """The request's target, parsed (422 for a device or sharding that is wrong)."""
+        return LoadTarget.parse(**self._where())
+
+    def _where(self) -> dict[str, Any]:
+        return {"device": self.device if self.devices is None else None, "devices": self.devices}
+
+
+class ShardedTargetIn(TargetIn):
+    """A target that may shard safetensors tensors: ``sharding`` and ``rank`` besides."""
+
+    sharding: ShardingIn | None = Field(
+        default=None,
+        description="Tensor-parallel split: each rank's device gets only its slices (422 for "
+        "a pattern that matches nothing when strict, a dimension out of range, a world size "
+        "larger than the dimension)",
+    )
+    rank: int | None = Field(
+        default=None,
+        ge=0,
+        le=1023,
+        description="With sharding: load this rank only, into device (or the one of devices); "
+        "without it every rank is loaded, devices listing one device per rank",
+    )
+
+    shared: StrictBool = Field(
+        default=False,
+        description="Per shard: a shard whose selected tensors are resident on the device is "
+        "handed out again, its allocation and layout as they are. " + SHARED_DOC,
+    )
+
+    @model_validator(mode="after")
+    def _shared_alone(self) -> Any:
+        if self.shared and (self.devices is not None or self.sharding is not None):
+            raise ValueError("shared loads take one device and no sharding")
+        return self
+
+    def _where(self) -> dict[str, Any]:
+        sharding = None if self.sharding is None else self.sharding.spec()
+        return {**super()._where(), "sharding": sharding, "rank": self.rank}
 
 
 def _shared() -> Any:
@@ -134,21 +183,18 @@ class _OneFile(BaseModel):
         return self.file_id if self.file_id is not None else str(self.path)
 
 
-class LoadRequest(_OneFile):
+class LoadRequest(_OneFile, TargetIn):
     offset: int = Field(default=0, ge=0, description="Byte offset in the file")
     length: int | None = Field(default=None, ge=0, description="Bytes; default to the end")
-    device: str = _DEVICE
     dtype: str = Field(default="uint8", max_length=32, description="NumPy dtype of the items")
     shape: list[int] | None = Field(
         default=None, max_length=32, description="Shape of the items (one -1 allowed)"
     )
     ttl_s: float | None = _TTL
     shared: StrictBool = _shared()
-    devices: list[DeviceName] | None = _devices()
 
     @model_validator(mode="after")
-    def _device_or_devices(self) -> Any:
-        _not_both(self)
+    def _shared_alone(self) -> Any:
         if self.devices is not None and self.shared:
             raise ValueError("shared loads take one device")
         return self
@@ -196,57 +242,18 @@ class _ManyFiles(BaseModel):
         return list(self.file_ids) if self.file_ids is not None else list(self.paths or [])
 
 
-class SafetensorsRequest(_ManyFiles):
+class SafetensorsRequest(_ManyFiles, ShardedTargetIn):
     names: list[str] | None = Field(default=None, description="Tensors to load; default all")
-    device: str = _DEVICE
     ttl_s: float | None = _TTL
-    shared: StrictBool = Field(
-        default=False,
-        description="Per shard: a shard whose selected tensors are resident on the device is "
-        "handed out again, its allocation and layout as they are. " + SHARED_DOC,
-    )
-    devices: list[DeviceName] | None = _devices()
-    sharding: ShardingIn | None = Field(
-        default=None,
-        description="Tensor-parallel split: each rank's device gets only its slices (422 for "
-        "a pattern that matches nothing when strict, a dimension out of range, a world size "
-        "larger than the dimension)",
-    )
-    rank: int | None = Field(
-        default=None,
-        ge=0,
-        le=1023,
-        description="With sharding: load this rank only, into device (or the one of devices); "
-        "without it every rank is loaded, devices listing one device per rank",
-    )
-
-    @model_validator(mode="after")
-    def _device_or_devices(self) -> Any:
-        _not_both(self)
-        if self.shared and (self.devices is not None or self.sharding is not None):
-            raise ValueError("shared loads take one device and no sharding")
-        return self
-
-    @property
-    def multi(self) -> bool:
-        """Whether the reply is one entry per device (devices, sharding or rank given)."""
-        return self.devices is not None or self.sharding is not None or self.rank is not None
 
 
-class GatherRequest(_OneFile):
+class GatherRequest(_OneFile, TargetIn):
     dim: int = Field(ge=1, description="Items per row")
     dtype: str = Field(default="float32", max_length=32, description="NumPy dtype of the items")
     indices: list[int] | None = Field(default=None, description="Rows, in the order wanted")
     start: int | None = Field(default=None, ge=0, description="First row (with count)")
     count: int | None = Field(default=None, ge=0, description="Rows from start")
-    device: str = _DEVICE
     ttl_s: float | None = _TTL
-    devices: list[DeviceName] | None = _devices()
-
-    @model_validator(mode="after")
-    def _device_or_devices(self) -> Any:
-        _not_both(self)
-        return self
 
 
 class PrefetchRequest(_ManyFiles):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.schemas_loads import SHARED_DOC
+from app.schemas_loads import ShardedTargetIn
 from tiering.catalog import FileRecord
 from tiering.io import ModelLayout
 from tiering.serving import ModelInfo, ModelSummary
@@ -27,9 +27,10 @@ __all__ = [
 _TTL = Field(default=None, gt=0, description="Lease lifetime in seconds; default the server's")
 
 
-class ModelLoadRequest(BaseModel):
+class ModelLoadRequest(ShardedTargetIn):
     """What to load of a model, and where to; every field is optional (default: all of it,
-    into ``cpu``)."""
+    into ``cpu``). ``device``, ``devices``, ``sharding``, ``rank`` and ``shared`` as for
+    ``POST /v1/load/safetensors``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -41,13 +42,7 @@ class ModelLoadRequest(BaseModel):
         max_length=MAX_RELPATH_CHARS,
         description="Load the tensors whose names start with this (not with names)",
     )
-    device: str = Field(default="cpu", max_length=32, description="cpu or cuda:N")
     ttl_s: float | None = _TTL
-    shared: StrictBool = Field(
-        default=False,
-        description="Per shard: a shard whose selected tensors are resident on the device is "
-        "handed out again, its allocation and layout as they are. " + SHARED_DOC,
-    )
 
 
 class ModelPrefetchRequest(BaseModel):

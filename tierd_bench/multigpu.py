@@ -5,14 +5,15 @@ Files on the fastest storage tier, hot in the page cache; one in-process
 :class:`~tiering.serving.Loader`. Each row is a median of ``repeats`` (at least 3) after one
 warm-up; every lease is released before the next load. Rows and their targets:
 
-- **replicate**: a ``size`` byte file to ``cuda:0`` and ``cuda:1`` (``load_replicas``), against
-  the same file to one GPU: at most 1.15 × the time. The note says the delivery and the probe
-  it was chosen by (peer copy against staging through the host);
+- **replicate**: a ``size`` byte file to ``cuda:0`` and ``cuda:1`` (one ``load`` to a
+  two-GPU ``LoadTarget``), against the same file to one GPU: at most 1.15 × the time. The
+  note says the delivery and the probe it was chosen by (peer copy against staging through
+  the host);
 - **TP=2 one request**: a 4-shard bf16 checkpoint of ``size`` bytes split in two along dim 0
   (half to each GPU, ``rank=None``), against the full checkpoint to one GPU: at most 0.6 ×;
 - **replicate vs safetensors**: the checkpoint replicated to both GPUs by one
-  ``load_safetensors(devices=...)``, against ``safetensors.torch.load_file`` once per GPU:
-  at least 10 × faster;
+  ``load_safetensors`` to a two-GPU ``LoadTarget``, against ``safetensors.torch.load_file``
+  once per GPU: at least 10 × faster;
 - **dim 1, strided** and **dim 1, read + cut**: the TP=2 split along dim 1 with row segments
   above and below :data:`~tiering.serving.sharded.STRIDED_MIN_SEGMENT`, for choosing it;
 - **ceilings**: page cache → pinned host memory on every core, and pinned host memory → one
@@ -41,9 +42,14 @@ import numpy as np
 
 from tiering.config import EngineConfig, TierConfig
 from tiering.engine import Engine
+from tiering.io import LoadTarget
 
 from ._measure import GiB, MiB, format_size, free_gpu, gbps, gpu_name
 from ._report import BenchRow, Report, describe_device
+
+#: The TP=2 splits the rows measure: every tensor along dim 0, or along dim 1.
+_SPLIT0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
+_SPLIT1 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 1}]}
 
 __all__ = ["run"]
 
@@ -178,9 +184,10 @@ def _measure(
 
     from tiering.io import _fanout
 
-    two = ["cuda:0", "cuda:1"]
-    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
-    split1 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 1}]}
+    gpus = ["cuda:0", "cuda:1"]
+    two = LoadTarget.parse(devices=gpus)
+    split0 = LoadTarget.parse(devices=gpus, sharding=_SPLIT0)
+    split1 = LoadTarget.parse(devices=gpus, sharding=_SPLIT1)
 
     def rate(key: str, label: str, nbytes: int, fn: Callable[[], Any], note: str = "") -> None:
         say(label)
@@ -195,7 +202,7 @@ def _measure(
     how: list[str] = []
 
     def replicate() -> Any:
-        reps = loader.load_replicas(blob, devices=two)
+        reps = loader.load(blob, device=two)
         how[:] = [reps[-1].delivery]
         return reps
 
@@ -221,7 +228,7 @@ def _measure(
         "tp_one_request",
         "TP=2 split, one request",
         ck,
-        lambda: loader.load_safetensors(ckpt, devices=two, sharding=split0),
+        lambda: loader.load_safetensors(ckpt, device=split0),
     )
     report.compare("tp_one_request_s", "ckpt_one_s", at_most=0.6)
 
@@ -229,11 +236,11 @@ def _measure(
         "replicate_ckpt",
         "checkpoint replicated to 2 GPUs",
         2 * ck,
-        lambda: loader.load_safetensors(ckpt, devices=two),
+        lambda: loader.load_safetensors(ckpt, device=two),
     )
     paths = [str(root / "nvme" / p) for p in ckpt]
     say("safetensors.torch.load_file once per GPU")
-    t_st = _timed(lambda: [load_file(p, device=d) for d in two for p in paths], repeats)
+    t_st = _timed(lambda: [load_file(p, device=d) for d in gpus for p in paths], repeats)
     report.add(BenchRow("st_load_file", "load_file once per GPU", gbps(2 * ck, t_st), "GB/s"))
     report.compare("replicate_ckpt", "st_load_file", at_least=10)
 
@@ -242,13 +249,13 @@ def _measure(
         "dim1_strided",
         "TP=2 dim 1, strided reads (1 MiB segments)",
         ck,
-        lambda: loader.load_safetensors(ckpt, devices=two, sharding=split1),
+        lambda: loader.load_safetensors(ckpt, device=split1),
     )
     rate(
         "dim1_cut",
         "TP=2 dim 1, read + cut (2 KiB segments)",
         nb,
-        lambda: loader.load_safetensors(narrow, devices=two, sharding=split1),
+        lambda: loader.load_safetensors(narrow, device=split1),
     )
     _ceilings(report, root / "nvme" / blob, size, repeats, say)
     _from_memory(report, loader, ckpt, ck, repeats, say)
@@ -317,7 +324,7 @@ def _from_memory(
         time.sleep(0.05)
     if job.state != "done":
         raise RuntimeError(f"prefetch into memory ended {job.state}: {job.errors}")
-    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
+    tp = LoadTarget.parse(devices=["cuda:0", "cuda:1"], sharding=_SPLIT0)
 
     def checked(out: Any) -> Any:
         for item in out if isinstance(out, list) else [out]:
@@ -339,7 +346,7 @@ def _from_memory(
     rate(
         "mem_tp",
         "memory tier: TP=2 split, one request",
-        lambda: loader.load_safetensors(ckpt, devices=["cuda:0", "cuda:1"], sharding=split0),
+        lambda: loader.load_safetensors(ckpt, device=tp),
     )
     report.compare("mem_tp_s", "mem_ckpt_one_s", at_most=0.6)
 
@@ -351,10 +358,9 @@ def _rest_ranks(
     its buffers by CUDA IPC; one request for every rank against one process per rank."""
     from ._ranks import per_rank_processes
 
-    split0 = {"world_size": 2, "rules": [{"pattern": "*", "dim": 0}]}
     files = [root / "nvme" / p for p in ckpt]
     ck = sum(f.stat().st_size for f in files)
-    one, each = per_rank_processes(files, split0, ["cuda:0", "cuda:1"], repeats, say)
+    one, each = per_rank_processes(files, _SPLIT0, ["cuda:0", "cuda:1"], repeats, say)
     for key, label, t in (
         ("rest_tp_one", "REST: TP=2 split, one request (1 process)", one),
         ("rest_tp_per_rank", "REST: TP=2 split, each rank for itself (2 processes)", each),

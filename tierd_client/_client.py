@@ -15,6 +15,7 @@ import numpy as np
 
 from ._buffers import Buffer, Tensors
 from ._exceptions import TierdClientError, TransportError, error_from_response
+from ._loads import drop_none, file_ref, file_refs, open_tensors, parse_target
 from ._models import ModelsMixin
 from ._progress import finish
 from ._state_dict import StateDictSource, close_client, load_state_dict
@@ -26,29 +27,6 @@ __all__ = ["Client", "FileRef"]
 
 FileRef = int | str
 """A catalog file id, or a relpath."""
-
-
-def _ref(file: FileRef) -> dict[str, Any]:
-    if isinstance(file, bool) or not isinstance(file, (int, str)):
-        raise TypeError(f"a file is a catalog id (int) or a relpath (str), not {file!r}")
-    return {"file_id": file} if isinstance(file, int) else {"path": file}
-
-
-def _refs(files: FileRef | Sequence[FileRef]) -> dict[str, Any]:
-    items = [files] if isinstance(files, (int, str)) else list(files)
-    if all(isinstance(f, int) and not isinstance(f, bool) for f in items):
-        return {"file_ids": items}
-    if all(isinstance(f, str) for f in items):
-        return {"paths": items}
-    raise TypeError("give files all by id or all by relpath")
-
-
-def _list(items: Sequence[str] | None) -> list[str] | None:
-    return None if items is None else list(items)
-
-
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
 
 
 class Client(ModelsMixin):
@@ -136,6 +114,7 @@ class Client(ModelsMixin):
             raise
         return out
 
+    @overload
     def load(
         self,
         file: FileRef,
@@ -148,27 +127,67 @@ class Client(ModelsMixin):
         ttl_s: float | None = None,
         release_on_close: bool = True,
         shared: bool = False,
-    ) -> Buffer:
+        devices: None = None,
+    ) -> Buffer: ...
+
+    @overload
+    def load(
+        self,
+        file: FileRef,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        device: str = "cpu",
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+        release_on_close: bool = True,
+        shared: bool = False,
+        devices: Sequence[str] | str,
+    ) -> list[Buffer]: ...
+
+    def load(
+        self,
+        file: FileRef,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        device: str = "cpu",
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+        release_on_close: bool = True,
+        shared: bool = False,
+        devices: Sequence[str] | str | None = None,
+    ) -> Buffer | list[Buffer]:
         """Load a file (by id or relpath) or a byte range of it into a buffer on ``device``.
+
+        ``devices`` (``["cuda:0", "cuda:1"]``, or ``"cuda:*"``) instead of ``device``: the
+        same bytes on each, one buffer per device, in order (``info["delivery"]`` says how
+        each device got them); storage is read once.
 
         ``shared=True`` promises never to write the buffer. In return the service hands out
         a copy already resident on ``device`` (another process's shared load, a GPU
         prefetch) without reading or allocating anything: N processes share one copy. The
         buffer is then ``read_only`` (see :class:`Buffer` for what refuses writes).
         """
-        body = _drop_none(
+        target = parse_target(device, devices)
+        body = drop_none(
             {
-                **_ref(file),
+                **file_ref(file),
                 "offset": offset,
                 "length": length,
-                "device": device,
+                **target.to_json(),
                 "dtype": dtype,
                 "shape": list(shape) if shape is not None else None,
                 "ttl_s": ttl_s,
                 "shared": shared or None,
             }
         )
-        return self._open(self.request("POST", "/v1/load", json=body), release_on_close)
+        reply = self.request("POST", "/v1/load", json=body)
+        if target.many:
+            return self._open_all(reply)
+        return self._open(reply, release_on_close)
 
     def load_batch(
         self,
@@ -188,10 +207,10 @@ class Client(ModelsMixin):
         for it in items:
             if isinstance(it, Mapping):
                 extra = {k: v for k, v in it.items() if k != "file"}
-                wire.append({**_ref(it["file"]), **_drop_none(extra)})
+                wire.append({**file_ref(it["file"]), **drop_none(extra)})
             else:
-                wire.append(_ref(it))
-        body = _drop_none(
+                wire.append(file_ref(it))
+        body = drop_none(
             {"items": wire, "device": device, "ttl_s": ttl_s, "shared": shared or None}
         )
         return self._open_all(self.request("POST", "/v1/load/batch", json=body))
@@ -261,37 +280,17 @@ class Client(ModelsMixin):
         ``slice_offsets`` say where each lies in the whole tensor). ``rank=k`` loads that
         rank only, into ``device`` (or the one of ``devices``).
         """
-        multi = devices is not None or sharding is not None or rank is not None
-        body = _drop_none(
+        target = parse_target(device, devices, sharding, rank)
+        body = drop_none(
             {
-                **_refs(files),
+                **file_refs(files),
                 "names": list(names) if names is not None else None,
-                "device": device if not multi or devices is None else None,
+                **target.to_json(),
                 "ttl_s": ttl_s,
                 "shared": shared or None,
-                "devices": [devices] if isinstance(devices, str) else _list(devices),
-                "sharding": dict(sharding) if sharding is not None else None,
-                "rank": rank,
             }
         )
-        reply = self.request("POST", "/v1/load/safetensors", json=body)
-        if not multi:
-            return Tensors(self._open_all(reply), reply["tensors"])
-        out: list[Tensors] = []
-        try:
-            for entry in reply["devices"]:
-                t = Tensors(self._open_all(entry), entry["tensors"])
-                t.device, t.rank, t.delivery = entry["device"], entry["rank"], entry["delivery"]
-                out.append(t)
-        except BaseException:
-            for t in out:
-                t.close()
-            for entry in reply["devices"][len(out) + 1 :]:
-                for info in entry["buffers"]:
-                    with contextlib.suppress(TierdClientError):
-                        self.release(info["buffer_id"])
-            raise
-        return out
+        return open_tensors(self, target, self.request("POST", "/v1/load/safetensors", json=body))
 
     def load_state_dict(
         self,
@@ -322,6 +321,7 @@ class Client(ModelsMixin):
             self, model, device=device, names=names, prefix=prefix, ttl_s=ttl_s, shared=shared
         )
 
+    @overload
     def gather(
         self,
         file: FileRef,
@@ -333,25 +333,60 @@ class Client(ModelsMixin):
         count: int | None = None,
         device: str = "cpu",
         ttl_s: float | None = None,
-    ) -> Buffer:
+        devices: None = None,
+    ) -> Buffer: ...
+
+    @overload
+    def gather(
+        self,
+        file: FileRef,
+        *,
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        devices: Sequence[str] | str,
+    ) -> list[Buffer]: ...
+
+    def gather(
+        self,
+        file: FileRef,
+        *,
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        devices: Sequence[str] | str | None = None,
+    ) -> Buffer | list[Buffer]:
         """Rows of a row-major ``(rows, dim)`` matrix file: by ``indices``, or ``start`` and
-        ``count``. The buffer's shape is ``(n, dim)``."""
+        ``count``. The buffer's shape is ``(n, dim)``. ``devices`` instead of ``device``: the
+        rows on each, one buffer per device (see :meth:`load`)."""
+        target = parse_target(device, devices)
         idx = None
         if indices is not None:
             idx = np.asarray(indices).reshape(-1).tolist()
-        body = _drop_none(
+        body = drop_none(
             {
-                **_ref(file),
+                **file_ref(file),
                 "dim": dim,
                 "dtype": dtype,
                 "indices": idx,
                 "start": start,
                 "count": count,
-                "device": device,
+                **target.to_json(),
                 "ttl_s": ttl_s,
             }
         )
-        return self._open(self.request("POST", "/v1/vectors/gather", json=body), True)
+        reply = self.request("POST", "/v1/vectors/gather", json=body)
+        if target.many:
+            return self._open_all(reply)
+        return self._open(reply, True)
 
     def open_buffer(self, buffer_id: str, *, release_on_close: bool = True) -> Buffer:
         """Open an existing lease (e.g. one a ``gpu`` prefetch keeps warm)."""
@@ -365,7 +400,7 @@ class Client(ModelsMixin):
 
     def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]:
         result: dict[str, Any] = self.request(
-            "POST", f"/v1/buffers/{buffer_id}/renew", json=_drop_none({"ttl_s": ttl_s})
+            "POST", f"/v1/buffers/{buffer_id}/renew", json=drop_none({"ttl_s": ttl_s})
         )
         return result
 
@@ -403,7 +438,7 @@ class Client(ModelsMixin):
         TimeoutError
             ``wait=True`` and the job was still running after ``timeout`` seconds.
         """
-        body = _drop_none({**_refs(files), "target": target, "device": device, "ttl_s": ttl_s})
+        body = drop_none({**file_refs(files), "target": target, "device": device, "ttl_s": ttl_s})
         job: dict[str, Any] = self.request("POST", "/v1/prefetch", json=body)
         if not wait:
             return job
@@ -431,7 +466,7 @@ class Client(ModelsMixin):
             page = self.request(
                 "GET",
                 "/v1/files",
-                params=_drop_none({"tier": tier, "prefix": prefix, "cursor": cursor}),
+                params=drop_none({"tier": tier, "prefix": prefix, "cursor": cursor}),
             )
             out.extend(page["items"])
             cursor = page["next_cursor"]

@@ -13,16 +13,13 @@ model directory), named by its relpath, e.g. ``models/llama-3-8b``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ._buffers import Buffer, Tensors
+from ._loads import drop_none, open_tensors, parse_target
 from ._progress import finish
 
 __all__ = ["ModelsMixin"]
-
-
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
 
 
 class ModelsMixin:
@@ -54,7 +51,7 @@ class ModelsMixin:
         cursor = None
         while True:
             page = self.request(
-                "GET", "/v1/models", params=_drop_none({"prefix": prefix, "cursor": cursor})
+                "GET", "/v1/models", params=drop_none({"prefix": prefix, "cursor": cursor})
             )
             out.extend(page["items"])
             cursor = page["next_cursor"]
@@ -74,6 +71,7 @@ class ModelsMixin:
         result: dict[str, Any] = self.request("GET", "/v1/models/lookup", params={"name": name})
         return result
 
+    @overload
     def load_model(
         self,
         name: str,
@@ -83,9 +81,59 @@ class ModelsMixin:
         device: str = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-    ) -> Tensors:
+        devices: None = None,
+        sharding: None = None,
+        rank: None = None,
+    ) -> Tensors: ...
+
+    @overload
+    def load_model(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str,
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> list[Tensors]: ...
+
+    @overload
+    def load_model(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str | None = None,
+        sharding: Mapping[str, Any],
+        rank: int | None = None,
+    ) -> list[Tensors]: ...
+
+    def load_model(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: str = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+        devices: Sequence[str] | str | None = None,
+        sharding: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> Tensors | list[Tensors]:
         """Load a model's tensors (all, ``names``, or those starting with ``prefix``) into
         ``device``: one buffer per shard, opened here without a copy.
+
+        ``devices``, ``sharding`` and ``rank``: several devices, or a tensor-parallel split,
+        one :class:`Tensors` per device, as for :meth:`~tierd_client.Client.load_safetensors`.
 
         ``shared=True`` promises never to write them: shards resident on ``device`` are
         handed out again (one copy for every process), and the buffers are read-only.
@@ -99,17 +147,18 @@ class ModelsMixin:
         InsufficientSpace
             Over the device's lease budget.
         """
-        body = _drop_none(
+        target = parse_target(device, devices, sharding, rank)
+        body = drop_none(
             {
                 "names": list(names) if names is not None else None,
                 "prefix": prefix,
-                "device": device,
+                **target.to_json(),
                 "ttl_s": ttl_s,
                 "shared": shared or None,
             }
         )
         reply = self.request("POST", "/v1/models/load", params={"name": name}, json=body)
-        return Tensors(self._open_all(reply), reply["tensors"])
+        return open_tensors(self, target, reply)
 
     def prefetch_model(
         self,
@@ -135,7 +184,7 @@ class ModelsMixin:
         TimeoutError
             ``wait=True`` and the job was still running after ``timeout`` seconds.
         """
-        body = _drop_none({"target": target, "device": device, "ttl_s": ttl_s})
+        body = drop_none({"target": target, "device": device, "ttl_s": ttl_s})
         job: dict[str, Any] = self.request(
             "POST", "/v1/models/prefetch", params={"name": name}, json=body
         )
@@ -150,7 +199,7 @@ class ModelsMixin:
         """Pin every file of a model to ``tier`` (default: where most of its weights are), all
         at once; needs the admin token."""
         result: dict[str, Any] = self.request(
-            "POST", "/v1/models/pin", params={"name": name}, json=_drop_none({"tier": tier})
+            "POST", "/v1/models/pin", params={"name": name}, json=drop_none({"tier": tier})
         )
         return result
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from app.api.deps import LoaderDep
 from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
-from app.schemas_devices import DevicesTensorsOut, ReplicasOut
+from app.schemas_devices import DevicesTensorsOut, ReplicasOut, tensors_out
 from app.schemas_loads import (
     BatchOut,
     BatchRequest,
@@ -43,28 +43,18 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
     ``shared``: a read-only lease, handed out from a resident copy where there is one.
     ``devices``: the same bytes on several GPUs, one buffer each (ReplicasOut).
     """
-    if req.devices is not None:
-        replicas = loader.load_replicas(
-            req.ref,
-            devices=req.devices,
-            offset=req.offset,
-            length=req.length,
-            dtype=req.dtype,
-            shape=req.shape,
-            ttl_s=req.ttl_s,
-        )
-        return _json(ReplicasOut.of(replicas))
-    lease = loader.load(
+    target = req.target()
+    replicas = loader.load(
         req.ref,
         offset=req.offset,
         length=req.length,
-        device=req.device,
+        device=target,
         dtype=req.dtype,
         shape=req.shape,
         ttl_s=req.ttl_s,
         shared=req.shared,
     )
-    return _lease(lease)
+    return _json(ReplicasOut.of(replicas)) if target.many else _lease(replicas[0].lease)
 
 
 @router.post("/load/batch", responses=LOAD_ERRORS)
@@ -96,20 +86,11 @@ def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> Response:
     a rank out of range, an unknown device or cpu among several; 507 over any device's budget
     (nothing is left leased on the others).
     """
-    if req.multi:
-        loads = loader.load_safetensors(
-            req.refs,
-            names=req.names,
-            ttl_s=req.ttl_s,
-            devices=[req.device] if req.devices is None else req.devices,
-            sharding=None if req.sharding is None else req.sharding.spec(),
-            rank=req.rank,
-        )
-        return _json(DevicesTensorsOut.of(loads))
-    loaded = loader.load_safetensors(
-        req.refs, names=req.names, device=req.device, ttl_s=req.ttl_s, shared=req.shared
+    target = req.target()
+    loads = loader.load_safetensors(
+        req.refs, names=req.names, device=target, ttl_s=req.ttl_s, shared=req.shared
     )
-    return _json(SafetensorsOut.of(loaded))
+    return _json(tensors_out(target, loads))
 
 
 @router.post("/vectors/gather", response_model=LeaseOut | ReplicasOut, responses=LOAD_ERRORS)
@@ -120,26 +101,15 @@ def gather(req: GatherRequest, loader: LoaderDep) -> Response:
     matrix or a ``dim``/``dtype`` that does not divide the file. ``devices``: the rows on
     several GPUs, one buffer each (ReplicasOut).
     """
-    if req.devices is not None:
-        replicas = loader.gather_replicas(
-            req.ref,
-            devices=req.devices,
-            dim=req.dim,
-            dtype=req.dtype,
-            indices=req.indices,
-            start=req.start,
-            count=req.count,
-            ttl_s=req.ttl_s,
-        )
-        return _json(ReplicasOut.of(replicas))
-    lease = loader.gather(
+    target = req.target()
+    replicas = loader.gather(
         req.ref,
         dim=req.dim,
         dtype=req.dtype,
         indices=req.indices,
         start=req.start,
         count=req.count,
-        device=req.device,
+        device=target,
         ttl_s=req.ttl_s,
     )
-    return _lease(lease)
+    return _json(ReplicasOut.of(replicas)) if target.many else _lease(replicas[0].lease)

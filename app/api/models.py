@@ -15,7 +15,7 @@ import base64
 import binascii
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import EngineDep, LoaderDep
@@ -34,6 +34,7 @@ from app.api.responses import (
 from app.auth import require_admin, require_data
 from app.errors import HttpError
 from app.schemas import PinRequest
+from app.schemas_devices import DevicesTensorsOut, tensors_out
 from app.schemas_loads import JobOut, SafetensorsOut
 from app.schemas_models import (
     ModelDetail,
@@ -112,25 +113,32 @@ def get_model(name: NameQuery, engine: EngineDep, loader: LoaderDep) -> ModelDet
     return ModelDetail.detail(info, loader.models.summary(info), lay, engine.heat)
 
 
-@router.post("/load", dependencies=[require_data], responses=LOAD_ERRORS)
+@router.post(
+    "/load",
+    dependencies=[require_data],
+    response_model=SafetensorsOut | DevicesTensorsOut,
+    responses=LOAD_ERRORS,
+)
 def load_model(
     name: NameQuery, loader: LoaderDep, body: ModelLoadRequest | None = None
-) -> SafetensorsOut:
+) -> Response:
     """Load a model's tensors (all, ``names``, or those starting with ``prefix``) into one
-    buffer per shard, the shards concurrently; the reply is that of
-    ``POST /v1/load/safetensors``. Every shard's header is checked against the others and the
-    index before anything is leased: a tensor in two shards, or where the index does not put
-    it, is a 422 naming it, and nothing stays leased after any error."""
+    buffer per shard, the shards concurrently. The body is that of
+    ``POST /v1/load/safetensors`` (``devices``, ``sharding`` and ``rank`` included) less the
+    files, plus ``prefix``, and so is the reply. Every shard's header is checked against the
+    others and the index before anything is leased: a tensor in two shards, or where the index
+    does not put it, is a 422 naming it, and nothing stays leased after any error."""
     req = body or ModelLoadRequest()
-    loaded = loader.models.load(
+    target = req.target()
+    loads = loader.models.load(
         name,
         names=req.names,
         prefix=req.prefix,
-        device=req.device,
+        device=target,
         ttl_s=req.ttl_s,
         shared=req.shared,
     )
-    return SafetensorsOut.of(loaded)
+    return Response(tensors_out(target, loads).model_dump_json(), media_type="application/json")
 
 
 @router.post(

@@ -17,14 +17,11 @@ from hypothesis import strategies as st
 from tiering.errors import InvalidInput, InvalidSharding
 from tiering.io.sharding import (
     ShardingSpec,
-    byte_ranges,
     check_rank,
     check_spec,
     chunk_bounds,
-    cut_whole,
     parse_sharding,
     slice_of,
-    whole_range,
 )
 
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=4).map(tuple)
@@ -81,12 +78,12 @@ def test_byte_ranges_hold_exactly_the_slice(case, begin: int) -> None:  # type: 
         expect = full[tuple(slice(o, o + n) for o, n in zip(s.offset, s.shape, strict=True))]
         if rank < len(want):
             assert np.array_equal(want[rank].numpy(), expect.astype(np.float64))
-        got = b"".join(data[o : o + n] for o, n in byte_ranges(s, begin))
+        got = b"".join(data[o : o + n] for o, n in s.byte_ranges(begin))
         assert got == np.ascontiguousarray(expect).tobytes()
         assert len(got) == s.nbytes
-        at, n = whole_range(s, begin)
+        at, n = s.whole_range(begin)
         whole = np.frombuffer(data[at : at + n], dtype=np.uint8)
-        assert np.ascontiguousarray(cut_whole(s, whole)).tobytes() == got
+        assert np.ascontiguousarray(s.cut_whole(whole)).tobytes() == got
 
 
 @FAST
@@ -111,20 +108,20 @@ def test_dim_zero_is_one_range_and_unmatched_tensors_replicate() -> None:
     )
     s = slice_of(spec, "l0.q.weight", (6, 4), 2, 1)
     assert (s.dim, s.start, s.stop, s.shape, s.offset) == (0, 3, 6, (3, 4), (3, 0))
-    assert byte_ranges(s, 100) == [(100 + 3 * 8, 24)]
+    assert s.byte_ranges(100) == [(100 + 3 * 8, 24)]
     # First match wins: "*" splits the rest on dim 1.
     assert slice_of(spec, "l0.k.weight", (6, 4), 2, 0).dim == 1
     plain = parse_sharding({"world_size": 2, "rules": [{"pattern": "*.q.weight", "dim": 0}]})
     r = slice_of(plain, "norm", (5,), 4, 1)
     assert (r.dim, r.shape, r.nbytes) == (None, (5,), 20)
-    assert byte_ranges(r, 8) == [(8, 20)]
+    assert r.byte_ranges(8) == [(8, 20)]
 
 
 def test_uneven_split_gives_an_empty_last_rank() -> None:
     spec = _spec(4, 0)
     sizes = [slice_of(spec, "w", (5, 3), 4, k).shape[0] for k in range(4)]
     assert sizes == [2, 2, 1, 0]
-    assert byte_ranges(slice_of(spec, "w", (5, 3), 4, 3), 0) == []
+    assert slice_of(spec, "w", (5, 3), 4, 3).byte_ranges(0) == []
 
 
 @pytest.mark.parametrize(

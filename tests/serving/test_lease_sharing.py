@@ -14,7 +14,7 @@ from tiering.errors import InsufficientSpace, InvalidInput
 from tiering.io import Device
 from tiering.io.bufferpool import BufferPool
 from tiering.io.buffers import alloc_size
-from tiering.serving.leases import Holding, Lease, LeaseTable
+from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
 
 CPU = Device("cpu")
 
@@ -42,17 +42,12 @@ def table(clock: Clock) -> Iterator[LeaseTable]:
 def _grant(table: LeaseTable, n: int = 100, *, read_only: bool = True, ttl: float = 60) -> Lease:
     res = table.reserve(CPU, alloc_size(CPU, n))
     res.attach(table.pool.get(CPU, n))
-    return table.grant(
-        res, nbytes=n, dtype="uint8", shape=(n,), kind="load", file_ids=(1,), report=None,
-        ttl_s=ttl, read_only=read_only,
-    )  # fmt: skip
+    spec = LeaseSpec(n, "uint8", (n,), "load", (1,), ttl_s=ttl)
+    return table.grant(res, spec, read_only=read_only)
 
 
 def _share(table: LeaseTable, holding: Holding, *, ttl: float = 60) -> Lease | None:
-    return table.share(
-        holding, nbytes=10, dtype="uint8", shape=(10,), kind="load", file_ids=(1,),
-        report=None, ttl_s=ttl, offset=8,
-    )  # fmt: skip
+    return table.share(holding, LeaseSpec(10, "uint8", (10,), "load", (1,), ttl_s=ttl, offset=8))
 
 
 def _exists(lease: Lease) -> bool:
@@ -135,8 +130,5 @@ def test_a_share_outside_the_allocation_is_refused(table: LeaseTable) -> None:
     lease = _grant(table)
     assert lease.holding is not None
     with pytest.raises(InvalidInput):
-        table.share(
-            lease.holding, nbytes=4096, dtype="uint8", shape=(4096,), kind="load",
-            file_ids=(1,), report=None, offset=1,
-        )  # fmt: skip
+        table.share(lease.holding, LeaseSpec(4096, "uint8", (4096,), "load", (1,), offset=1))
     assert len(table.all()) == 1

@@ -23,6 +23,7 @@ from ._write import TMP_SUFFIX
 from .hfmodel import ModelLayout
 from .safetensors import LoadedTensors, SafetensorsHeader, TensorInfo, read_header
 from .state_dict import load_state_dict
+from .target import LoadTarget
 
 __all__ = [
     "TMP_SUFFIX",
@@ -39,6 +40,7 @@ __all__ = [
     "GpuDirectStorage",
     "IoPath",
     "IoReport",
+    "LoadTarget",
     "LoadedTensors",
     "ModelLayout",
     "PathStats",

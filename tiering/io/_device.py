@@ -37,6 +37,34 @@ class Device:
     kind: str  # "cpu" or "cuda"
     index: int = 0
 
+    @classmethod
+    def parse(cls, device: str | int | Device) -> Device:
+        """The device a name means, by its spelling alone (whether it exists here is
+        :func:`parse_device`'s question): ``"cpu"``, ``"cuda"`` (device 0), ``"cuda:N"``, a
+        bare index ``N`` or a :class:`Device`.
+
+        Raises
+        ------
+        InvalidDevice
+            The name is no device's.
+        """
+        if isinstance(device, Device):
+            return device
+        if isinstance(device, bool):  # bool is an int; True is no device
+            raise InvalidDevice(f"not a device: {device!r}")
+        if isinstance(device, int):
+            if device < 0:
+                raise InvalidDevice(f"device index must be >= 0, got {device}")
+            return cls("cuda", device)
+        if isinstance(device, str):
+            m = _DEVICE_RE.match(device.strip().lower())
+            if not m:
+                raise InvalidDevice(
+                    f"not a device: {device!r}; use 'cpu' or 'cuda:N'", device=device
+                )
+            return cls("cpu") if m.group(1) else cls("cuda", int(m.group(2) or 0))
+        raise InvalidDevice(f"not a device: {device!r}")
+
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
@@ -109,21 +137,7 @@ def parse_device(device: str | int | Device) -> Device:
     BackendUnavailable
         A CUDA device was asked for and CuPy is not installed.
     """
-    if isinstance(device, Device):
-        parsed = device
-    elif isinstance(device, bool):  # bool is an int; True is no device
-        raise InvalidDevice(f"not a device: {device!r}")
-    elif isinstance(device, int):
-        if device < 0:
-            raise InvalidDevice(f"device index must be >= 0, got {device}")
-        parsed = Device("cuda", device)
-    elif isinstance(device, str):
-        m = _DEVICE_RE.match(device.strip().lower())
-        if not m:
-            raise InvalidDevice(f"not a device: {device!r}; use 'cpu' or 'cuda:N'", device=device)
-        parsed = Device("cpu") if m.group(1) else Device("cuda", int(m.group(2) or 0))
-    else:
-        raise InvalidDevice(f"not a device: {device!r}")
+    parsed = Device.parse(device)
     if parsed.is_cuda:
         cp = import_cupy()
         try:

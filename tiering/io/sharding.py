@@ -19,8 +19,14 @@ most ranks.
 
 A slice along dimension 0 is one contiguous byte range of the tensor. Along dimension
 ``d > 0`` it is ``prod(shape[:d])`` row segments of ``(stop - start) * prod(shape[d+1:])``
-elements each, one per outer index; :func:`byte_ranges` lists them (adjacent ones merged), and
-:func:`whole_range` gives the alternative, one read of the whole tensor to slice after.
+elements each, one per outer index; :meth:`TensorSlice.byte_ranges` lists them (adjacent ones
+merged), and :meth:`TensorSlice.whole_range` gives the alternative, one read of the whole tensor
+to slice after.
+
+The checks run once, where the values are made: :func:`parse_sharding` checks a spec's own
+fields, :func:`check_rank` a rank (both by :class:`~tiering.io.target.LoadTarget`, where a
+request is parsed), and :func:`split` the spec against the tensors it splits, as it computes
+every rank's slices. A load takes those slices and asks nothing more of this module.
 """
 
 from __future__ import annotations
@@ -38,14 +44,12 @@ __all__ = [
     "ShardRule",
     "ShardingSpec",
     "TensorSlice",
-    "byte_ranges",
     "check_rank",
     "check_spec",
     "chunk_bounds",
-    "cut_whole",
     "parse_sharding",
     "slice_of",
-    "whole_range",
+    "split",
 ]
 
 #: Far above any host's GPU count; bounds the arithmetic a request can ask for.
@@ -204,7 +208,7 @@ def chunk_bounds(n: int, world_size: int, rank: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TensorSlice:
-    """One rank's part of one tensor.
+    """One rank's part of one tensor, and the bytes of the file that hold it.
 
     ``dim`` None: replicated (the whole tensor). ``offset`` is the slice's index in the full
     tensor (zero but along ``dim``); ``shape`` its shape; ``full_shape`` the tensor's.
@@ -219,6 +223,12 @@ class TensorSlice:
     full_shape: tuple[int, ...]
     itemsize: int
 
+    @classmethod
+    def whole(cls, name: str, shape: Sequence[int], itemsize: int) -> TensorSlice:
+        """All of a tensor (a replicated one, or a load without sharding)."""
+        full = tuple(shape)
+        return cls(name, None, 0, 0, full, (0,) * len(full), full, itemsize)
+
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.itemsize
@@ -230,55 +240,84 @@ class TensorSlice:
             return self.nbytes
         return (self.stop - self.start) * math.prod(self.full_shape[self.dim + 1 :]) * self.itemsize
 
+    def byte_ranges(self, begin: int) -> list[tuple[int, int]]:
+        """``(file_offset, nbytes)`` of the slice's bytes, in order, for a tensor whose data
+        starts at ``begin``; adjacent ranges are merged. Empty slices have none."""
+        if self.nbytes == 0:
+            return []
+        if self.dim is None:
+            return [(begin, self.nbytes)]
+        inner = math.prod(self.full_shape[self.dim + 1 :]) * self.itemsize
+        row = self.full_shape[self.dim] * inner
+        outer = math.prod(self.full_shape[: self.dim])
+        seg = (self.stop - self.start) * inner
+        first = begin + self.start * inner
+        if seg == row:  # the whole dimension: the rows touch, one range
+            return [(first, seg * outer)]
+        return [(first + o * row, seg) for o in range(outer)]
+
+    def whole_range(self, begin: int) -> tuple[int, int]:
+        """``(file_offset, nbytes)`` of the one read that holds the slice: the whole tensor, to
+        be cut with :meth:`cut_whole` (for dim 0 and replicated tensors, exactly the slice)."""
+        if self.dim is None or self.dim == 0:
+            ranges = self.byte_ranges(begin)
+            return ranges[0] if ranges else (begin, 0)
+        return begin, math.prod(self.full_shape) * self.itemsize
+
+    def cut_whole(self, whole: Any) -> Any:
+        """The slice's bytes (a strided view) from a flat ``uint8`` array (NumPy or CuPy) that
+        holds what :meth:`whole_range` read; copy it into place with ``dst[...] = view``."""
+        if self.dim is None or self.dim == 0:
+            return whole.reshape(-1)
+        inner = math.prod(self.full_shape[self.dim + 1 :]) * self.itemsize
+        outer = math.prod(self.full_shape[: self.dim])
+        rows = whole.reshape(outer, self.full_shape[self.dim] * inner)
+        return rows[:, self.start * inner : self.stop * inner]
+
 
 def slice_of(
     spec: ShardingSpec, name: str, shape: Sequence[int], itemsize: int, rank: int
 ) -> TensorSlice:
     """``rank``'s slice of tensor ``name`` (checked as :func:`check_spec` does)."""
     check_rank(spec, rank)
-    full = tuple(shape)
+    rule = spec.rule_for(name)
+    if rule is not None:
+        _check_tensor(spec, name, tuple(shape), rule)
+    return _slice(spec, name, tuple(shape), itemsize, rank)
+
+
+def _slice(
+    spec: ShardingSpec, name: str, full: tuple[int, ...], itemsize: int, rank: int
+) -> TensorSlice:
+    """``rank``'s slice of a tensor the spec was checked against."""
     rule = spec.rule_for(name)
     if rule is None:
-        return TensorSlice(name, None, 0, 0, full, (0,) * len(full), full, itemsize)
-    _check_tensor(spec, name, full, rule)
+        return TensorSlice.whole(name, full, itemsize)
     start, stop = chunk_bounds(full[rule.dim], spec.world_size, rank)
     part = full[: rule.dim] + (stop - start,) + full[rule.dim + 1 :]
     offset = tuple(start if i == rule.dim else 0 for i in range(len(full)))
     return TensorSlice(name, rule.dim, start, stop, part, offset, full, itemsize)
 
 
-def byte_ranges(s: TensorSlice, begin: int) -> list[tuple[int, int]]:
-    """``(file_offset, nbytes)`` of the slice's bytes, in order, for a tensor whose data
-    starts at ``begin``; adjacent ranges are merged. Empty slices have none."""
-    if s.nbytes == 0:
-        return []
-    if s.dim is None:
-        return [(begin, s.nbytes)]
-    inner = math.prod(s.full_shape[s.dim + 1 :]) * s.itemsize
-    row = s.full_shape[s.dim] * inner
-    outer = math.prod(s.full_shape[: s.dim])
-    seg = (s.stop - s.start) * inner
-    first = begin + s.start * inner
-    if seg == row:  # the whole dimension: the rows touch, one range
-        return [(first, seg * outer)]
-    return [(first + o * row, seg) for o in range(outer)]
+def split(
+    spec: ShardingSpec | None,
+    tensors: Mapping[str, tuple[Sequence[int], int]],
+    ranks: Sequence[int | None],
+) -> list[dict[str, TensorSlice]]:
+    """Every rank's slice of every tensor (name → ``(shape, itemsize)``), by rank in the order
+    of ``ranks``; the spec is checked against the tensors once, here (:func:`check_spec`).
 
-
-def whole_range(s: TensorSlice, begin: int) -> tuple[int, int]:
-    """``(file_offset, nbytes)`` of the one read that holds the slice: the whole tensor, to be
-    cut with :func:`cut_whole` (for dim 0 and replicated tensors, exactly the slice)."""
-    if s.dim is None or s.dim == 0:
-        ranges = byte_ranges(s, begin)
-        return ranges[0] if ranges else (begin, 0)
-    return begin, math.prod(s.full_shape) * s.itemsize
-
-
-def cut_whole(s: TensorSlice, whole: Any) -> Any:
-    """The slice's bytes (a strided view) from a flat ``uint8`` array (NumPy or CuPy) that
-    holds what :func:`whole_range` read; copy it into place with ``dst[...] = view``."""
-    if s.dim is None or s.dim == 0:
-        return whole.reshape(-1)
-    inner = math.prod(s.full_shape[s.dim + 1 :]) * s.itemsize
-    outer = math.prod(s.full_shape[: s.dim])
-    rows = whole.reshape(outer, s.full_shape[s.dim] * inner)
-    return rows[:, s.start * inner : s.stop * inner]
+    A rank ``None`` (or no spec) gets every tensor whole: the replicas of a load without
+    sharding. The ranks themselves were checked where the spec was parsed.
+    """
+    if spec is not None:
+        check_spec(spec, {name: shape for name, (shape, _size) in tensors.items()})
+    return [
+        {
+            name: TensorSlice.whole(name, shape, size)
+            if spec is None or rank is None
+            else _slice(spec, name, tuple(shape), size, rank)
+            for name, (shape, size) in tensors.items()
+        }
+        for rank in ranks
+    ]

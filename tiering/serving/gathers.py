@@ -12,7 +12,7 @@ from tiering.io.buffers import alloc_size
 from tiering.serving.checks import parse_dtype
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, fill
-from tiering.serving.leases import Lease
+from tiering.serving.leases import Lease, LeaseSpec
 
 __all__ = ["gather_rows"]
 
@@ -88,15 +88,7 @@ def gather_rows(
             else:
                 assert start is not None
                 report = fill(storage, f, start * row, res, n)
-            lease = ctx.leases.grant(
-                res,
-                nbytes=n,
-                dtype=dt.name,
-                shape=(rows, dim),
-                kind="gather",
-                file_ids=(file_id,),
-                report=report,
-                ttl_s=ttl_s,
-            )
+            spec = LeaseSpec(n, dt.name, (rows, dim), "gather", (file_id,), report, ttl_s)
+            lease = ctx.leases.grant(res, spec)
     ctx.observe("gather", dev, report)
     return lease

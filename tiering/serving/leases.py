@@ -30,7 +30,7 @@ from tiering.io.bufferpool import BufferPool
 from tiering.io.buffers import DeviceBuffer
 from tiering.periodic import Periodic
 
-__all__ = ["Holding", "Lease", "LeaseTable", "Reservation"]
+__all__ = ["Holding", "Lease", "LeaseSpec", "LeaseTable", "Reservation"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,29 @@ class Holding:
         self.buffer = buffer
         self.count = 1
         self.on_last: Callable[[Holding], None] | None = None
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    """What a new lease says about its bytes, the same whether its buffer is new
+    (:meth:`LeaseTable.grant`) or shared (:meth:`LeaseTable.share`).
+
+    ``nbytes`` of data start at ``offset`` inside the allocation; ``dtype`` and ``shape``
+    describe them; ``kind`` is the load's (``load``, ``gather``, ``safetensors``,
+    ``prefetch``) and ``file_ids`` the files read; ``report`` how the bytes came. ``tensors``
+    (safetensors loads): name → ``(offset, dtype, shape, nbytes)`` inside the buffer.
+    ``ttl_s``: the lease's lifetime (None: the table's default).
+    """
+
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    file_ids: tuple[int, ...]
+    report: IoReport | None = None
+    ttl_s: float | None = None
+    offset: int = 0
+    tensors: dict[str, Any] | None = None
 
 
 @dataclass
@@ -245,37 +268,32 @@ class LeaseTable:
         return float(ttl_s)
 
     def _new(
-        self, buf: DeviceBuffer, holding: Holding, ttl_s: float | None, **fields: Any
+        self, buf: DeviceBuffer, holding: Holding, spec: LeaseSpec, *, read_only: bool, reused: bool
     ) -> Lease:
-        ttl = self.ttl(ttl_s)
+        ttl = self.ttl(spec.ttl_s)
         now = self._clock()
         return Lease(
             id=secrets.token_hex(12),
             device=buf.device,
             buffer=buf,
+            nbytes=spec.nbytes,
+            dtype=spec.dtype,
+            shape=spec.shape,
             created_at=now,
             expires_at=now + ttl,
             ttl_s=ttl,
+            kind=spec.kind,
+            file_ids=spec.file_ids,
+            report=spec.report,
+            offset=spec.offset,
+            tensors=spec.tensors or {},
+            read_only=read_only,
+            reused=reused,
             holding=holding,
-            **fields,
         )
 
-    def grant(
-        self,
-        reservation: Reservation,
-        *,
-        nbytes: int,
-        dtype: str,
-        shape: tuple[int, ...],
-        kind: str,
-        file_ids: tuple[int, ...],
-        report: IoReport | None,
-        ttl_s: float | None = None,
-        offset: int = 0,
-        tensors: dict[str, Any] | None = None,
-        read_only: bool = False,
-    ) -> Lease:
-        """Turn a reservation with its attached buffer into a lease.
+    def grant(self, reservation: Reservation, spec: LeaseSpec, *, read_only: bool = False) -> Lease:
+        """Turn a reservation with its attached buffer into a lease of ``spec``.
 
         A ``read_only`` lease's buffer may be handed out again by :meth:`share`.
         """
@@ -284,60 +302,22 @@ class LeaseTable:
             raise InvalidInput("no buffer attached to the reservation")
         if buf.alloc_bytes != reservation.nbytes:
             raise InvalidInput("buffer size differs from the bytes reserved for it")
-        lease = self._new(
-            buf,
-            Holding(buf),
-            ttl_s,
-            nbytes=nbytes,
-            dtype=dtype,
-            shape=shape,
-            kind=kind,
-            file_ids=file_ids,
-            report=report,
-            offset=offset,
-            tensors=tensors or {},
-            read_only=read_only,
-        )
+        lease = self._new(buf, Holding(buf), spec, read_only=read_only, reused=False)
         reservation._granted()
         with self._lock:
             self._leases[lease.id] = lease
         return lease
 
-    def share(
-        self,
-        holding: Holding,
-        *,
-        nbytes: int,
-        dtype: str,
-        shape: tuple[int, ...],
-        kind: str,
-        file_ids: tuple[int, ...],
-        report: IoReport | None,
-        ttl_s: float | None = None,
-        offset: int = 0,
-        tensors: dict[str, Any] | None = None,
-    ) -> Lease | None:
-        """A new read-only lease over a buffer others hold already; nothing is reserved or
-        allocated (the bytes are charged once, to the holding). None when its last holder
-        has let go meanwhile (the caller then loads afresh)."""
+    def share(self, holding: Holding, spec: LeaseSpec) -> Lease | None:
+        """A new read-only lease of ``spec`` over a buffer others hold already; nothing is
+        reserved or allocated (the bytes are charged once, to the holding). None when its
+        last holder has let go meanwhile (the caller then loads afresh)."""
         buf = holding.buffer
-        if offset < 0 or offset + nbytes > buf.alloc_bytes:
-            raise InvalidInput(f"[{offset}, {offset + nbytes}) is outside the allocation")
-        lease = self._new(
-            buf,
-            holding,
-            ttl_s,
-            nbytes=nbytes,
-            dtype=dtype,
-            shape=shape,
-            kind=kind,
-            file_ids=file_ids,
-            report=report,
-            offset=offset,
-            tensors=tensors or {},
-            read_only=True,
-            reused=True,
-        )
+        if spec.offset < 0 or spec.offset + spec.nbytes > buf.alloc_bytes:
+            raise InvalidInput(
+                f"[{spec.offset}, {spec.offset + spec.nbytes}) is outside the allocation"
+            )
+        lease = self._new(buf, holding, spec, read_only=True, reused=True)
         with self._lock:
             if holding.count <= 0:
                 return None

@@ -8,6 +8,11 @@ allocates a dedicated buffer (:mod:`tiering.io.buffers`), fills it with :mod:`ti
 hands it out as a :class:`~tiering.serving.leases.Lease`. On any error everything reserved or
 allocated for the request is given back before the error propagates.
 
+Every load takes its destination as ``device``: one device (``"cuda:0"``, a
+:class:`~tiering.io.Device`), or a :class:`~tiering.io.target.LoadTarget` parsed once where the
+request came in (several devices, ``cuda:*``, a sharding with a rank), which then returns one
+entry per device. The target travels down as it is; see :mod:`tiering.io.target`.
+
 The loader is a façade: the shared state lives in a
 :class:`~tiering.serving.context.LoadContext`, and each kind of load is a free function over
 it (:mod:`~tiering.serving.loads`, :mod:`~tiering.serving.gathers`,
@@ -16,29 +21,27 @@ it (:mod:`~tiering.serving.loads`, :mod:`~tiering.serving.gathers`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
 
 from tiering.catalog import FileRecord
 from tiering.engine import Engine
-from tiering.errors import InvalidInput
 from tiering.io import Device, GpuDirectStorage, IoReport
-from tiering.serving.checks import parse_dtype
+from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.context import LoadContext
 from tiering.serving.devstats import DeviceStats
-from tiering.serving.gathers import gather_rows
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.leases import Lease, LeaseTable
-from tiering.serving.loads import FanOut, LoadItem, load_many, load_one
+from tiering.serving.loads import FanOut, LoadItem, load_many
 from tiering.serving.memory import MemoryHolder
 from tiering.serving.models import Models
 from tiering.serving.prefetch import start_prefetch
-from tiering.serving.replicas import Replica, replicate, replicate_range
+from tiering.serving.replicas import Replica, gather_to, replicate_range
 from tiering.serving.residency import Residency
-from tiering.serving.safetensors import TensorsLoaded, load_shards
+from tiering.serving.safetensors import TensorsLoaded
 from tiering.serving.sharded import DeviceLoaded, load_devices
 
 __all__ = ["Loader"]
@@ -121,6 +124,7 @@ class Loader:
         return self._ctx.record(ref)
 
     # -- loads -------------------------------------------------------------------------------
+    @overload
     def load(
         self,
         file: FileRef,
@@ -132,15 +136,52 @@ class Loader:
         shape: Sequence[int] | None = None,
         ttl_s: float | None = None,
         shared: bool = False,
-    ) -> Lease:
+    ) -> Lease: ...
+
+    @overload
+    def load(
+        self,
+        file: FileRef,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        device: LoadTarget,
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+        shared: bool = False,
+    ) -> list[Replica]: ...
+
+    def load(
+        self,
+        file: FileRef,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        device: str | Device | LoadTarget = "cpu",
+        dtype: str = "uint8",
+        shape: Sequence[int] | None = None,
+        ttl_s: float | None = None,
+        shared: bool = False,
+    ) -> Lease | list[Replica]:
         """Load ``length`` bytes (default: to the end) from ``offset`` into a new lease.
 
-        ``shared=True`` is a read-only contract: the caller promises never to write the
-        buffer. In return, a range already resident on ``device`` (from an earlier shared load
-        or a GPU prefetch of the same file at the same generation) is handed out again: the
-        same allocation (CUDA IPC handle or shared-memory segment), no read, no new bytes
-        against the budget. Otherwise it is read into a new read-only buffer that stays
-        resident while any lease holds it. The lease and its handle say ``read_only``.
+        ``device`` a :class:`~tiering.io.target.LoadTarget` of several devices (or
+        ``cuda:*``): the same bytes on each, storage read once, one
+        :class:`~tiering.serving.replicas.Replica` per device. Where every pair of GPUs has
+        peer access (and peer copies measured faster than staging through the host; setting
+        ``gpu_delivery``), each device reads 1/N of the range at once over its own host link
+        and the devices exchange their parts GPU to GPU (delivery ``split``). Elsewhere the
+        first device reads it all and the others get its bytes through pinned host staging
+        (``host``). A budget overrun on any device leaves nothing leased anywhere.
+
+        ``shared=True`` (one device only) is a read-only contract: the caller promises never
+        to write the buffer. In return, a range already resident on ``device`` (from an
+        earlier shared load or a GPU prefetch of the same file at the same generation) is
+        handed out again: the same allocation (CUDA IPC handle or shared-memory segment), no
+        read, no new bytes against the budget. Otherwise it is read into a new read-only
+        buffer that stays resident while any lease holds it. The lease and its handle say
+        ``read_only``.
 
         Raises
         ------
@@ -154,17 +195,18 @@ class Loader:
         InsufficientSpace
             Over the device's lease budget (or no shared memory left).
         """
-        return load_one(
+        out = replicate_range(
             self._ctx,
             file,
+            LoadTarget.of(device),
             offset=offset,
             length=length,
-            device=device,
             dtype=dtype,
             shape=shape,
             ttl_s=ttl_s,
             shared=shared,
         )
+        return out if isinstance(device, LoadTarget) else out[0].lease
 
     def load_batch(
         self,
@@ -187,6 +229,7 @@ class Loader:
         """
         return load_many(self._ctx, self._fan_out, items, device=device, ttl_s=ttl_s, shared=shared)
 
+    @overload
     def gather(
         self,
         file: FileRef,
@@ -198,10 +241,40 @@ class Loader:
         count: int | None = None,
         device: str | Device = "cpu",
         ttl_s: float | None = None,
-    ) -> Lease:
+    ) -> Lease: ...
+
+    @overload
+    def gather(
+        self,
+        file: FileRef,
+        *,
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        device: LoadTarget,
+        ttl_s: float | None = None,
+    ) -> list[Replica]: ...
+
+    def gather(
+        self,
+        file: FileRef,
+        *,
+        dim: int,
+        dtype: str = "float32",
+        indices: Sequence[int] | np.ndarray | None = None,
+        start: int | None = None,
+        count: int | None = None,
+        device: str | Device | LoadTarget = "cpu",
+        ttl_s: float | None = None,
+    ) -> Lease | list[Replica]:
         """Rows of a row-major ``(rows, dim)`` matrix file into a ``(n, dim)`` lease.
 
         Either ``indices`` (any order, duplicates allowed) or ``start`` and ``count``.
+        ``device`` a :class:`~tiering.io.target.LoadTarget` of several devices: the first
+        gathers the rows (they are scattered, so there is no one range to split), the others
+        get them by peer copy or through pinned host staging; one Replica per device.
 
         Raises
         ------
@@ -209,17 +282,18 @@ class Loader:
             More than ``max_gather_indices`` indices.
         IndexOutOfRange, InvalidDtype, InvalidInput
         """
-        return gather_rows(
+        out = gather_to(
             self._ctx,
             file,
+            LoadTarget.of(device),
             dim=dim,
             dtype=dtype,
             indices=indices,
             start=start,
             count=count,
-            device=device,
             ttl_s=ttl_s,
         )
+        return out if isinstance(device, LoadTarget) else out[0].lease
 
     @overload
     def load_safetensors(
@@ -230,9 +304,6 @@ class Loader:
         device: str | Device = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-        devices: None = None,
-        sharding: None = None,
-        rank: None = None,
     ) -> TensorsLoaded: ...
 
     @overload
@@ -241,26 +312,9 @@ class Loader:
         files: Sequence[FileRef],
         *,
         names: Sequence[str] | None = None,
-        device: str | Device = "cpu",
+        device: LoadTarget,
         ttl_s: float | None = None,
         shared: bool = False,
-        devices: str | Sequence[str | Device],
-        sharding: Mapping[str, Any] | None = None,
-        rank: int | None = None,
-    ) -> list[DeviceLoaded]: ...
-
-    @overload
-    def load_safetensors(
-        self,
-        files: Sequence[FileRef],
-        *,
-        names: Sequence[str] | None = None,
-        device: str | Device = "cpu",
-        ttl_s: float | None = None,
-        shared: bool = False,
-        devices: str | Sequence[str | Device] | None = None,
-        sharding: Mapping[str, Any],
-        rank: int | None = None,
     ) -> list[DeviceLoaded]: ...
 
     def load_safetensors(
@@ -268,124 +322,38 @@ class Loader:
         files: Sequence[FileRef],
         *,
         names: Sequence[str] | None = None,
-        device: str | Device = "cpu",
+        device: str | Device | LoadTarget = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-        devices: str | Sequence[str | Device] | None = None,
-        sharding: Mapping[str, Any] | None = None,
-        rank: int | None = None,
     ) -> TensorsLoaded | list[DeviceLoaded]:
         """Load the tensors (all, or ``names``) of safetensors shards: one lease per shard.
 
-        ``shared`` (see :meth:`load`): a shard whose selected tensors are resident on
-        ``device`` is handed out again, allocation and layout as they are.
+        ``shared`` (one device only; see :meth:`load`): a shard whose selected tensors are
+        resident on ``device`` is handed out again, allocation and layout as they are.
 
-        With ``devices`` (a list, or ``"cuda:*"``) or ``sharding``, returns one
-        :class:`~tiering.serving.sharded.DeviceLoaded` per device (``device`` is then
-        ignored; ``devices`` defaults to ``[device]``): without ``sharding`` each device gets
-        every tensor, storage read once; with it, a tensor-parallel spec (see
-        :mod:`tiering.io.sharding`), each rank's slices go to its device: ``rank=None``
-        loads every rank (one device per rank, in rank order), ``rank=k`` that rank into
-        its one device. Each tensor says its slice's shape, the whole tensor's shape and the
-        slice's offset in it. Not with ``shared``.
+        ``device`` a :class:`~tiering.io.target.LoadTarget`: returns one
+        :class:`~tiering.serving.sharded.DeviceLoaded` per device. Without a sharding each
+        device gets every tensor, storage read once; with a tensor-parallel spec (see
+        :mod:`tiering.io.sharding`) each rank's slices go to its device: every rank (one
+        device per rank, in rank order), or the target's ``rank`` into its one device. Each
+        tensor says its slice's shape, the whole tensor's shape and the slice's offset in it.
 
         Raises
         ------
         MalformedFile, InvalidDtype, InvalidInput
             A bad header, a tensor in two shards, or a name in none.
         InvalidSharding, InvalidDevice
-            A spec that does not fit the tensors, a rank out of range; an unknown device,
-            ``cpu`` among several devices.
+            A spec that does not fit the tensors, a device count that does not fit the
+            ranks; an unknown device.
         InsufficientSpace
             Over the budget of any device (nothing is left leased on the others).
         TooLarge
             More than ``max_batch_items`` files.
         """
-        if devices is None and sharding is None and rank is None:
-            return load_shards(
-                self._ctx, files, names=names, device=device, ttl_s=ttl_s, shared=shared
-            )
-        if shared:
-            raise InvalidInput("shared loads take one device and no sharding")
-        return load_devices(
-            self._ctx,
-            files,
-            names=names,
-            devices=[device] if devices is None else devices,
-            sharding=sharding,
-            rank=rank,
-            ttl_s=ttl_s,
+        out = load_devices(
+            self._ctx, files, LoadTarget.of(device), names=names, ttl_s=ttl_s, shared=shared
         )
-
-    def load_replicas(
-        self,
-        file: FileRef,
-        *,
-        devices: str | Sequence[str | Device],
-        offset: int = 0,
-        length: int | None = None,
-        dtype: str = "uint8",
-        shape: Sequence[int] | None = None,
-        ttl_s: float | None = None,
-    ) -> list[Replica]:
-        """:meth:`load` into every one of ``devices`` (or ``"cuda:*"``), storage read once.
-
-        Where every pair of GPUs has peer access (and peer copies measured faster than
-        staging through the host; setting ``gpu_delivery``), each device reads 1/N of the
-        range at once over its own host link and the devices exchange their parts GPU to GPU
-        (delivery ``split``). Elsewhere the first device reads it all and the others get
-        its bytes through pinned host staging (``host``). Each
-        :class:`~tiering.serving.replicas.Replica` says which. A budget overrun on any device
-        leaves nothing leased anywhere.
-        """
-        return replicate_range(
-            self._ctx,
-            file,
-            devices,
-            offset=offset,
-            length=length,
-            dtype=dtype,
-            shape=shape,
-            ttl_s=ttl_s,
-        )
-
-    def gather_replicas(
-        self,
-        file: FileRef,
-        *,
-        devices: str | Sequence[str | Device],
-        dim: int,
-        dtype: str = "float32",
-        indices: Sequence[int] | np.ndarray | None = None,
-        start: int | None = None,
-        count: int | None = None,
-        ttl_s: float | None = None,
-    ) -> list[Replica]:
-        """:meth:`gather` into every one of ``devices``: the first device gathers the rows
-        (they are scattered, so there is no one range to split), the others get them by peer
-        copy or through pinned host staging (each Replica says which)."""
-
-        def size() -> int:
-            rows = len(indices) if indices is not None else (count or 0)
-            return rows * max(0, dim) * parse_dtype(dtype).itemsize
-
-        return replicate(
-            self._ctx,
-            devices,
-            nbytes=size,
-            first=lambda d: self.gather(
-                file,
-                dim=dim,
-                dtype=dtype,
-                indices=indices,
-                start=start,
-                count=count,
-                device=d,
-                ttl_s=ttl_s,
-            ),
-            ttl_s=ttl_s,
-            op="gather",
-        )
+        return out if isinstance(device, LoadTarget) else out[0].loaded
 
     # -- prefetch ----------------------------------------------------------------------------
     def prefetch(

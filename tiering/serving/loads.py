@@ -24,7 +24,7 @@ from tiering.io.buffers import alloc_size
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, fill
-from tiering.serving.leases import Lease, Reservation
+from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.residency import ResidentKey, authoritative_stat
 from tiering.tiers import Stat, Tier
 
@@ -104,14 +104,7 @@ def load_one(
             res.attach(ctx.leases.pool.get(dev, n))
             report = fill(storage, f, offset, res, n)
             lease = ctx.leases.grant(
-                res,
-                nbytes=n,
-                dtype=dt.name,
-                shape=shp,
-                kind="load",
-                file_ids=(file_id,),
-                report=report,
-                ttl_s=ttl_s,
+                res, LeaseSpec(n, dt.name, shp, "load", (file_id,), report, ttl_s)
             )
     ctx.observe("load", dev, report)
     return lease
@@ -171,18 +164,8 @@ def load_many(
             for (_dev, _s, _f, file_id, _o, n, dt, shp, res), report in zip(
                 prepared, reports, strict=True
             ):
-                leases.append(
-                    ctx.leases.grant(
-                        res,
-                        nbytes=n,
-                        dtype=dt.name,
-                        shape=shp,
-                        kind="load",
-                        file_ids=(file_id,),
-                        report=report,
-                        ttl_s=ttl_s,
-                    )
-                )
+                spec = LeaseSpec(n, dt.name, shp, "load", (file_id,), report, ttl_s)
+                leases.append(ctx.leases.grant(res, spec))
         except BaseException:
             ctx.leases.release_many([lease.id for lease in leases])
             raise
@@ -288,10 +271,8 @@ def load_shared(
             reports = fan_out.run(calls) if fan_out is not None else [c() for c in calls]
             for fl, report in zip(fills.values(), reports, strict=True):
                 w = fl.want
-                fl.lease = ctx.leases.grant(
-                    fl.res, nbytes=w.n, dtype=w.dtype.name, shape=w.shape, kind="load",
-                    file_ids=(w.rec.id,), report=report, ttl_s=ttl_s, read_only=True,
-                )  # fmt: skip
+                spec = LeaseSpec(w.n, w.dtype.name, w.shape, "load", (w.rec.id,), report, ttl_s)
+                fl.lease = ctx.leases.grant(fl.res, spec, read_only=True)
                 granted.append(fl.lease)
                 if fl.stat is not None:
                     residency.register(w.key, fl.lease, fl.stat)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from sqlalchemy import ColumnElement, select
 
@@ -34,10 +35,12 @@ from tiering.io.hfmodel import (
     select_tensors,
 )
 from tiering.io.safetensors import parse_header
+from tiering.io.target import LoadTarget
 from tiering.serving.context import LoadContext
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.prefetch import start_prefetch
-from tiering.serving.safetensors import TensorsLoaded, load_shards
+from tiering.serving.safetensors import TensorsLoaded
+from tiering.serving.sharded import DeviceLoaded, load_devices
 from tiering.tiers.paths import validate_relpath
 
 __all__ = ["ModelInfo", "ModelSummary", "Models", "model_info", "model_names", "summarize"]
@@ -215,6 +218,7 @@ class Models:
             return f.read_bytes(f.size(), 0)
 
     # -- acting on a model -------------------------------------------------------------------
+    @overload
     def load(
         self,
         name: str,
@@ -224,9 +228,36 @@ class Models:
         device: str | Device = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
-    ) -> TensorsLoaded:
+    ) -> TensorsLoaded: ...
+
+    @overload
+    def load(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: LoadTarget,
+        ttl_s: float | None = None,
+        shared: bool = False,
+    ) -> list[DeviceLoaded]: ...
+
+    def load(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        prefix: str | None = None,
+        device: str | Device | LoadTarget = "cpu",
+        ttl_s: float | None = None,
+        shared: bool = False,
+    ) -> TensorsLoaded | list[DeviceLoaded]:
         """Load a model's tensors (all, the ``names`` given, or those starting with
         ``prefix``) into one lease per shard, the shards concurrently.
+
+        ``device`` is one device, or a :class:`~tiering.io.target.LoadTarget`: several
+        devices, or a tensor-parallel sharding, as for
+        :meth:`tiering.serving.Loader.load_safetensors` (one entry per device is returned).
 
         ``shared``: read-only leases, handed out again from resident shards (see
         :meth:`tiering.serving.Loader.load`).
@@ -238,21 +269,25 @@ class Models:
             A bad index; a tensor in two shards; a weight map entry its shard does not hold.
         InvalidInput
             Both ``names`` and ``prefix``; a name not in the model; a prefix no name has.
+        InvalidSharding, InvalidDevice
+            As for :meth:`tiering.serving.Loader.load_safetensors`.
         InsufficientSpace
             Over the device's lease budget.
         """
+        target = LoadTarget.of(device)
         info, lay = self.layout(name)
         by_name = {info.file_name(r): r for r in info.files}
         refs: list[int | str] = [by_name[s].id for s in lay.shards]
-        return load_shards(
+        out = load_devices(
             self._ctx,
             refs,
+            target,
             names=None,
-            device=device,
             ttl_s=ttl_s,
-            select=self._selector(lay, names, prefix),
             shared=shared,
+            select=self._selector(lay, names, prefix),
         )
+        return out if isinstance(device, LoadTarget) else out[0].loaded
 
     @staticmethod
     def _selector(

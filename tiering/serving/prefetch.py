@@ -24,6 +24,7 @@ from tiering.moves import Cancelled
 from tiering.serving.config import FileRef, MiB
 from tiering.serving.context import LoadContext
 from tiering.serving.jobs import Job, JobCancelled, JobTable
+from tiering.serving.leases import LeaseSpec
 from tiering.tiers import FillCancelled, Tier
 
 __all__ = ["PREFETCH_TARGETS", "start_prefetch"]
@@ -158,17 +159,10 @@ def _prefetch_gpu(
                                 slow.cold if slow else False,
                                 source=slow.source if slow else "page_cache",
                             )
-                            lease = ctx.leases.grant(
-                                res,
-                                nbytes=n,
-                                dtype="uint8",
-                                shape=(n,),
-                                kind="prefetch",
-                                file_ids=(file_id,),
-                                report=report,
-                                ttl_s=ttl_s,
-                                read_only=True,
+                            spec = LeaseSpec(
+                                n, "uint8", (n,), "prefetch", (file_id,), report, ttl_s
                             )
+                            lease = ctx.leases.grant(res, spec, read_only=True)
                     if stat is not None:
                         residency.register(key, lease, stat)
         except TierdError as exc:

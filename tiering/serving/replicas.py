@@ -26,18 +26,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tiering.errors import FileChanged
+import numpy as np
+
+from tiering.errors import FileChanged, InvalidSharding
 from tiering.io import Device, GdsFile
 from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.buffers import alloc_size
+from tiering.io.target import LoadTarget
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, fill, flat
-from tiering.serving.devices import parse_devices
-from tiering.serving.leases import Lease, Reservation
+from tiering.serving.devices import resolve
+from tiering.serving.gathers import gather_rows
+from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.loads import load_one
 
-__all__ = ["Replica", "replicate", "replicate_range", "same_file"]
+__all__ = ["Replica", "gather_to", "replicate", "replicate_range", "same_file"]
 
 
 @dataclass(frozen=True)
@@ -65,25 +69,36 @@ def _identity(f: GdsFile) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
+def _devices(ctx: LoadContext, target: LoadTarget) -> list[Device]:
+    """The devices of a range or rows load: a sharding splits tensors, which these have not."""
+    if target.sharding is not None:
+        raise InvalidSharding("sharding splits safetensors tensors; give devices here")
+    return resolve(ctx, target)
+
+
 def replicate_range(
     ctx: LoadContext,
     file: FileRef,
-    devices: str | Sequence[str | Device],
+    target: LoadTarget,
     *,
     offset: int,
     length: int | None,
     dtype: str,
     shape: Sequence[int] | None,
     ttl_s: float | None,
+    shared: bool = False,
 ) -> list[Replica]:
-    """A range of ``file`` into every one of ``devices``; see
-    :meth:`tiering.serving.Loader.load_replicas`."""
-    devs = parse_devices(ctx, devices)
+    """A range of ``file`` into every device of ``target``; see
+    :meth:`tiering.serving.Loader.load`. One device is the plain load (``shared`` too)."""
+    if shared:
+        target.alone("shared loads")
+    devs = _devices(ctx, target)
 
     def one(d: Device) -> Lease:
         return load_one(
-            ctx, file, offset=offset, length=length, device=d, dtype=dtype, shape=shape, ttl_s=ttl_s
-        )
+            ctx, file, offset=offset, length=length, device=d, dtype=dtype, shape=shape,
+            ttl_s=ttl_s, shared=shared,
+        )  # fmt: skip
 
     if len(devs) == 1:
         return [Replica(one(devs[0]), "read")]
@@ -117,16 +132,8 @@ def replicate_range(
             out = []
             for d, res, read, (_f, file_id) in zip(devs, reserved, reads, opened, strict=True):
                 report = dataclasses.replace(read, nbytes=n, seconds=seconds)
-                lease = ctx.leases.grant(
-                    res,
-                    nbytes=n,
-                    dtype=dt.name,
-                    shape=shp,
-                    kind="load",
-                    file_ids=(file_id,),
-                    report=report,
-                    ttl_s=ttl_s,
-                )
+                spec = LeaseSpec(n, dt.name, shp, "load", (file_id,), report, ttl_s)
+                lease = ctx.leases.grant(res, spec)
                 granted.append(lease)
                 out.append(Replica(lease, "split"))
                 ctx.observe("load", d, report)
@@ -138,9 +145,40 @@ def replicate_range(
             raise
 
 
+def gather_to(
+    ctx: LoadContext,
+    file: FileRef,
+    target: LoadTarget,
+    *,
+    dim: int,
+    dtype: str,
+    indices: Sequence[int] | np.ndarray | None,
+    start: int | None,
+    count: int | None,
+    ttl_s: float | None,
+) -> list[Replica]:
+    """Rows of a matrix file into every device of ``target``; see
+    :meth:`tiering.serving.Loader.gather`. The first device gathers the rows (they are
+    scattered, so there is no one range to split), the others get them by peer copy or
+    through pinned host staging (each Replica says which)."""
+    devs = _devices(ctx, target)
+
+    def size() -> int:
+        rows = len(indices) if indices is not None else (count or 0)
+        return rows * max(0, dim) * parse_dtype(dtype).itemsize
+
+    def first(d: Device) -> Lease:
+        return gather_rows(
+            ctx, file, dim=dim, dtype=dtype, indices=indices, start=start, count=count,
+            device=d, ttl_s=ttl_s,
+        )  # fmt: skip
+
+    return replicate(ctx, devs, nbytes=size, first=first, ttl_s=ttl_s, op="gather")
+
+
 def replicate(
     ctx: LoadContext,
-    devices: str | Sequence[str | Device],
+    devs: Sequence[Device],
     *,
     nbytes: Callable[[], int],
     first: Callable[[Device], Lease],
@@ -154,7 +192,6 @@ def replicate(
     ``nbytes()`` is the load's size, asked before anything is read, to reserve the other
     devices; a first lease of another size (the file changed) re-reserves them.
     """
-    devs = parse_devices(ctx, devices)
     if len(devs) == 1:
         return [Replica(first(devs[0]), "read")]
     ctx.leases.ttl(ttl_s)
@@ -178,16 +215,10 @@ def replicate(
         out = [Replica(lease0, "read")]
         for res, report in zip(others, reports, strict=True):
             # On an error below, cancel() skips what was granted (see Reservation).
-            lease = ctx.leases.grant(
-                res,
-                nbytes=n,
-                dtype=lease0.dtype,
-                shape=lease0.shape,
-                kind=lease0.kind,
-                file_ids=lease0.file_ids,
-                report=report,
-                ttl_s=ttl_s,
+            spec = LeaseSpec(
+                n, lease0.dtype, lease0.shape, lease0.kind, lease0.file_ids, report, ttl_s
             )
+            lease = ctx.leases.grant(res, spec)
             granted.append(lease)
             out.append(Replica(lease, way))
             ctx.observe(op, lease.device, report)

@@ -46,7 +46,7 @@ from tiering.catalog import FileRecord, FileState
 from tiering.errors import TierdError
 from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
 from tiering.serving.held import Held, still_current
-from tiering.serving.leases import Holding, Lease, LeaseTable
+from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
 from tiering.tiers import Stat, Tier
 
 __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
@@ -280,18 +280,11 @@ class Residency:
         counted as one access of ``rec`` and one 0-byte operation under the ``copy`` path (its
         report says so: no byte was read for it). None when its last holder let go."""
         started = time.perf_counter()
-        lease = self._leases.share(
-            holding,
-            nbytes=nbytes,
-            dtype=dtype,
-            shape=shape if shape is not None else (nbytes,),
-            kind=kind,
-            file_ids=(rec.id,),
-            report=None,
-            ttl_s=ttl_s,
-            offset=offset,
-            tensors=tensors,
-        )
+        spec = LeaseSpec(
+            nbytes, dtype, shape if shape is not None else (nbytes,), kind, (rec.id,),
+            ttl_s=ttl_s, offset=offset, tensors=tensors,
+        )  # fmt: skip
+        lease = self._leases.share(holding, spec)
         if lease is None:
             return None
         # The bytes were in memory already: on the GPU, or in host (shared) memory.

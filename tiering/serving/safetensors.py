@@ -24,7 +24,7 @@ from tiering.io.buffers import alloc_size
 from tiering.io.safetensors import parse_header, select_tensors
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
-from tiering.serving.leases import Lease, Reservation
+from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.loads import record_of
 from tiering.serving.residency import ResidentKey, authoritative_stat
 
@@ -136,18 +136,10 @@ def _grant(
         for name, (at, t) in shard.tensors.items()
     }
     n = int(shard.buffer.nbytes)
-    return ctx.leases.grant(
-        res,
-        nbytes=n,
-        dtype="uint8",
-        shape=(n,),
-        kind="safetensors",
-        file_ids=(file_id,),
-        report=shard.report,
-        ttl_s=ttl_s,
-        tensors=layout,
-        read_only=read_only,
+    spec = LeaseSpec(
+        n, "uint8", (n,), "safetensors", (file_id,), shard.report, ttl_s, tensors=layout
     )
+    return ctx.leases.grant(res, spec, read_only=read_only)
 
 
 def loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:

@@ -1,18 +1,20 @@
-"""Safetensors loads into several devices: replicas, and tensor-parallel slices by rank.
+"""Safetensors loads into the devices of a :class:`~tiering.io.target.LoadTarget`: replicas,
+and tensor-parallel slices by rank (one device without sharding is the plain load).
 
-``devices`` without ``sharding``: every device gets every selected tensor, storage read
+Several devices without a sharding: every device gets every selected tensor, storage read
 once. Where every pair of GPUs has peer access (see :func:`tiering.io._fanout.choose`), each
 device reads its own 1/N of every shard's buffer, all at once over their own host links, and
 the devices then exchange their parts GPU to GPU (delivery ``split``); elsewhere the first
 device reads everything and the others get it through one pinned host staging buffer.
 
-With ``sharding`` (see :mod:`tiering.io.sharding`): rank ``k`` gets its slice of each tensor
-a rule matches and all of the others. ``rank=None`` loads every rank, one device per rank;
-``rank=k`` loads that rank into its one device (a worker asking for itself; ``cpu`` too).
-Each rank reads only its own bytes from storage, straight into its device, and all ranks
-read at once. A tensor no rule matches goes whole to every rank; in a load of every rank
-with peer access between the GPUs it is read from storage once, by one rank, and copied GPU
-to GPU to the others. Slices are read:
+With a sharding (see :mod:`tiering.io.sharding`): rank ``k`` gets its slice of each tensor
+a rule matches and all of the others; the target says which rank each device loads (every
+rank, one device per rank; or its ``rank``, into its one device: a worker asking for itself,
+``cpu`` too). The slices of every rank are computed once (:func:`tiering.io.sharding.split`)
+and read as they say. Each rank reads only its own bytes from storage, straight into its
+device, and all ranks read at once. A tensor no rule matches goes whole to every rank; in a
+load of every rank with peer access between the GPUs it is read from storage once, by one
+rank, and copied GPU to GPU to the others. Slices are read:
 
 - a dim-0 slice (and a replicated tensor) is one contiguous range;
 - a slice along ``dim > 0`` is one row segment per outer index. Segments of at least
@@ -31,34 +33,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tiering.errors import InvalidInput, InvalidSharding, TooLarge
+from tiering.errors import InvalidInput, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
 from tiering.io._fanout import Delivery, PeerCopy, all_gather, choose, fan_out, peer_copies, split
 from tiering.io.buffers import alloc_size
 from tiering.io.safetensors import DTYPES, TensorInfo, parse_header, select_tensors
-from tiering.io.sharding import (
-    ShardingSpec,
-    TensorSlice,
-    byte_ranges,
-    check_rank,
-    check_spec,
-    cut_whole,
-    parse_sharding,
-    slice_of,
-    whole_range,
-)
+from tiering.io.sharding import TensorSlice
+from tiering.io.sharding import split as split_tensors
+from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, flat
-from tiering.serving.devices import parse_devices
-from tiering.serving.leases import Lease, Reservation
+from tiering.serving.devices import resolve
+from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.replicas import same_file
-from tiering.serving.safetensors import TensorsLoaded, load_shards, loaded
+from tiering.serving.safetensors import Select, TensorsLoaded, load_shards, loaded
 
 __all__ = ["STRIDED_MIN_SEGMENT", "DeviceLoaded", "load_devices"]
 
@@ -95,53 +89,32 @@ class _Plan:
     nbytes: int = 0
 
 
-def _plan(infos: Sequence[TensorInfo], spec: ShardingSpec | None, rank: int | None) -> _Plan:
+def _plan(infos: Sequence[TensorInfo], slices: dict[str, TensorSlice]) -> _Plan:
+    """One shard's buffer: its tensors' slices (of one rank) packed in file order."""
     plan = _Plan()
     for t in sorted(infos, key=lambda t: t.begin):
-        size = np.dtype(DTYPES[t.dtype].storage).itemsize
-        if spec is None or rank is None:
-            part = TensorSlice(t.name, None, 0, 0, t.shape, (0,) * len(t.shape), t.shape, size)
-        else:
-            part = slice_of(spec, t.name, t.shape, size, rank)
+        part = slices[t.name]
         at = -(-plan.nbytes // _SLOT) * _SLOT
         plan.pieces.append(_Piece(t, part, at))
         plan.nbytes = at + part.nbytes
     return plan
 
 
-def _ranks(spec: ShardingSpec | None, rank: int | None, devs: Sequence[Device]) -> list[int | None]:
-    if spec is None:
-        if rank is not None:
-            raise InvalidSharding("rank needs a sharding spec")
-        return [None] * len(devs)
-    if rank is None:
-        if len(devs) != spec.world_size:
-            raise InvalidSharding(
-                f"a load of every rank needs one device per rank: world_size "
-                f"{spec.world_size}, {len(devs)} device(s); or ask for one rank with rank=k",
-                world_size=spec.world_size,
-                devices=len(devs),
-            )
-        return list(range(spec.world_size))
-    check_rank(spec, rank)
-    if len(devs) != 1:
-        raise InvalidSharding(
-            f"rank={rank} loads one rank into one device; {len(devs)} devices were named"
-        )
-    return [rank]
-
-
 def load_devices(
     ctx: LoadContext,
     files: Sequence[FileRef],
+    target: LoadTarget,
     *,
     names: Sequence[str] | None,
-    devices: str | Sequence[str | Device],
-    sharding: ShardingSpec | Mapping[str, Any] | None,
-    rank: int | None,
     ttl_s: float | None,
+    shared: bool = False,
+    select: Select | None = None,
 ) -> list[DeviceLoaded]:
-    """See :meth:`tiering.serving.Loader.load_safetensors` (``devices``, ``sharding``)."""
+    """Tensors of safetensors shards into the devices of ``target``, one entry per device;
+    see :meth:`tiering.serving.Loader.load_safetensors`. One device without sharding is the
+    plain load (:func:`~tiering.serving.safetensors.load_shards`, ``shared`` and ``select``
+    as there; ``select`` checks the opened shards and chooses the tensors, with ``names``
+    None)."""
     if not files:
         raise InvalidInput("name at least one file")
     if len(files) > ctx.config.max_batch_items:
@@ -149,12 +122,16 @@ def load_devices(
             f"{len(files)} files is over the limit of {ctx.config.max_batch_items}",
             limit=ctx.config.max_batch_items,
         )
-    devs = parse_devices(ctx, devices)
-    spec = None if sharding is None else parse_sharding(sharding)
-    ranks = _ranks(spec, rank, devs)
+    if shared:
+        target.alone("shared loads")
+    devs = resolve(ctx, target)
+    ranks = target.ranks(len(devs))
+    spec = target.sharding
     ctx.leases.ttl(ttl_s)
     if spec is None and len(devs) == 1:
-        one = load_shards(ctx, files, names=names, device=devs[0], ttl_s=ttl_s)
+        one = load_shards(
+            ctx, files, names=names, device=devs[0], ttl_s=ttl_s, select=select, shared=shared
+        )
         return [DeviceLoaded(devs[0], None, one, "read")]
     # Every rank reads its own slices; replicas split the reads over every device, or read
     # into the first device only where the GPUs cannot copy to each other.
@@ -169,15 +146,22 @@ def load_devices(
         ]
         for i in range(len(files)):
             same_file([o[i][0] for o in opened])
+        if select is not None:
+            names = select([f for f, _id in opened[0]])
         headers = []
         for f, _id in opened[0]:
             with f._use():
                 headers.append(parse_header(f.path, f.size(), f.read_bytes))
         chosen = select_tensors(headers, names)
         infos = [[h.tensors[n] for n in picked] for h, picked in zip(headers, chosen, strict=True)]
-        if spec is not None:
-            check_spec(spec, {t.name: t.shape for shard in infos for t in shard})
-        plans = [[_plan(shard, spec, r) for shard in infos] for r in ranks]
+        # Every rank's slice of every tensor, the spec checked against the tensors once.
+        sizes = {
+            t.name: (t.shape, np.dtype(DTYPES[t.dtype].storage).itemsize)
+            for shard in infos
+            for t in shard
+        }
+        slices = split_tensors(spec, sizes, ranks)
+        plans = [[_plan(shard, mine) for shard in infos] for mine in slices]
         return _run(
             ctx, devs, ranks, how, opened, plans, infos, ttl_s, sharded=bool(spec), peer=peer
         )
@@ -324,7 +308,7 @@ def _read_pieces(
             continue
         if p.part.dim in (None, 0) or p.part.segment_bytes >= STRIDED_MIN_SEGMENT:
             at = p.at
-            for off, n in byte_ranges(p.part, p.info.begin):
+            for off, n in p.part.byte_ranges(p.info.begin):
                 reads.append((off, n, at))
                 at += n
         else:
@@ -336,10 +320,10 @@ def _read_pieces(
         if reads:
             parts.append(storage._transfer_ranges(f, fd, buf, reads))
         for p in cuts:
-            off, n = whole_range(p.part, p.info.begin)
+            off, n = p.part.whole_range(p.info.begin)
             whole = storage.device.empty(n)
             parts.append(storage._transfer_ranges(f, fd, whole, [(off, n, 0)]))
-            view = cut_whole(p.part, whole)
+            view = p.part.cut_whole(whole)
             buf[p.at : p.at + p.part.nbytes].reshape(view.shape)[...] = view
     assert res.buffer is not None
     res.buffer.synchronize()
@@ -390,14 +374,6 @@ def _grant(
             entry["full_shape"] = list(p.part.full_shape)
             entry["slice_offset"] = list(p.part.offset)
         layout[p.info.name] = entry
-    return ctx.leases.grant(
-        res,
-        nbytes=plan.nbytes,
-        dtype="uint8",
-        shape=(plan.nbytes,),
-        kind="safetensors",
-        file_ids=(file_id,),
-        report=report,
-        ttl_s=ttl_s,
-        tensors=layout,
-    )
+    n = plan.nbytes
+    spec = LeaseSpec(n, "uint8", (n,), "safetensors", (file_id,), report, ttl_s, tensors=layout)
+    return ctx.leases.grant(res, spec)
