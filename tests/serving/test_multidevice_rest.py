@@ -146,3 +146,76 @@ def test_every_bad_request_is_a_422_and_leases_nothing(
     with pytest.raises(InvalidRequest, match="larger than dimension"):
         api.load_safetensors(ids, sharding={**SPEC, "world_size": 8}, rank=0)
     assert leased(api) == 0
+
+
+def test_devices_may_be_a_string_as_the_readme_spells_cuda_all(
+    api: Client, http: httpx.Client, ckpt: Any, upload: Callable[..., int]
+) -> None:
+    # Issue 27: "devices": "cuda:*" was refused as not a list (invalid_request). It names every
+    # GPU now; this host has none, which is what the 422 says. A string names one device.
+    ids, _ = ckpt
+    fid = upload("v/s.bin", bytes(range(64)))
+    for route, body in [
+        ("/v1/load", {"file_id": fid}),
+        ("/v1/load/safetensors", {"file_ids": ids}),
+        ("/v1/vectors/gather", {"file_id": fid, "dim": 8, "start": 0, "count": 2}),
+    ]:
+        r = http.post(route, json={**body, "devices": "cuda:*"})
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["code"] == "invalid_device" and "no GPU" in err["message"], (route, err)
+        one = http.post(route, json={**body, "devices": "cpu"})
+        assert one.status_code == 200, (route, one.text)
+        entries = one.json().get("devices") or one.json()["buffers"]
+        assert len(entries) == 1 and entries[0]["device"] == "cpu", route
+        buffers = entries[0].get("buffers", entries)
+        for b in buffers:
+            api.release(b["buffer_id"])
+    assert leased(api) == 0
+    with pytest.raises(InvalidRequest, match="no GPU"):
+        api.load(fid, devices="cuda:*")
+    [b] = api.load(fid, devices="cpu", length=16)
+    assert (b.device, b.info["delivery"], b.nbytes) == ("cpu", "read", 16)
+    b.close()
+    assert leased(api) == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_models_load_takes_devices_sharding_and_rank(
+    api: Client, http: httpx.Client, ckpt: Any, rank: int
+) -> None:
+    # Issue 27: /v1/models/load takes the body of /v1/load/safetensors, devices and sharding
+    # included (they were unknown fields: invalid_request). "tp" holds the checkpoint's shards.
+    _, full = ckpt
+    url = "/v1/models/load?name=tp"
+    r = http.post(url, json={"sharding": SPEC, "rank": rank})
+    assert r.status_code == 200, r.text
+    [entry] = r.json()["devices"]
+    assert (entry["device"], entry["rank"], entry["delivery"]) == ("cpu", rank, "read")
+    assert entry["tensors"]["l0.o_proj.weight"]["full_shape"] == [4, 7]
+    for b in entry["buffers"]:
+        api.release(b["buffer_id"])
+    r = http.post(url, json={"devices": ["cpu"]})
+    assert r.status_code == 200, r.text
+    [entry] = r.json()["devices"]
+    assert entry["rank"] is None and set(entry["tensors"]) == set(full)
+    for b in entry["buffers"]:
+        api.release(b["buffer_id"])
+    for body, code in [
+        ({"sharding": SPEC}, "invalid_sharding"),  # every rank needs 2 devices
+        ({"devices": "cuda:*"}, "invalid_device"),
+        ({"devices": ["cpu"], "shared": True}, "invalid_request"),
+        ({"device": "cpu", "devices": ["cpu"]}, "invalid_request"),
+    ]:
+        r = http.post(url, json=body)
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (body, r.text)
+    assert leased(api) == 0
+    # The client: the same target, one Tensors per device.
+    [t] = api.load_model("tp", sharding=SPEC, rank=rank)
+    dims = {"l0.q_proj.weight": 0, "l0.o_proj.weight": 1}
+    got = t.torch()
+    for name, tensor in full.items():
+        want = tensor.chunk(2, dims[name])[rank] if name in dims else tensor
+        assert torch.equal(got[name], want), name
+    t.close()
+    assert leased(api) == 0

@@ -29,7 +29,7 @@ from tiering.engine import Engine
 from tiering.errors import InsufficientSpace, InvalidDevice
 from tiering.io import GpuDirectStorage, _fanout
 from tiering.io._device import parse_device
-from tiering.serving import Loader, LoaderConfig
+from tiering.serving import Loader, LoaderConfig, LoadTarget
 
 MiB = 1 << 20
 
@@ -51,6 +51,7 @@ SPEC = {
     "rules": [{"pattern": "*.q.weight", "dim": 0}, {"pattern": "*.o.weight", "dim": 1}],
 }
 DIMS = {"l0.q.weight": 0, "l0.o.weight": 1, "l1.q.weight": 0, "l1.o.weight": 1}
+TP = LoadTarget.parse(devices=["cuda:0", "cuda:1"], sharding=SPEC)
 
 
 @pytest.fixture
@@ -106,8 +107,9 @@ def _replicas_of_every_size(eng: Engine, ld: Loader, mode: str) -> None:
     data = os.urandom(8 * MiB + 123)
     rec = put(eng, f"r/{mode}.bin", data)
     # Whole, a range off every boundary of the split (2 MiB parts), one too small to split.
+    every = LoadTarget.parse(devices="cuda:*")
     for offset, length in [(0, None), (4097, 5 * MiB + 7), (11, 100)]:
-        reps = ld.load_replicas(rec.id, devices="cuda:*", offset=offset, length=length)
+        reps = ld.load(rec.id, device=every, offset=offset, length=length)
         assert [str(r.lease.device) for r in reps] == [f"cuda:{i}" for i in range(n)]
         # NVLink hosts split: peer copies measure far faster than the host's links.
         if _fanout.choose([r.lease.device for r in reps], mode) == "peer":
@@ -120,7 +122,8 @@ def _replicas_of_every_size(eng: Engine, ld: Loader, mode: str) -> None:
         ld.leases.release_many([r.lease.id for r in reps])
     # A gather reads rows of a matrix: a file of whole rows of 16 float32.
     matrix = put(eng, f"r/rows-{mode}.bin", data[: 8 * MiB])
-    rows = ld.gather_replicas(matrix.id, devices=["cuda:1", "cuda:0"], dim=16, start=3, count=9)
+    back = LoadTarget.parse(devices=["cuda:1", "cuda:0"])
+    rows = ld.gather(matrix.id, device=back, dim=16, start=3, count=9)
     assert rows[0].delivery == "read" and rows[1].delivery in {"peer", "host"}
     # Bytes, not floats: random bytes hold NaNs, and NaN != NaN.
     want_rows = data[: 8 * MiB][3 * 64 : 12 * 64]
@@ -156,14 +159,14 @@ def test_replicated_safetensors_and_every_rank_in_one_request(
     full = {**full, **big}
     ld = Loader(eng, LoaderConfig(gpu_budget_bytes=256 * MiB, gpu_delivery=mode)).start()
     try:
-        reps = ld.load_safetensors(ids, devices=["cuda:0", "cuda:1"])
+        reps = ld.load_safetensors(ids, device=LoadTarget.parse(devices=["cuda:0", "cuda:1"]))
         split = _fanout.choose([d.device for d in reps], mode) == "peer"
         assert [d.delivery for d in reps] == (["split"] * 2 if split else ["read", "host"])
         for d in reps:
             got = _tensors(d)
             assert all(torch.equal(got[n], t) for n, t in full.items())
         ld.leases.release_many([lease.id for d in reps for lease in d.loaded.leases])
-        ranks = ld.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
+        ranks = ld.load_safetensors(ids, device=TP)
         for k, d in enumerate(ranks):
             assert (d.rank, str(d.device), d.delivery) == (k, f"cuda:{k}", "read")
             got = _tensors(d)
@@ -177,7 +180,8 @@ def test_replicated_safetensors_and_every_rank_in_one_request(
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_asking_for_itself(loader: Loader, ckpt: Any, rank: int) -> None:
     ids, full = ckpt
-    [d] = loader.load_safetensors(ids, devices=[f"cuda:{rank}"], sharding=SPEC, rank=rank)
+    mine = LoadTarget.parse(devices=[f"cuda:{rank}"], sharding=SPEC, rank=rank)
+    [d] = loader.load_safetensors(ids, device=mine)
     got = _tensors(d)
     for name, tensor in full.items():
         want = tensor.chunk(2, DIMS[name])[rank] if name in DIMS else tensor
@@ -189,7 +193,7 @@ def test_budget_overrun_on_one_device_leaves_nothing_on_the_others(eng: Engine) 
     ld = Loader(eng, LoaderConfig(gpu_budget_bytes=4 * MiB)).start()
     try:
         with pytest.raises(InsufficientSpace):
-            ld.load_replicas(rec.id, devices=["cuda:0", "cuda:1"])
+            ld.load(rec.id, device=LoadTarget.parse(devices=["cuda:0", "cuda:1"]))
         assert sum(ld.leases.leased_bytes().values()) == 0
     finally:
         ld.stop()
@@ -216,7 +220,8 @@ def test_a_second_process_opens_every_devices_lease(tmp_path: Path) -> None:
     with LiveServer(settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
         r = http.put("/v1/files/content", params={"path": "x.bin"}, content=data)
         fid = r.json()["id"]
-        reply = http.post("/v1/load", json={"file_id": fid, "devices": ["cuda:*"]}).json()
+        # "cuda:*" as the README spells it: a string, not a list.
+        reply = http.post("/v1/load", json={"file_id": fid, "devices": "cuda:*"}).json()
         assert len(reply["buffers"]) == _gpus()
         args = {"url": srv.url, "buffers": reply["buffers"]}
         env = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -242,7 +247,7 @@ def test_loads_leave_the_callers_current_device_alone(
         for d in ("cuda:1", "cuda:0", "cuda:1"):
             loader.leases.release(loader.load(rec.id, device=d).id)
             assert cp.cuda.runtime.getDevice() == before
-        out = loader.load_safetensors(ids, devices=["cuda:0", "cuda:1"], sharding=SPEC)
+        out = loader.load_safetensors(ids, device=TP)
         loader.leases.release_many([lease.id for d in out for lease in d.loaded.leases])
         assert cp.cuda.runtime.getDevice() == before
     cp.cuda.runtime.setDevice(0)

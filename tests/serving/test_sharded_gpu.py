@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers import put
 from tiering.engine import Engine
-from tiering.serving import Loader, LoaderConfig
+from tiering.serving import Loader, LoaderConfig, LoadTarget
 from tiering.serving.sharded import STRIDED_MIN_SEGMENT
 
 
@@ -76,7 +76,8 @@ def _tensors(d: Any) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_into_one_gpu_equals_torch_chunk(loader: Loader, ckpt: Any, rank: int) -> None:
     ids, full = ckpt
-    [d] = loader.load_safetensors(ids, devices=["cuda:0"], sharding=SPEC, rank=rank)
+    mine = LoadTarget.parse(devices=["cuda:0"], sharding=SPEC, rank=rank)
+    [d] = loader.load_safetensors(ids, device=mine)
     assert (str(d.device), d.rank) == ("cuda:0", rank)
     got = _tensors(d)
     for name, tensor in full.items():
@@ -88,7 +89,7 @@ def test_each_rank_into_one_gpu_equals_torch_chunk(loader: Loader, ckpt: Any, ra
 
 def test_a_one_gpu_replica_list_is_a_plain_read(loader: Loader, ckpt: Any) -> None:
     ids, full = ckpt
-    [d] = loader.load_safetensors(ids, devices=["cuda:0"])
+    [d] = loader.load_safetensors(ids, device=LoadTarget.parse(devices=["cuda:0"]))
     got = _tensors(d)
     assert set(got) == set(full)
     for name, tensor in full.items():

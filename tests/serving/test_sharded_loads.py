@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from tests.helpers import put
 from tiering.engine import Engine
 from tiering.errors import InsufficientSpace, InvalidDevice, InvalidInput, InvalidSharding
-from tiering.serving import Loader, LoaderConfig
+from tiering.serving import Loader, LoaderConfig, LoadTarget
 from tiering.serving.sharded import STRIDED_MIN_SEGMENT, DeviceLoaded
 
 MiB = 1 << 20
@@ -81,7 +81,8 @@ def _leased(ld: Loader) -> int:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_into_cpu_equals_torch_chunk(loader: Loader, shards: Any, rank: int) -> None:
     ids, full = shards
-    [d] = loader.load_safetensors(ids, devices=["cpu"], sharding=SPEC, rank=rank)
+    to = LoadTarget.parse(devices=["cpu"], sharding=SPEC, rank=rank)
+    [d] = loader.load_safetensors(ids, device=to)
     assert (str(d.device), d.rank, d.delivery) == ("cpu", rank, "read")
     got = _tensors(d)
     dims = {"l0.q.weight": 0, "l1.q.weight": 0, "l0.o.weight": 1, "wide": 1}
@@ -110,17 +111,23 @@ def test_every_rank_of_a_one_rank_split_and_replicas_on_one_device(
 ) -> None:
     ids, full = shards
     one = {"world_size": 1, "rules": [{"pattern": "*", "dim": 0}]}
-    [d] = loader.load_safetensors(ids, devices="cpu", sharding=one)
+    [d] = loader.load_safetensors(ids, device=LoadTarget.parse(devices="cpu", sharding=one))
     assert d.rank == 0 and all(torch.equal(_tensors(d)[n], t) for n, t in full.items())
-    [r] = loader.load_safetensors(ids, devices=["cpu"])
+    cpu = LoadTarget.parse(devices=["cpu"])
+    [r] = loader.load_safetensors(ids, device=cpu)
     assert r.rank is None and set(_tensors(r)) == set(full)
-    (rep,) = loader.load_replicas(ids[0], devices=["cpu"], length=64)
+    (rep,) = loader.load(ids[0], device=cpu, length=64)
     assert rep.delivery == "read" and rep.lease.nbytes == 64
+    (rows,) = loader.gather(ids[0], device=cpu, dim=1, dtype="uint8", start=0, count=8)
+    assert rows.delivery == "read" and rows.lease.shape == (8, 1)
 
 
 BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"devices": ["cpu", "cpu"]}, InvalidDevice, "cpu cannot be one of several"),
-    ({"devices": ["cpu", "cuda:0"]}, InvalidDevice, "no CUDA"),
+    ({"devices": ["cpu", "cuda:0"]}, InvalidDevice, "cpu cannot be one of several"),
+    ({"devices": ["cuda:0", "cuda:0"]}, InvalidDevice, "named twice"),
+    ({"devices": ["cuda:*", "cuda:0"]}, InvalidDevice, "give it alone"),
+    ({"devices": ["cuda:0"]}, InvalidDevice, "no CUDA"),
     ({"devices": ["cuda:*"]}, InvalidDevice, "no GPU"),
     ({"devices": ["tpu:0"]}, InvalidDevice, "tpu"),
     ({"devices": []}, InvalidDevice, "at least one"),
@@ -148,8 +155,9 @@ def test_bad_requests_are_refused_leasing_nothing(
     loader: Loader, shards: Any, kw: dict[str, Any], error: type[Exception], words: str
 ) -> None:
     ids, _ = shards
+    where = {k: v for k, v in kw.items() if k != "shared"}
     with pytest.raises(error, match=words):
-        loader.load_safetensors(ids, **kw)
+        loader.load_safetensors(ids, device=LoadTarget.parse(**where), shared="shared" in kw)
     assert _leased(loader) == 0
 
 
@@ -157,13 +165,20 @@ def test_replica_refusals_and_budget_overrun_lease_nothing(eng: Engine, shards: 
     ids, _ = shards
     ld = Loader(eng, LoaderConfig(cpu_budget_bytes=64 << 10)).start()
     try:
+        rank0 = LoadTarget.parse(devices=["cpu"], sharding=SPEC, rank=0)
         with pytest.raises(InsufficientSpace):
-            ld.load_safetensors(ids, devices=["cpu"], sharding=SPEC, rank=0)
-        for bad in (["cpu", "cpu"], "cuda:*"):
-            with pytest.raises(InvalidDevice):
-                ld.load_replicas(ids[0], devices=bad)
-            with pytest.raises(InvalidDevice):
-                ld.gather_replicas(ids[0], devices=bad, dim=1, dtype="uint8", start=0, count=8)
+            ld.load_safetensors(ids, device=rank0)
+        with pytest.raises(InvalidDevice):
+            LoadTarget.parse(devices=["cpu", "cpu"])
+        every = LoadTarget.parse(devices="cuda:*")
+        with pytest.raises(InvalidDevice, match="no GPU"):
+            ld.load(ids[0], device=every)
+        with pytest.raises(InvalidDevice, match="no GPU"):
+            ld.gather(ids[0], device=every, dim=1, dtype="uint8", start=0, count=8)
+        # A sharding splits tensors: a range or rows load refuses one.
+        tp = LoadTarget.parse(devices=["cpu"], sharding={"world_size": 1})
+        with pytest.raises(InvalidSharding, match="safetensors"):
+            ld.load(ids[0], device=tp)
         assert _leased(ld) == 0
     finally:
         ld.stop()
