@@ -27,6 +27,7 @@ def test_public_names():
             "IoPath",
             "IoReport",
             "LoadSource",
+            "LoadTarget",
             "LoadedTensors",
             "ModelLayout",
             "PathStats",
