@@ -177,6 +177,10 @@ def test_devices_may_be_a_string_as_the_readme_spells_cuda_all(
     [b] = api.load(fid, devices="cpu", length=16)
     assert (b.device, b.info["delivery"], b.nbytes) == ("cpu", "read", 16)
     b.close()
+    # The client parses a target as the server does: what it would refuse fails the same way.
+    with pytest.raises(InvalidRequest) as info:
+        api.gather(fid, dim=8, start=0, count=2, devices=["cpu", "cpu"])
+    assert (info.value.status, info.value.code) == (422, "invalid_device")
     assert leased(api) == 0
 
 
