@@ -142,9 +142,7 @@ def test_gathers_coalesce_rows_and_keep_request_order(
         assert gds.gather(f, [], 24, np.float32).array.shape == (0, 24)
 
 
-def test_safetensors_from_a_remote_file(
-    gds: GpuDirectStorage, tier: Far, to_numpy: Any
-) -> None:
+def test_safetensors_from_a_remote_file(gds: GpuDirectStorage, tier: Far, to_numpy: Any) -> None:
     rng = np.random.default_rng(3)
     tensors = {f"t{i}": rng.standard_normal((30, 50)).astype(np.float32) for i in range(6)}
     save_file(tensors, str(tier.local_root / "s.safetensors"))

@@ -37,7 +37,7 @@ from tiering.tiers._s3 import (
 )
 from tiering.tiers.paths import validate_relpath
 
-__all__ = ["ENGINES", "META_CHECKSUM", "MiB", "S3Store"]
+__all__ = ["META_CHECKSUM", "MiB", "S3Store"]
 
 log = logging.getLogger(__name__)
 
