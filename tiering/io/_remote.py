@@ -135,7 +135,7 @@ def _read_exact(file: RemoteFile, view: memoryview, offset: int) -> None:
     if got != len(view):
         raise IntegrityError(
             f"{file.path}: only {got} of {len(view)} bytes at offset {offset} could be read; "
-            f"the file is shorter than the {file.size()} bytes it had when opened",
+            f"the range passes the end of the file ({file.size()} bytes when opened)",
             offset=offset,
         )
 
