@@ -25,6 +25,8 @@ RANKS: dict[str, int] = {
     "tiering.config": 1,
     "tiering.checksum": 1,
     "tiering.periodic": 1,
+    # Ranges of remote bytes: the one interface tiers implement and the data path reads.
+    "tiering.ranges": 1.5,
     "tiering.tiers": 2,
     "tiering.catalog": 3,
     "tiering.io": 3,

@@ -1,11 +1,14 @@
-"""The remote I/O path (:mod:`tiering.io._remote`) on every device: a file opened from a tier's
-``Source`` (here a directory tier's, read only through ``Source.readinto``, as an object's
-would be; the object store itself is in tests/serving/test_object_loads.py), with staging
-pieces small enough that every load crosses many of them."""
+"""The remote I/O path (:mod:`tiering.io._remote`) on every device: a file opened from a
+``Source`` whose bytes come only through its :class:`~tiering.ranges.RangeReader` (here a
+reader of a local file by ``pread``, standing in for any source of remote bytes: the object
+store itself is in tests/serving/test_object_loads.py), with staging pieces small enough that
+every load crosses many of them."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +17,70 @@ import pytest
 from safetensors.numpy import save_file
 
 from tiering.config import TierConfig
-from tiering.errors import IntegrityError
+from tiering.errors import InvalidInput
 from tiering.io import GdsConfig, GdsFile, GpuDirectStorage
 from tiering.io._remote import coalesce_rows
-from tiering.tiers import DirectoryTier
+from tiering.ranges import RangeReader
+from tiering.tiers import DirectoryTier, Source, Stat
 
 KiB = 1 << 10
 PIECE = 16 * KiB
 
 
+class FileRanges(RangeReader):
+    """A file's bytes by ranges: what io sees of an object or a peer, without the network."""
+
+    def __init__(self, path: Path, pool: Executor) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(self.fd).st_size
+        super().__init__(path.name, size, "v1", pool=pool, part_size=PIECE // 4)
+
+    def get(self, view: memoryview, offset: int) -> None:
+        got = os.preadv(self.fd, [view], offset)
+        if got != len(view):
+            raise EOFError(f"{self.name}: {got} of {len(view)} bytes at {offset}")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class FileSource(Source):
+    def __init__(self, path: Path, pool: Executor) -> None:
+        self.relpath = path.name
+        self._ranges = FileRanges(path, pool)
+        self.stat = Stat(self._ranges.size, 0, "v1")
+
+    @property
+    def ranges(self) -> FileRanges:
+        return self._ranges
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        return self._ranges.readinto(buf, offset)
+
+    def unchanged(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._ranges.close()
+
+
+class Far:
+    """Where the remote files are: ``root``, read through :class:`FileSource`."""
+
+    name, rank = "far", 2
+
+    def __init__(self, root: Path, pool: Executor) -> None:
+        self.local_root, self.pool = root, pool
+
+    def open(self, relpath: str) -> FileSource:
+        return FileSource(self.local_root / relpath, self.pool)
+
+
 @pytest.fixture
-def tier(tmp_path: Path) -> Iterator[DirectoryTier]:
-    t = DirectoryTier(TierConfig("far", path=tmp_path / "far"), rank=2)
-    t.check()
-    yield t
-    t.close()
+def tier(tmp_path: Path) -> Iterator[Far]:
+    (tmp_path / "far").mkdir()
+    with ThreadPoolExecutor(4) as pool:
+        yield Far(tmp_path / "far", pool)
 
 
 @pytest.fixture
@@ -46,12 +98,12 @@ def gds(target: tuple[str, str]) -> Iterator[GpuDirectStorage]:
         yield s
 
 
-def _open(gds: GpuDirectStorage, tier: DirectoryTier, relpath: str) -> GdsFile:
+def _open(gds: GpuDirectStorage, tier: Far, relpath: str) -> GdsFile:
     return gds.open_source(tier.open(relpath), tier=tier.name, rank=tier.rank)
 
 
 def test_reads_of_every_size_cross_the_staging_pieces(
-    gds: GpuDirectStorage, tier: DirectoryTier, to_numpy: Any
+    gds: GpuDirectStorage, tier: Far, to_numpy: Any
 ) -> None:
     data = np.random.default_rng(0).integers(0, 256, 10 * PIECE + 123, dtype=np.uint8)
     (tier.local_root / "w.bin").write_bytes(data.tobytes())
@@ -75,7 +127,7 @@ def test_reads_of_every_size_cross_the_staging_pieces(
 
 
 def test_gathers_coalesce_rows_and_keep_request_order(
-    gds: GpuDirectStorage, tier: DirectoryTier, to_numpy: Any
+    gds: GpuDirectStorage, tier: Far, to_numpy: Any
 ) -> None:
     m = np.random.default_rng(1).standard_normal((1000, 24)).astype(np.float32)
     (tier.local_root / "m.f32").write_bytes(m.tobytes())
@@ -90,9 +142,7 @@ def test_gathers_coalesce_rows_and_keep_request_order(
         assert gds.gather(f, [], 24, np.float32).array.shape == (0, 24)
 
 
-def test_safetensors_from_a_remote_file(
-    gds: GpuDirectStorage, tier: DirectoryTier, to_numpy: Any
-) -> None:
+def test_safetensors_from_a_remote_file(gds: GpuDirectStorage, tier: Far, to_numpy: Any) -> None:
     rng = np.random.default_rng(3)
     tensors = {f"t{i}": rng.standard_normal((30, 50)).astype(np.float32) for i in range(6)}
     save_file(tensors, str(tier.local_root / "s.safetensors"))
@@ -110,16 +160,26 @@ def test_safetensors_from_a_remote_file(
     assert sub.report.nbytes == 3 * tensors["t0"].nbytes
 
 
-def test_a_source_shorter_than_it_was_is_an_integrity_error(
-    gds: GpuDirectStorage, tier: DirectoryTier
-) -> None:
+def test_a_failed_range_fails_the_read_and_is_counted(gds: GpuDirectStorage, tier: Far) -> None:
     path = tier.local_root / "short.bin"
     path.write_bytes(b"s" * (4 * PIECE))
     with _open(gds, tier, "short.bin") as f:
         path.write_bytes(b"s" * PIECE)  # truncated in place after the open
-        with pytest.raises(IntegrityError, match="shorter than the 65536 bytes"):
+        with pytest.raises(EOFError, match="short.bin"):
             gds.read(f)
+        assert gds.read(f, 0, PIECE).report.nbytes == PIECE  # the file is still usable
     assert gds.stats().by_path["remote"].operations_failed == 1
+
+
+def test_a_local_source_is_opened_with_open_file(tmp_path: Path) -> None:
+    local = DirectoryTier(TierConfig("near", path=tmp_path / "near"), rank=0)
+    local.check()
+    (tmp_path / "near" / "l.bin").write_bytes(b"local")
+    with GpuDirectStorage("cpu") as gds, local.open("l.bin") as src:
+        assert src.ranges is None
+        with pytest.raises(InvalidInput, match="open_file"):
+            gds.open_source(src, tier=local.name, rank=local.rank)
+    local.close()
 
 
 def test_coalesced_ranges_cover_every_row_and_at_most_double_the_bytes() -> None:

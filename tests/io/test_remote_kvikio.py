@@ -1,7 +1,8 @@
-"""Remote reads through KvikIO's ``RemoteFile`` (:mod:`tiering.io._remote_kvikio`): the
-presigned URL an object source hands out, the ETag check after a read that could not send
-``If-Match``, the choice of engine, and (GPU machine, KvikIO installed) loads of an object
-from a real S3 server (moto) into cuda:0 and host memory through KvikIO."""
+"""Remote reads through KvikIO's ``RemoteFile`` (:mod:`tiering.ranges._kvikio`,
+:mod:`tiering.io._remote_kvikio`): the presigned URL an object source's reader hands out, the
+ETag check after a read that could not send ``If-Match``, the choice of engine, and (GPU
+machine, KvikIO installed) loads of an object from a real S3 server (moto) into cuda:0 and host
+memory through KvikIO."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_a_presigned_url_serves_any_range_of_the_object(
     data = _data()
     put("w.bin", data)
     with object_tier.open("w.bin") as src:
-        url = src.url(60)
+        url = src.ranges.url(60)
         assert "X-Amz-Signature=" in url and "X-Amz-Expires=60" in url
         for first, last in [(0, 0), (10, 99), (SIZE - 5, SIZE - 1), (4096, 200 * KiB)]:
             r = httpx.get(url, headers={"Range": f"bytes={first}-{last}"})
@@ -64,22 +65,22 @@ def test_the_check_after_a_read_sees_an_overwrite_by_another_client(
 ) -> None:
     put("w.bin", _data(2))
     with object_tier.open("w.bin") as src:
-        url = src.url(60)
+        url = src.ranges.url(60)
         first = httpx.get(url, headers={"Range": "bytes=0-1023"}).content
-        src.check_unchanged()  # nothing changed yet
+        src.ranges.check_unchanged()  # nothing changed yet
         put("w.bin", _data(3))  # overwritten while "the read" is under way
         second = httpx.get(url, headers={"Range": "bytes=1024-2047"}).content
         assert first + second != _data(2)[:2048]  # a read by URL alone would mix versions...
         with pytest.raises(FileChanged) as err:
-            src.check_unchanged()  # ...which the HEAD after the read refuses
+            src.ranges.check_unchanged()  # ...which the HEAD after the read refuses
         assert isinstance(err.value, Conflict)  # HTTP 409 over REST (app/errors.py)
         with pytest.raises(FileChanged):
-            src.url(60)  # and no new URL is handed out for the replaced object
+            src.ranges.url(60)  # and no new URL is handed out for the replaced object
     with object_tier.open("w.bin") as src:  # opened again: the new object reads fine
-        src.check_unchanged()
+        src.ranges.check_unchanged()
     put("w.bin", b"short")
     with pytest.raises(FileChanged):
-        src.check_unchanged()
+        src.ranges.check_unchanged()
 
 
 def test_remote_backend_is_checked() -> None:

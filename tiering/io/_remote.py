@@ -3,15 +3,17 @@ local copy first.
 
 A :class:`RemoteFile` is a :class:`~tiering.io.GdsFile` over a tier's
 :class:`~tiering.tiers.Source` instead of a descriptor: it has no fd, no backend handle and no
-memory map, and every read is a ranged read of the source (for an object, parallel ranged
-GETs with ``If-Match`` on the ETag it was opened at, so a changed object raises
-:class:`~tiering.errors.FileChanged` rather than mixing two versions). The storage's one
-transfer primitive hands every read of such a file to :class:`RemoteReads`:
+memory map, and every read goes through the source's :class:`~tiering.ranges.RangeReader`
+(``Source.ranges``), the one interface of remote bytes (for an object, parallel ranged GETs
+with ``If-Match`` on the ETag it was opened at, so a changed object raises
+:class:`~tiering.errors.FileChanged` rather than mixing two versions). Nothing here knows
+which store, protocol or client serves the bytes. The storage's one transfer primitive hands
+every read of such a file to :class:`RemoteReads`:
 
 - **into host memory** the bytes go straight into the destination, range by range
-  (``source.readinto(dst[a:b], offset)``); ranges longer than a staging piece are split so
+  (``ranges.readinto(dst[a:b], offset)``); ranges longer than a staging piece are split so
   that several run at once on the storage's ``remote`` pool, each fanning out further on the
-  tier's own connections;
+  reader's own connections;
 - **into GPU memory** they go through a ring of pinned staging pieces (a
   :class:`~tiering.io._backends.Staging` borrowed from a bounded pool): while piece ``i`` is
   copied to the device with ``cudaMemcpyAsync``, pieces ``i+1 .. i+k-1`` are being fetched, so
@@ -21,12 +23,13 @@ transfer primitive hands every read of such a file to :class:`RemoteReads`:
   wanted), then put in request order in host memory; nothing is memory-mapped and the
   object is never downloaded whole.
 
-Every read is counted under the I/O path ``remote`` and the file's tier. A file whose source
-can presign a URL (an object) is read by KvikIO's ``RemoteFile`` instead where KvikIO is
-installed (:mod:`tiering.io._remote_kvikio`: libcurl on KvikIO's C++ threads, straight into
-the destination, the ETag checked by a HEAD after the read); :meth:`RemoteReads.read` gets the
-whole list of ranges of a call at once and picks the engine (``GdsConfig.remote_backend``).
-The report's ``engine`` says which one moved the bytes.
+Every read is counted under the I/O path ``remote`` and the file's tier. A file whose reader
+serves a URL (an object) is read by KvikIO's ``RemoteFile`` instead where KvikIO wins
+(:class:`~tiering.ranges.KvikioReads`, set by ``GdsConfig.remote_backend``;
+:mod:`tiering.io._remote_kvikio`: libcurl on KvikIO's C++ threads, straight into the
+destination, the version checked after the read); :meth:`RemoteReads.read` gets the whole list
+of ranges of a call at once and asks once. The report's ``engine`` says which one moved the
+bytes.
 """
 
 from __future__ import annotations
@@ -41,15 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from tiering.errors import IntegrityError, InvalidInput, StorageError
-from tiering.tiers import Source, settle
+from tiering.errors import BackendUnavailable, IntegrityError, InvalidInput, StorageError
+from tiering.ranges import KvikioFailed, KvikioRanges, KvikioReads, RangeReader, settle
+from tiering.tiers import Source
 
-from ._backends import Staging, _host_view
+from ._backends import KVIKIO_HINT, Staging, _host_view
 from ._config import GdsConfig
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
-from ._remote_kvikio import KvikioFailed, KvikioHandle, KvikioRemote
+from ._remote_kvikio import read_segments
 from ._stats import IoReport, Stats
 
 __all__ = ["Fill", "RemoteFile", "RemoteReads", "Segment", "coalesce_rows"]
@@ -68,7 +72,8 @@ GAP_BYTES = 256 << 10
 
 
 class RemoteFile(GdsFile):
-    """A file read through a tier's :class:`~tiering.tiers.Source` (no local descriptor).
+    """A file read through a tier's :class:`~tiering.tiers.Source` (no local descriptor), by
+    its :class:`~tiering.ranges.RangeReader` ``ranges``.
 
     Made by :meth:`GpuDirectStorage.open_source <tiering.io.GpuDirectStorage.open_source>`; it
     owns the source and closes it when closed.
@@ -77,6 +82,7 @@ class RemoteFile(GdsFile):
     def __init__(
         self,
         source: Source,
+        ranges: RangeReader,
         *,
         name: str,
         tier: str | None,
@@ -96,27 +102,40 @@ class RemoteFile(GdsFile):
             owner=owner,
         )
         self.source = source
-        self.kvikio = KvikioHandle()
+        self.ranges = ranges
+        self._kvikio: KvikioRanges | None = None
+        self._kvikio_lock = threading.Lock()
+
+    def kvikio(self, reads: KvikioReads) -> KvikioRanges:
+        """The file's reader through KvikIO (made at its first KvikIO read, kept until the
+        file closes: one URL, presigned again only when half its lifetime has passed)."""
+        with self._kvikio_lock:
+            if self._kvikio is None:
+                self._kvikio = reads.open(self.ranges)
+            return self._kvikio
 
     def _rows(self, populate: bool) -> np.ndarray:
         raise InvalidInput(f"{self.path} is remote: it has no memory map")
 
     def _release(self) -> None:
-        self.kvikio.drop()
+        with self._kvikio_lock:
+            if self._kvikio is not None:
+                self._kvikio.close()
+            self._kvikio = None
         self.source.close()
 
     def read_bytes(self, n: int, offset: int) -> bytes:
         buf = bytearray(max(0, min(n, self.size() - offset)))
-        got = self.source.readinto(memoryview(buf), offset) if buf else 0
+        got = self.ranges.readinto(memoryview(buf), offset) if buf else 0
         return bytes(buf[:got])
 
 
 def _read_exact(file: RemoteFile, view: memoryview, offset: int) -> None:
-    got = file.source.readinto(view, offset)
+    got = file.ranges.readinto(view, offset)
     if got != len(view):
         raise IntegrityError(
             f"{file.path}: only {got} of {len(view)} bytes at offset {offset} could be read; "
-            f"the file is shorter than the {file.size()} bytes it had when opened",
+            f"the range passes the end of the file ({file.size()} bytes when opened)",
             offset=offset,
         )
 
@@ -198,7 +217,20 @@ class RemoteReads:
         grow_pool: Callable[[int], None] | None = None,
     ) -> None:
         self._device = device
-        self._kvikio = KvikioRemote(config, grow_pool)
+        mode = config.remote_backend
+        try:
+            self._kvikio = KvikioReads(
+                "never" if mode == "python" else mode,
+                threads=config.remote_kvikio_threads,
+                task_size=config.remote_kvikio_task_size,
+                min_bytes=config.remote_kvikio_min_bytes,
+                expires_s=config.remote_url_expires_s,
+                grow=grow_pool,
+            )
+        except ImportError as exc:  # asked for by name: refused when the storage is made
+            raise BackendUnavailable(
+                f"remote_backend='kvikio' needs KvikIO with remote I/O: {exc}; {KVIKIO_HINT}"
+            ) from exc
         self._piece = config.remote_piece_size
         self._stats = stats
         self._pools = pools
@@ -239,13 +271,12 @@ class RemoteReads:
     ) -> bool:
         """Read through KvikIO when it applies; False when the Python path must (or, after a
         failure of KvikIO under ``auto``, should) read instead. FileChanged propagates."""
-        source = self._kvikio.usable(file.source, nbytes)
-        if source is None:
+        if not self._kvikio.wins(file.ranges, nbytes):
             return False
         if not isinstance(dst, np.ndarray):
             self._device.make_current()
         try:
-            self._kvikio.read(file, source, dst, segments)
+            read_segments(file.path, file.kvikio(self._kvikio), dst, segments)
         except KvikioFailed as exc:
             if self._kvikio.strict:
                 raise StorageError(

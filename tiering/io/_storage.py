@@ -207,13 +207,20 @@ class GpuDirectStorage(AsyncTwins):
         """Open a file that has no local descriptor (an object-store tier's
         :class:`~tiering.tiers.Source`) for every read :meth:`open_file` files get.
 
-        Its reads take the ``remote`` I/O path (:mod:`tiering.io._remote`): ranged reads
+        Its reads take the ``remote`` I/O path (:mod:`tiering.io._remote`) through the
+        source's :class:`~tiering.ranges.RangeReader` (``source.ranges``): ranged reads
         straight into host memory, or through pinned staging pieces into GPU memory; they
-        are counted under ``tier``. The file owns ``source`` and closes it when closed.
+        are counted under ``tier``. The file owns ``source`` and closes it when closed. A
+        source with no reader (a local file) is an :class:`~tiering.errors.InvalidInput`:
+        open it with :meth:`open_file`.
         """
         self._check_open()
+        ranges = source.ranges
+        if ranges is None:
+            raise InvalidInput(f"{source.relpath} is a local file: open it with open_file()")
         return RemoteFile(
             source,
+            ranges,
             name=source.relpath,
             tier=tier,
             rank=rank,

@@ -21,7 +21,6 @@ from tiering.tiers._base import (
 )
 from tiering.tiers._directory import DirectorySource, DirectoryTier
 from tiering.tiers._dirwriter import DirectoryWriter, write_all
-from tiering.tiers._futures import settle
 from tiering.tiers._memory import FillCancelled, MemoryEntry, MemoryTier
 from tiering.tiers._tiers import KINDS, Tiers, make_tier
 from tiering.tiers._writeback import start_writeback
@@ -45,6 +44,5 @@ __all__ = [
     "WalkEntry",
     "Writer",
     "make_tier",
-    "settle",
     "write_all",
 ]

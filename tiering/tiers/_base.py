@@ -27,6 +27,7 @@ from typing import ClassVar, Self
 
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath
+from tiering.ranges import RangeReader
 
 __all__ = [
     "UNBOUNDED",
@@ -127,6 +128,12 @@ class Source(abc.ABC):
     @property
     def size(self) -> int:
         return self.stat.size
+
+    @property
+    def ranges(self) -> RangeReader | None:
+        """The bytes as a :class:`~tiering.ranges.RangeReader` (what ``tiering.io`` reads a
+        file with no local descriptor through), or None for a local file."""
+        return None
 
     @abc.abstractmethod
     def readinto(self, buf: memoryview, offset: int) -> int:

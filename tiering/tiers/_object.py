@@ -59,7 +59,7 @@ class ObjectTier(Tier):
       tier; the connection pool has room for them and for the callers' own requests.
     - ``read_engine``: what reads an object in order for a promotion: ``"auto"`` (KvikIO's
       ``RemoteFile`` where it is installed with remote I/O, else botocore), ``"kvikio"`` or
-      ``"boto3"`` (see :mod:`._object_reads`).
+      ``"boto3"`` (see :mod:`tiering.ranges._kvikio`).
     - ``max_attempts``: tries per request (botocore's standard retry mode; ours for a GET body
       that breaks after its headers).
     - ``connect_timeout``, ``read_timeout``: seconds, per attempt; ``check_timeout``: both, for

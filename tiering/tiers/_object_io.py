@@ -28,9 +28,9 @@ from tiering.errors import (
     IntegrityError,
     TierdError,
 )
+from tiering.ranges import KvikioFailed, RangeReader, flat, read_ahead
 from tiering.tiers._base import Published, Source, Stat, Tier, Writer
-from tiering.tiers._futures import settle
-from tiering.tiers._object_reads import Blocks, BotoBlocks, KvikioBlocks, kvikio_remote
+from tiering.tiers._object_reads import ObjectRanges
 from tiering.tiers._s3 import error_code, error_status, translate
 from tiering.tiers._store import META_CHECKSUM, S3Store
 
@@ -49,13 +49,10 @@ _PARTS_PER_SIZE = 1000
 _MAX_PART = 5 << 30
 
 
-def _flat(buf: memoryview) -> memoryview:
-    return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
-
-
 class ObjectSource(Source):
     """An object opened at one ETag. Every read sends ``If-Match`` with it, so a replaced
-    object raises :class:`~tiering.errors.FileChanged` instead of mixing two versions."""
+    object raises :class:`~tiering.errors.FileChanged` instead of mixing two versions; its
+    reads are those of its :class:`~tiering.tiers._object_reads.ObjectRanges`."""
 
     def __init__(self, tier: Tier, store: S3Store, relpath: str, key: str, stat: Stat) -> None:
         self.tier = tier
@@ -64,153 +61,63 @@ class ObjectSource(Source):
         self.key = key
         self.stat = stat
         self.fd = -1
+        self._ranges = ObjectRanges(store, key, stat)
+
+    @property
+    def ranges(self) -> ObjectRanges:
+        return self._ranges
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         """Read into ``buf`` from ``offset``; ranges longer than a read part go out as parallel
         ranged GETs, each streaming into its own slice of ``buf``."""
-        view = _flat(memoryview(buf))
-        n = max(0, min(len(view), self.stat.size - offset))
-        if n == 0:
-            return 0
-        step = self.store.read_size
-        if n <= step:
-            self.store.get_into(self.key, self.stat.version, view[:n], offset)
-            return n
-        futures = [
-            self.store.pool.submit(
-                self.store.get_into,
-                self.key,
-                self.stat.version,
-                view[start : min(n, start + step)],
-                offset + start,
-            )
-            for start in range(0, n, step)
-        ]
-        settle(futures)
-        return n
-
-    def read_parallel(self, buf: memoryview, offset: int) -> int:
-        """The same as :meth:`readinto`, which is already parallel (for loaders that ask)."""
-        return self.readinto(buf, offset)
+        return self._ranges.readinto(buf, offset)
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
-        """The object in order, with a window of ranged reads in flight ahead of the reader.
+        """The object in order, with a window of ranged reads in flight ahead of the reader
+        (:func:`~tiering.ranges.read_ahead`, ``readahead_bytes`` of the tier).
 
-        Blocks are a whole number of chunks (at least one read part), read into a ring of
-        ``window + 1`` buffers: while the caller holds a chunk of block ``i``, blocks ``i+1``
-        to ``i+window`` are being read into the other buffers. The reads go through KvikIO's
-        ``RemoteFile`` where the tier's ``read_engine`` allows it (libcurl's threads leave the
-        GIL to the consumer, which hashes and writes), else through botocore on the tier's
-        pool with ``If-Match``. KvikIO's reads cannot send ``If-Match``: the caller checks
-        :meth:`unchanged` after the last chunk, as the mover does.
+        The reads go through KvikIO's ``RemoteFile`` where the tier's ``read_engine`` allows
+        it (libcurl's threads leave the GIL to the consumer, which hashes and writes), else
+        through the tier's GETs with ``If-Match``. KvikIO's reads cannot send ``If-Match``:
+        the caller checks :meth:`unchanged` after the last chunk, as the mover does.
         """
-        size = self.stat.size
-        if size == 0:
+        if self.stat.size == 0:
             return
-        block = chunk_size * max(1, -(-self.store.read_size // chunk_size))
-        nblocks = -(-size // block)
-        window = min(nblocks, max(2, self.store.readahead_bytes // block))
-        ring = self.store.rings.take(min(nblocks, window + 1), min(block, size))
+        reader = self._chunk_reader()
         try:
-            reader = self._block_reader()
-        except BaseException:
-            self.store.rings.give(ring)
-            raise
-        inflight: deque[tuple[Any, int, int]] = deque()
-
-        def fetch(i: int) -> None:
-            start = i * block
-            view = memoryview(ring[i % len(ring)])[: min(block, size - start)]
-            inflight.append((reader.read(view, start), len(view), start))
-
-        try:
-            for i in range(window):
-                fetch(i)
-            for i in range(nblocks):
-                handle, n, start = inflight.popleft()
-                reader.wait(handle, n, start)
-                if i + window < nblocks:
-                    fetch(i + window)
-                length = min(block, size - i * block)
-                view = memoryview(ring[i % len(ring)])[:length]
-                for off in range(0, length, chunk_size):
-                    yield view[off : off + chunk_size]
+            yield from read_ahead(
+                reader,
+                chunk_size,
+                readahead_bytes=self.store.readahead_bytes,
+                rings=self.store.rings,
+            )
         finally:
-            # No read may still be writing into a buffer once the generator is gone.
-            reader.drain(inflight)
-            reader.close()
-            self.store.rings.give(ring)  # no read lands in it any more
+            if reader is not self._ranges:
+                reader.close()
 
-    def _block_reader(self) -> Blocks:
-        store, key, version = self.store, self.key, self.stat.version
-        boto = BotoBlocks(lambda view, at: store.get_into(key, version, view, at), store.pool)
-        kvikio = kvikio_remote(self.store.read_engine, self.store.workers)
-        if kvikio is not None:
-            try:
-                return KvikioBlocks(kvikio, self.url(3600), self.stat.size, boto)
-            except TierdError:
-                raise  # FileChanged: the object was replaced since it was opened
-            except Exception as exc:
-                if self.store.read_engine == "kvikio":
-                    raise OSError(f"KvikIO could not open {self.relpath!r}: {exc}") from exc
-                log.warning("reading %r with botocore: KvikIO failed to open it: %s",
-                            self.relpath, exc)  # fmt: skip
-        return boto
+    def _chunk_reader(self) -> RangeReader:
+        """KvikIO over a presigned URL where it wins, opened now, else the tier's GETs."""
+        kvikio = self.store.kvikio
+        if not kvikio.wins(self._ranges, self.stat.size):
+            return self._ranges
+        reader = kvikio.open(self._ranges)
+        try:
+            reader.handle()
+        except KvikioFailed as exc:
+            reader.close()
+            if kvikio.strict:
+                raise OSError(f"KvikIO could not open {self.relpath!r}: {exc}") from exc
+            log.warning("reading %r with the tier's GETs: KvikIO failed to open it: %s",
+                        self.relpath, exc)  # fmt: skip
+            return self._ranges
+        except BaseException:  # FileChanged: the object was replaced since it was opened
+            reader.close()
+            raise
+        return reader
 
     def unchanged(self) -> bool:
         """The key still holds the ETag and size that were opened."""
-        return self._head_matches() is not None
-
-    def _head_matches(self) -> dict[str, Any] | None:
-        """The HEAD of the key when it still holds the ETag and size opened, else None."""
-        head = self.store.head(self.key)
-        if head is None:
-            return None
-        now = self.store.stat_of(head)
-        same = (now.version, now.size) == (self.stat.version, self.stat.size)
-        return head if same else None
-
-    # -- reads by other engines (KvikIO's RemoteFile) ----------------------------------------
-    def url(self, expires_s: int) -> str:
-        """A presigned GET URL of the object, valid for ``expires_s`` seconds.
-
-        It lets an engine that knows no AWS credentials (libcurl in KvikIO's ``RemoteFile``)
-        read the object with plain ranged GETs, whatever link of the AWS chain (environment,
-        shared files, instance role) boto3 found the credentials in, on any S3-protocol store.
-        Query-string auth signs the host only, so any ``Range`` header may be sent. Such a
-        reader cannot send ``If-Match``: it must call :meth:`check_unchanged` once its bytes
-        are in. Where the bucket keeps versions the URL names the version opened (when the
-        HEAD now still shows the ETag opened), so those bytes are exactly the ones opened.
-        """
-        params: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.key}
-        head = self._head_matches()  # a replaced object gets no URL
-        if head is None:
-            raise self.store._changed(self.key, self.stat.version)
-        vid = head.get("VersionId")
-        if vid and vid != "null":
-            params["VersionId"] = str(vid)
-        return str(
-            self.store.call(
-                "presign a read of",
-                self.store.url_of(self.key),
-                self.store.client.generate_presigned_url,
-                ClientMethod="get_object",
-                Params=params,
-                ExpiresIn=int(expires_s),
-            )
-        )
-
-    def check_unchanged(self) -> None:
-        """Raise :class:`~tiering.errors.FileChanged` unless the key still holds the ETag and
-        size opened: the check after a read that could not send ``If-Match``.
-
-        S3 objects are immutable per version, so the bytes of one GET are of one version; a
-        read made of many GETs mixes two only if the key was overwritten during it, and then
-        this HEAD, sent after the last GET ended, shows the new ETag (S3 reads after writes
-        are strongly consistent). The caller discards its buffer.
-        """
-        if self._head_matches() is None:
-            raise self.store._changed(self.key, self.stat.version)
+        return self._ranges.head_matches() is not None
 
 
 class ObjectWriter(Writer):
@@ -284,7 +191,7 @@ class ObjectWriter(Writer):
 
     def write(self, data: bytes | memoryview) -> None:
         self._require_open("write")
-        view = _flat(memoryview(data))
+        view = flat(memoryview(data))
         if self.limit is not None and self.size + len(view) > self.limit:
             raise InsufficientSpace(
                 f"tier {self.tier.name} has room for {self.limit} more bytes only",

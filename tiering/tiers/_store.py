@@ -18,8 +18,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.config import TierConfig
 from tiering.errors import FileChanged
+from tiering.ranges import KvikioMode, KvikioReads, Rings
 from tiering.tiers._base import Stat
-from tiering.tiers._object_reads import ENGINES, Rings, kvikio_remote
 from tiering.tiers._obstore import ObstoreGets, obstore_module, usable_here
 from tiering.tiers._s3 import (
     STREAM_ERRORS,
@@ -47,6 +47,10 @@ META_CHECKSUM = "tierd-checksum"
 # A GET body is read in steps of this size: urllib3 allocates each step before copying it into
 # the caller's buffer, so a step bounds that extra memory per request.
 _READ_STEP = 1 * MiB
+#: What reads an object in order for a promotion: ``"auto"`` (KvikIO's ``RemoteFile`` where it
+#: is installed with remote I/O, else the tier's GETs), ``"kvikio"`` (required) or ``"boto3"``
+#: (never KvikIO, and botocore's GETs rather than obstore's).
+ENGINES = ("auto", "kvikio", "boto3")
 
 
 class S3Store:
@@ -83,11 +87,17 @@ class S3Store:
         self.workers = workers
         self.rings = Rings(readahead_bytes + read_size)  # a promotion's ring, kept for the next
         self.read_engine = read_engine
-        if read_engine == "kvikio":  # asked for by name: refuse now, not at the first move
-            try:
-                kvikio_remote(read_engine, workers)
-            except ImportError as exc:
-                raise ValueError(f"tier {config.name!r}: {exc}") from exc
+        mode: KvikioMode = "kvikio" if read_engine == "kvikio" else "auto"
+        try:  # asked for by name: refused now, not at the first move
+            self.kvikio = KvikioReads(
+                "never" if read_engine == "boto3" else mode,
+                threads=workers,
+                expires_s=3600,
+            )
+        except ImportError as exc:
+            raise ValueError(
+                f"tier {config.name!r}: read engine 'kvikio' is not usable here: {exc}"
+            ) from exc
         self.max_attempts = max_attempts
         self.check_timeout = check_timeout
         self.client: Any = make_client(

@@ -1,0 +1,24 @@
+"""Ranges of remote bytes: the one interface the data path reads them through.
+
+:class:`RangeReader` is what a source of remote bytes implements (an object store's ranged
+GETs in :mod:`tiering.tiers`, and next a peer tierd host); :class:`KvikioRanges` reads any
+reader that serves a URL through KvikIO's ``RemoteFile``, where :class:`KvikioReads` decides
+it wins. Tiers hand their reader out as ``Source.ranges``; ``tiering.io`` uses only this room.
+"""
+
+from tiering.ranges._kvikio import KvikioFailed, KvikioMode, KvikioRanges, KvikioReads
+from tiering.ranges._readahead import Rings, read_ahead
+from tiering.ranges._reader import Pending, RangeReader, flat, settle
+
+__all__ = [
+    "KvikioFailed",
+    "KvikioMode",
+    "KvikioRanges",
+    "KvikioReads",
+    "Pending",
+    "RangeReader",
+    "Rings",
+    "flat",
+    "read_ahead",
+    "settle",
+]

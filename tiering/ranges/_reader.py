@@ -1,0 +1,121 @@
+"""The one interface the data path reads remote bytes through: :class:`RangeReader`.
+
+A source of remote bytes (an object store, and next a peer: another tierd host serving byte
+ranges over HTTP) is one subclass. It gives the few operations the data path needs, and
+everything else (a promotion's read-ahead, a load's parallel segments, KvikIO's
+``RemoteFile``) is written once on top of them:
+
+- identity: :attr:`~RangeReader.size` and the :attr:`~RangeReader.version` every read is
+  pinned to (an object's ETag);
+- :meth:`~RangeReader.get`: one range into host memory, exactly, retried as the source
+  retries, never mixing two versions (:class:`~tiering.errors.FileChanged` instead);
+- :meth:`~RangeReader.start` and :meth:`~RangeReader.readinto`: ranges in parallel, on the
+  source's own pool of connections;
+- optionally :meth:`~RangeReader.url`: a plain HTTP URL that serves any ``Range`` of those
+  bytes, so KvikIO's ``RemoteFile`` can read them (:mod:`tiering.ranges._kvikio`), and
+  :meth:`~RangeReader.check_unchanged` for after such a read, which could not be pinned.
+
+**A peer source** fits without touching ``tiering.io``: its ``get`` is a ranged
+``GET /v1/files/{id}/content`` on the peer (206, with the version it serves checked against
+:attr:`version`), ``url`` that same address (KvikIO reads it as plain HTTP, so ``serves_url``
+is True), ``check_unchanged`` one request asking the peer whether it still holds that
+version. Its :class:`~tiering.tiers.Source` returns it from ``Source.ranges``; ``io`` then reads
+it as it reads an object.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
+from typing import Any, ClassVar, Protocol
+
+__all__ = ["Pending", "RangeReader", "settle"]
+
+
+class Pending(Protocol):
+    """A range being read (a :class:`~concurrent.futures.Future` is one): ``result`` waits
+    for it and raises its error; ``cancel`` stops it if it has not started (a range that
+    has started still lands, so wait for it before reusing its buffer)."""
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def cancel(self) -> bool: ...
+
+
+def settle(futures: Sequence[Future[Any]]) -> list[Any]:
+    """Results of every future, in order; on a failure the others are cancelled or waited for
+    (none may still write into a caller's buffer) and the first error is raised."""
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    failed = next((f for f in futures if f in done and f.exception() is not None), None)
+    if failed is not None:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        exc = failed.exception()
+        assert exc is not None
+        raise exc
+    return [f.result() for f in futures]
+
+
+def flat(buf: memoryview) -> memoryview:
+    """``buf`` as flat bytes."""
+    return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
+
+
+class RangeReader(abc.ABC):
+    """The bytes of one remote file, pinned to one version, read by ranges (see the module).
+
+    ``name`` names the file in messages; ``pool`` runs the reader's parallel ranges (its
+    connections); a range longer than ``part_size`` is read as several requests at once.
+    """
+
+    #: Whether :meth:`url` hands out a URL that KvikIO's ``RemoteFile`` can open.
+    serves_url: ClassVar[bool] = False
+
+    def __init__(
+        self, name: str, size: int, version: str, *, pool: Executor, part_size: int
+    ) -> None:
+        self.name = name
+        self.size = size
+        self.version = version
+        self.pool = pool
+        self.part_size = part_size
+
+    @abc.abstractmethod
+    def get(self, view: memoryview, offset: int) -> None:
+        """Fill all of ``view`` with the bytes at ``offset`` (inside the file): one request's
+        worth, retried as the source retries. Raises :class:`~tiering.errors.FileChanged`
+        when the bytes are no longer the version opened."""
+
+    def start(self, view: memoryview, offset: int) -> Pending:
+        """:meth:`get` on the reader's pool: the range is read while the caller goes on."""
+        return self.pool.submit(self.get, view, offset)
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        """Read up to ``len(buf)`` bytes at ``offset``; fewer only at the end of the file.
+        A range longer than ``part_size`` goes out as parallel requests, each into its own
+        slice of ``buf``."""
+        view = flat(memoryview(buf))
+        n = max(0, min(len(view), self.size - offset))
+        if n == 0:
+            return 0
+        step = self.part_size
+        if n <= step:
+            self.get(view[:n], offset)
+            return n
+        parts = range(0, n, step)
+        settle([self.pool.submit(self.get, view[s : min(n, s + step)], offset + s) for s in parts])
+        return n
+
+    def url(self, expires_s: int) -> str:
+        """A plain HTTP URL that serves any ``Range`` of the bytes opened, valid for
+        ``expires_s`` seconds (only where :attr:`serves_url`)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no URL")
+
+    def check_unchanged(self) -> None:  # noqa: B027 - a reader whose every read is pinned
+        """Raise :class:`~tiering.errors.FileChanged` unless the bytes opened are still
+        there: the check after a read (by :meth:`url`) that could not be pinned."""
+
+    def close(self) -> None:  # noqa: B027 - a reader with nothing of its own to release
+        """Release what the reader holds of its own (not its pool)."""
