@@ -93,7 +93,7 @@ def sweep_leftovers() -> list[str]:
     """Remove the namespaces and bridges of earlier runs whose process is gone; their names."""
     gone = []
     names = re.findall(rf"^({_PREFIX}(\d+)\S*)", _run("ip", "netns", "list"), re.M)
-    links = re.findall(rf"^\d+: ({_PREFIX}(\d+)b)[:@]", _run("ip", "-o", "link", "show"), re.M)
+    links = re.findall(rf"^\d+: ({_PREFIX}(\d+)[a-z]\w*)[:@]", _run("ip", "-o", "link"), re.M)
     for name, pid in names:
         if not _alive(int(pid)):
             _quiet("ip", "netns", "del", name)
@@ -115,7 +115,7 @@ def _subnet() -> ipaddress.IPv4Network:
         for w in re.findall(r"^(\d+\.\d+\.\d+\.\d+/\d+)", _run("ip", "-4", "route"), re.M)
     ]
     for _ in range(_TRIES):
-        net = ipaddress.ip_network(
+        net = ipaddress.IPv4Network(
             f"10.{secrets.randbelow(200) + 50}.{secrets.randbelow(256)}.0/24"
         )
         if not any(net.overlaps(u) for u in used):
@@ -198,6 +198,9 @@ def network(
             say(desc)
             yield Net(places[0], places[1:], gateway, origin_bps, host_bps, desc)
         finally:
-            for ns in made:  # deleting a namespace deletes its veth pair
+            for ns in made:
+                # Deleting a veth end deletes the pair at once; a namespace's deletion would
+                # take its pair too, but later, in the kernel's own time.
+                _quiet("ip", "link", "del", ns.replace(tag, f"{tag}v", 1))
                 _quiet("ip", "netns", "del", ns)
             _quiet("ip", "link", "del", bridge)

@@ -184,13 +184,16 @@ class Origin:
 
 @contextlib.contextmanager
 def _nginx(
-    kind: str, rate: int | None, parent: Path | None, place: tuple[str, Sequence[str]] | None
+    kind: str,
+    rate: int | None,
+    parent: Path | None,
+    place: tuple[str, Sequence[str]] | None,
+    exact_log: bool,
 ) -> Iterator[Origin]:
     cap = rate if kind == "s3like" else None
     listen, wrap = place or ("127.0.0.1", ())
-    # Elsewhere than loopback (a namespace of its own) the access log is what is measured:
-    # unbuffered, it is complete as soon as a client has its bytes.
-    with serve(kind, cap, parent, listen=listen, wrap=wrap, buffered_log=place is None) as server:
+    buffered = not exact_log
+    with serve(kind, cap, parent, listen=listen, wrap=wrap, buffered_log=buffered) as server:
         per = f"{(cap or 0) / 1e6:g} MB/s per connection" if cap else "no cap"
         origin = Origin(
             kind,
@@ -311,12 +314,15 @@ def open_origin(
     parent: Path | None = None,
     say: Callable[[str], None] = lambda s: None,
     place: tuple[str, Sequence[str]] | None = None,
+    exact_log: bool = False,
 ) -> Iterator[Origin]:
     """Start the origin ``spec`` names (``moto``, ``s3like``, ``open`` or a URL) and stop it
     after. Loopback origins run with :func:`local_credentials` in the environment.
 
     ``place`` (nginx only): the address nginx listens on and the command prefix that starts it
-    there (a network namespace's ``ip netns exec NS``) instead of loopback."""
+    there (a network namespace's ``ip netns exec NS``) instead of loopback; ``exact_log``:
+    its access log unbuffered, complete as soon as a client has its bytes (where the log is
+    the measure), instead of written in batches (where its writes must not cost the origin)."""
     if place is not None and spec not in ("s3like", "open"):
         raise OriginUnavailable(f"origin {spec!r} runs on loopback only; use s3like or open")
     if spec == "moto":
@@ -324,7 +330,7 @@ def open_origin(
             say(f"origin: {origin.description} at {origin.endpoint}")
             yield origin
     elif spec in ("s3like", "open"):
-        with local_credentials(), _nginx(spec, rate, parent, place) as origin:
+        with local_credentials(), _nginx(spec, rate, parent, place, exact_log) as origin:
             say(f"origin: {origin.description} at {origin.endpoint}")
             yield origin
     else:

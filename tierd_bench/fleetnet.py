@@ -146,7 +146,7 @@ def run(
             )
             place = (net.origin.address, net.origin.wrap) if net else None
             org = stack.enter_context(
-                open_origin(origin, rate=rate, parent=work, say=say, place=place)
+                open_origin(origin, rate=rate, parent=work, say=say, place=place, exact_log=True)
             )
             fleet = stack.enter_context(
                 started(org, pg_url, work, counts[-1], poll, say, net.hosts if net else None)
@@ -199,7 +199,7 @@ def _measure(
             model = _new_model(fleet, tag, size, shards)
             hosts = fleet.hosts[:n]
             seconds[n].append(_warm(hosts, tag, len(model)))
-            # Unbuffered on a namespace's origin: every request the job made is logged by now.
+            # The log is unbuffered (exact_log): every request the job made is logged by now.
             sent[n].append(bytes_sent(log, fleet.origin.bucket, f"{fleet.prefix}/{tag}"))
             _check(fleet, hosts, model)
             forget(fleet.origin, f"{fleet.prefix}/{tag}")
@@ -215,9 +215,9 @@ def _report(
     size, counts = setup["size_bytes"], setup["counts"]
     report = Report(
         "fleet-network",
-        f"tierd bench fleet --network: warm {format_size(size)} ({setup['shards']} shards) "
-        f"onto {', '.join(map(str, counts))} hosts; {setup['network']}; medians of "
-        f"{setup['runs']}",
+        f"tierd bench fleet-network (fleet --network): warm {format_size(size)} "
+        f"({setup['shards']} shards) onto {', '.join(map(str, counts))} hosts; "
+        f"{setup['network']}; medians of {setup['runs']}",
         setup,
     )
     ceiling = size * 8 / setup["origin_bps"] if setup["origin_bps"] else None

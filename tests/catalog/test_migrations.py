@@ -130,5 +130,5 @@ def test_hosts_upgrading_at_once_upgrade_once(pg_empty_url: str) -> None:
     ]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
-    assert run_sql(pg_empty_url, "SELECT version_num FROM alembic_version") == [("0008",)]
+    assert run_sql(pg_empty_url, "SELECT version_num FROM alembic_version") == [("0009",)]
     assert len(run_sql(pg_empty_url, "SELECT 1 FROM pg_tables WHERE tablename = 'files'")) == 1
