@@ -101,7 +101,13 @@ def catalog_database(
 
 
 def _host_env(
-    org: Origin, prefix: str, root: Path, host_id: str, url: str, poll: float, token: str
+    org: Origin,
+    prefix: str,
+    root: Path,
+    host_id: str,
+    url: str,
+    poll: float,
+    tokens: tuple[str, str],
 ) -> dict[str, str]:
     s3: dict[str, Any] = {
         "name": "s3",
@@ -116,8 +122,10 @@ def _host_env(
         "TIERD_TIERS": json.dumps([{"name": "nvme", "path": str(root / "nvme")}, s3]),
         "TIERD_FLEET_POLL_INTERVAL_S": repr(poll),
         "TIERD_LOG_LEVEL": "warning",
-        # A host off loopback starts only with a token; on loopback it costs nothing.
-        "TIERD_ADMIN_TOKEN": token,
+        # A host off loopback starts only with a token; on loopback it costs nothing. The
+        # fleet credential lets the hosts read from each other (GET /v1/peer/content).
+        "TIERD_ADMIN_TOKEN": tokens[0],
+        "TIERD_FLEET_TOKEN": tokens[1],
     }
 
 
@@ -133,7 +141,7 @@ def started(
 ) -> Iterator[Fleet]:
     """``n`` tierd servers, on loopback or each at its ``places[i]`` (a network namespace)."""
     prefix = f"tfb-{secrets.token_hex(4)}"
-    token = secrets.token_urlsafe(24)
+    token, fleet_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     at = list(places) if places is not None else [Place((), "127.0.0.1")] * n
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: forget(org, prefix))
@@ -142,7 +150,7 @@ def started(
         servers = [
             server_process(
                 work / h,
-                env=_host_env(org, prefix, work / h, h, url, poll, token)
+                env=_host_env(org, prefix, work / h, h, url, poll, (token, fleet_token))
                 | {"TIERD_HOST": p.address},
                 host=p.address,
                 wrap=p.wrap,

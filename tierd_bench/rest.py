@@ -88,6 +88,8 @@ def server_process(
         "TIERD_DATA_DIR": str(data_dir),
         "TIERD_WATCH": "false",  # the file is there before start; the scan adopts it
         "TIERD_PORT": str(port),
+        # What other hosts of a fleet reach it at (its hostname may not resolve to ``host``).
+        "TIERD_ADVERTISE_URL": f"http://{host}:{port}",
         **(env or {}),
     }
     # A separate process, as in production: the client must pay for IPC, not share memory.
