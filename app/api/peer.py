@@ -24,8 +24,9 @@ engine's one content path, which counts one.
 from __future__ import annotations
 
 import hmac
+import threading
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -108,15 +109,48 @@ async def _fleet(request: Request) -> None:
 require_fleet = Depends(_fleet)
 
 
-@dataclass(frozen=True)
 class _Held:
-    """This host's verified bytes of one generation of a file, from one source: ``read``
-    yields a range in chunks and lets go of the source at its end; ``close`` lets go unread."""
+    """This host's verified bytes of one generation of a file, from one source (``chunks``
+    reads a range), held until :meth:`release`, which lets go of the source once however
+    often it is called: at the end of the body, when the client went away mid-body, or, for a
+    body never started, when the body is collected (a memory copy held forever could never be
+    dropped again)."""
 
-    source: str
-    size: int
-    read: Callable[[int, int], Iterator[bytes]]
-    close: Callable[[], None]
+    def __init__(
+        self,
+        source: str,
+        size: int,
+        chunks: Callable[[int, int], Iterator[bytes]],
+        release: Callable[[], None],
+    ) -> None:
+        self.source = source
+        self.size = size
+        self._chunks = chunks
+        self._release = release
+        self._lock = threading.Lock()
+        self._released = False
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._release()
+
+    def body(self, start: int, end: int, count: Callable[[int], None]) -> Iterator[bytes]:
+        """Bytes ``[start, end)``, each chunk counted as it is handed to the server."""
+
+        def gen() -> Iterator[bytes]:
+            try:
+                for chunk in self._chunks(start, end):
+                    count(len(chunk))
+                    yield chunk
+            finally:
+                self.release()
+
+        out = gen()
+        weakref.finalize(out, self.release)
+        return out
 
 
 def _of_content(source: str, content: Content) -> _Held:
@@ -124,15 +158,12 @@ def _of_content(source: str, content: Content) -> _Held:
 
 
 def _of_memory(tier: MemoryTier, entry: MemoryEntry) -> _Held:
-    def read(start: int, end: int) -> Iterator[bytes]:
-        try:
-            view = entry.view()
-            for pos in range(start, end, CHUNK):
-                yield view[pos : min(end, pos + CHUNK)].tobytes()
-        finally:
-            tier.release(entry)  # the copy may be dropped again
+    def chunks(start: int, end: int) -> Iterator[bytes]:
+        view = entry.view()
+        for pos in range(start, end, CHUNK):
+            yield view[pos : min(end, pos + CHUNK)].tobytes()
 
-    return _Held("memory", entry.size, read, lambda: tier.release(entry))
+    return _Held("memory", entry.size, chunks, lambda: tier.release(entry))
 
 
 def _held(engine: Engine, rec: FileRecord) -> _Held | None:
@@ -209,6 +240,8 @@ def peer_content(
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{held.size}"
         headers["Content-Length"] = str(end - start)
     except BaseException:
-        held.close()
+        held.release()
         raise
-    return StreamingResponse(held.read(start, end), status_code=status, headers=headers)
+    counter = request.app.state.metrics.peer_bytes_served.labels(held.source)
+    body = held.body(start, end, counter.inc)
+    return StreamingResponse(body, status_code=status, headers=headers)

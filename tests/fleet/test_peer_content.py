@@ -162,6 +162,16 @@ def test_a_memory_copy_is_served_from_memory(one: LiveServer) -> None:
         assert got.headers["x-tierd-source"] == "memory"
         whole = _peer(c, "m.bin", rec["generation"])
         assert whole.status_code == 200 and whole.content == data
+        counted = [
+            float(line.rpartition(" ")[2])
+            for line in c.get("/metrics").text.splitlines()
+            if line.startswith('tierd_peer_bytes_served_total{source="memory"}')
+        ]
+        assert counted == [len(data) - 5 + len(data)]  # the range (to the end), then all
+    # Each read let go of the copy again: it can be dropped as before.
+    memory = one.server.config.app.state.engine.memory
+    entry = memory.tier.get(rec["id"])
+    assert entry is not None and entry.refs == 0
 
 
 @pytest.mark.parametrize(
