@@ -150,8 +150,7 @@ def started(
         servers = [
             server_process(
                 work / h,
-                env=_host_env(org, prefix, work / h, h, url, poll, (token, fleet_token))
-                | {"TIERD_HOST": p.address},
+                env=_host_env(org, prefix, work / h, h, url, poll, (token, fleet_token)),
                 host=p.address,
                 wrap=p.wrap,
             )

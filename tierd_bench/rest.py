@@ -87,6 +87,7 @@ def server_process(
         **os.environ,
         "TIERD_DATA_DIR": str(data_dir),
         "TIERD_WATCH": "false",  # the file is there before start; the scan adopts it
+        "TIERD_HOST": host,
         "TIERD_PORT": str(port),
         # What other hosts of a fleet reach it at (its hostname may not resolve to ``host``).
         "TIERD_ADVERTISE_URL": f"http://{host}:{port}",
