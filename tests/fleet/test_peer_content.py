@@ -3,8 +3,9 @@ PostgreSQL catalog and one bucket (moto). A host serves byte ranges of its verif
 shared file, and of its own files, only at the generation asked for (409
 ``generation_mismatch`` otherwise, also after the object was overwritten and rescanned: never
 old bytes), nothing it does not hold (404 ``not_held``), and nothing without the fleet
-credential (401). In-process: a memory-tier copy is served from memory; a host with no
-fleet credential serves no peer reads; bad parameters are 4xx."""
+credential (401); a receiver checks each piece against the catalog's piece map, and a peer
+whose copy rotted on disk is caught by the digest. In-process: a memory-tier copy is served
+from memory; a host with no fleet credential serves no peer reads; bad parameters are 4xx."""
 
 from __future__ import annotations
 
@@ -16,8 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, make_settings, wait_for
+from tests.conftest import LiveServer, free_port, make_settings, wait_for
 from tests.fleet.procs import TierdProcess, fleet_of
+from tiering.catalog.db import Database
+from tiering.catalog.pieces import PieceDigests, Pieces
+from tiering.fleet.peerfetch import NotHeld, PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.pieces import ALGORITHM, BadPiece, digest, spans
+from tiering.tiers.paths import RESERVED_DIR
 
 TOKEN = "fleet-secret-credential"
 MiB = 1 << 20
@@ -127,6 +133,54 @@ def test_a_peer_serves_its_verified_copy_at_the_generation_asked(
         assert r.status_code == 409 and r.json()["error"]["generation"] == now
         r = _peer(c0, "llm/a.bin", now)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_held"
+        # A receiver with the old generation's map is told to start over at the current one.
+        old = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
+        stale = PieceDigests(rec["id"], gen, len(data), MiB, ALGORITHM, tuple(old), "h", 0.0)
+        with pytest.raises(StaleGeneration) as info:
+            fetch_piece(c0, h0.url, TOKEN, "llm/a.bin", stale, 0)
+        assert info.value.current == now
+
+
+def test_a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(
+    three: list[TierdProcess], pg_url: str
+) -> None:
+    h0, h1, _ = three
+    _prefetch_on(h0, "host-0")
+    data = MODEL["llm/a.bin"]
+    with h0.client() as c0:
+        rec = _record(c0, "llm/a.bin")
+    # The piece map, as the first filling host records it (1 MiB pieces: four, the last short).
+    db = Database(pg_url)
+    try:
+        digests = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
+        pieces = Pieces(db).record_map(
+            rec["id"], generation=rec["generation"], size=len(data), piece_size=MiB,
+            algorithm=ALGORITHM, digests=digests, host="host-0",
+        )  # fmt: skip
+    finally:
+        db.dispose()
+    assert pieces is not None and pieces.count == 4
+    with httpx.Client(timeout=30) as http:
+        for i, (o, n) in enumerate(spans(len(data), MiB)):
+            assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, i) == data[o : o + n]
+        with pytest.raises(NotHeld):
+            fetch_piece(http, h1.url, TOKEN, "llm/a.bin", pieces, 0)
+        with pytest.raises(PeerFailed) as refused:
+            fetch_piece(http, h0.url, "not-the-credential", "llm/a.bin", pieces, 0)
+        assert refused.value.details["status"] == 401
+        with pytest.raises(PeerFailed):
+            fetch_piece(http, f"http://127.0.0.1:{free_port()}", TOKEN, "llm/a.bin", pieces, 0)
+        # The peer's copy rots on its disk: it serves the wrong bytes, the digest catches them.
+        copy = h0.root / "nvme" / RESERVED_DIR / f"{rec['id']}.{rec['generation']}"
+        with copy.open("r+b") as f:
+            f.seek(2 * MiB + 100)
+            good = f.read(1)
+            f.seek(2 * MiB + 100)
+            f.write(bytes([good[0] ^ 0xFF]))
+        with pytest.raises(BadPiece) as bad:
+            fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 2)
+        assert bad.value.index == 2
+        assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 1) == data[MiB : 2 * MiB]
 
 
 # -- in-process: memory, no credential configured, bad input --------------------------------------

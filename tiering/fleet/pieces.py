@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from tiering.catalog.pieces import Holding, PieceDigests
+from tiering.errors import IntegrityError
 
 __all__ = [
     "ALGORITHM",
@@ -54,11 +55,13 @@ AVOID_S = 60.0
 AVOID_MAX_S = 600.0
 
 
-class BadPiece(ValueError):
+class BadPiece(IntegrityError):
     """A piece's bytes do not match its digest (or its length)."""
 
+    code = "bad_piece"
+
     def __init__(self, index: int, why: str) -> None:
-        super().__init__(f"piece {index}: {why}")
+        super().__init__(f"piece {index}: {why}", piece=index)
         self.index = index
 
 
