@@ -23,18 +23,18 @@ engine's one content path, which counts one.
 
 from __future__ import annotations
 
-import hmac
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import EngineDep
 from app.api.responses import MAX_ID, NOT_FOUND, RANGE, TOO_MANY, Responses, _err
-from app.errors import HttpError, error_response
+from app.auth import require_fleet
+from app.errors import error_response
 from app.ranges import parse_range
 from tiering.catalog import FileRecord
 from tiering.checksum import hex_digest
@@ -84,29 +84,6 @@ BYTES: Responses = {
     },
 }
 PEER: Responses = FLEET_AUTH | TOO_MANY | NOT_FOUND | STALE | RANGE
-
-
-async def _fleet(request: Request) -> None:
-    expected: str | None = request.app.state.settings.fleet_token
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if expected is None:
-        raise HttpError(
-            401,
-            "unauthorized",
-            "this host serves no peer reads: it has no fleet credential (fleet_token)",
-            {"WWW-Authenticate": "Bearer"},
-        )
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
-        raise HttpError(
-            401,
-            "unauthorized",
-            "peer reads need the fleet credential: 'Authorization: Bearer <fleet_token>'",
-            {"WWW-Authenticate": "Bearer"},
-        )
-
-
-require_fleet = Depends(_fleet)
 
 
 class _Held:
