@@ -1,4 +1,5 @@
-"""Bearer tokens: the admin token may do everything, the data token the data routes."""
+"""Bearer tokens: the admin token may do everything, the data token the data routes; the fleet
+credential (``fleet_token``) the peer routes, and nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi import Depends, Request
 
 from app.errors import HttpError
 
-__all__ = ["Role", "require_admin", "require_data"]
+__all__ = ["Role", "require_admin", "require_data", "require_fleet"]
 
 
 class Role(StrEnum):
@@ -56,7 +57,22 @@ async def _admin(request: Request) -> Role:
     return role
 
 
+async def _fleet(request: Request) -> None:
+    # Only the fleet credential: a host's admin or data token is for people and schedulers,
+    # and a peer read is for the fleet's hosts, which hold this one credential.
+    expected = request.app.state.settings.fleet_token
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if expected is None:
+        message = "this host serves no peer reads: it has no fleet credential (fleet_token)"
+    elif scheme.lower() != "bearer" or not _same(token.strip(), expected):
+        message = "peer reads need the fleet credential: 'Authorization: Bearer <fleet_token>'"
+    else:
+        return
+    raise HttpError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+
+
 require_data = Depends(_data)
+require_fleet = Depends(_fleet)
 require_admin = Depends(_admin)
 DataRole = Annotated[Role, require_data]
 AdminRole = Annotated[Role, require_admin]

@@ -22,6 +22,7 @@ from app.api import (
     loads,
     migrations,
     models,
+    peer,
     pins,
     placement,
     policy,
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(heat.router)
     app.include_router(fleet.router)
     app.include_router(fleet_heat.router)
+    app.include_router(peer.router)
     app.include_router(metrics_router)
     app.include_router(ui_router)
     install_openapi(app, settings)

@@ -81,6 +81,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.peer_bytes_served = Counter(
+            "tierd_peer_bytes_served",
+            "Bytes this host served to other hosts of its fleet (GET /v1/peer/content), by "
+            "where they came from here (source: memory, copy, tier)",
+            ["source"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "tierd_http_requests",
             "HTTP requests answered, by method, route template and status",

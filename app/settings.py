@@ -240,6 +240,11 @@ class Settings(BaseSettings):
     )
     admin_token: str | None = Field(default=None, description="Bearer token for every route")
     data_token: str | None = Field(default=None, description="Bearer token for data routes")
+    fleet_token: str | None = Field(
+        default=None,
+        description="Bearer credential the hosts of a fleet send on peer reads (/v1/peer); "
+        "none: this host serves no peer reads",
+    )
     half_life_s: float = Field(default=86_400.0, gt=0, description="Heat half-life in seconds")
     access_flush_interval_s: float = Field(
         default=1.0, gt=0, description="How often counted accesses are written to the catalog"

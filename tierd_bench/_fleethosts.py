@@ -10,7 +10,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ import httpx
 from tiering.catalog import upgrade
 from tiering.catalog.backends import redact
 
+from ._netns import Place
 from ._origin import REGION, Origin
 from ._postgres import PgServer, scratch_database, why_no_postgresql
 from .rest import server_process
@@ -77,8 +78,11 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def catalog_database(url: str | None, say: Callable[[str], None]) -> Iterator[tuple[str, str]]:
-    """(a migrated, empty catalog database, and what it is)."""
+def catalog_database(
+    url: str | None, say: Callable[[str], None], *, socket: bool = False
+) -> Iterator[tuple[str, str]]:
+    """(a migrated, empty catalog database, and what it is). ``socket``: the throwaway
+    server's URL names its Unix socket, which hosts in other network namespaces reach too."""
     if url is not None:
         with scratch_database(url) as scratch:
             upgrade(scratch)
@@ -89,11 +93,21 @@ def catalog_database(url: str | None, say: Callable[[str], None]) -> Iterator[tu
         raise FleetBenchUnavailable(f"no PostgreSQL to run here ({reason}); pass --catalog-url")
     say("starting a throwaway PostgreSQL (durable: fsync and synchronous commit on)")
     with PgServer(durable=True) as server:
-        yield server.url(server.create_database()), "throwaway server, durable, on loopback"
+        db = server.create_database()
+        if socket:
+            yield server.socket_url(db), "throwaway server, durable, on its Unix socket"
+        else:
+            yield server.url(db), "throwaway server, durable, on loopback"
 
 
 def _host_env(
-    org: Origin, prefix: str, root: Path, host_id: str, url: str, poll: float
+    org: Origin,
+    prefix: str,
+    root: Path,
+    host_id: str,
+    url: str,
+    poll: float,
+    tokens: tuple[str, str],
 ) -> dict[str, str]:
     s3: dict[str, Any] = {
         "name": "s3",
@@ -108,21 +122,39 @@ def _host_env(
         "TIERD_TIERS": json.dumps([{"name": "nvme", "path": str(root / "nvme")}, s3]),
         "TIERD_FLEET_POLL_INTERVAL_S": repr(poll),
         "TIERD_LOG_LEVEL": "warning",
+        # A host off loopback starts only with a token; on loopback it costs nothing. The
+        # fleet credential lets the hosts read from each other (GET /v1/peer/content).
+        "TIERD_ADMIN_TOKEN": tokens[0],
+        "TIERD_FLEET_TOKEN": tokens[1],
     }
 
 
 @contextlib.contextmanager
 def started(
-    org: Origin, url: str, work: Path, n: int, poll: float, say: Callable[[str], None]
+    org: Origin,
+    url: str,
+    work: Path,
+    n: int,
+    poll: float,
+    say: Callable[[str], None],
+    places: Sequence[Place] | None = None,
 ) -> Iterator[Fleet]:
+    """``n`` tierd servers, on loopback or each at its ``places[i]`` (a network namespace)."""
     prefix = f"tfb-{secrets.token_hex(4)}"
+    token, fleet_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    at = list(places) if places is not None else [Place((), "127.0.0.1")] * n
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: forget(org, prefix))
         ids = [f"bench-host-{i}" for i in range(n)]
         say(f"starting {n} tierd servers: {', '.join(ids)}")
         servers = [
-            server_process(work / h, env=_host_env(org, prefix, work / h, h, url, poll))
-            for h in ids
+            server_process(
+                work / h,
+                env=_host_env(org, prefix, work / h, h, url, poll, (token, fleet_token)),
+                host=p.address,
+                wrap=p.wrap,
+            )
+            for h, p in zip(ids, at, strict=True)
         ]
         # Side by side: each start (imports, catalog, scan) takes seconds, mostly waiting.
         with ThreadPoolExecutor(n, thread_name_prefix="tierd-bench-start") as pool:
@@ -136,7 +168,8 @@ def started(
                 failed = failed or exc
                 continue
             stack.push(cm)
-            http = stack.enter_context(httpx.Client(base_url=base, timeout=600))
+            auth = {"Authorization": f"Bearer {token}"}
+            http = stack.enter_context(httpx.Client(base_url=base, timeout=600, headers=auth))
             hosts.append(Host(h, work / h, base, http))
         if failed is not None:
             raise failed

@@ -17,18 +17,27 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-__all__ = ["NGINX", "NginxServer", "OriginUnavailable", "nginx_etag", "publish_listing", "serve"]
+__all__ = [
+    "NGINX",
+    "NginxServer",
+    "OriginUnavailable",
+    "bytes_sent",
+    "nginx_etag",
+    "publish_listing",
+    "serve",
+]
 
 # TIERD_NGINX: another nginx binary (e.g. one unpacked with dpkg -x on a machine without apt).
 NGINX = Path(os.environ.get("TIERD_NGINX", "/usr/sbin/nginx"))
@@ -70,6 +79,22 @@ def publish_listing(served: Path, bucket: str, prefix: str) -> None:
         )
 
 
+_LINE = re.compile(r'^\S+ \S+ "\S+ (\S+) [^"]*" \d{3} \d+ "[^"]*" \S+ (\d+)$')
+
+
+def bytes_sent(access_log: Path, bucket: str, prefix: str = "") -> int:
+    """Bytes nginx sent (``$bytes_sent``: headers and body) for requests of objects under
+    ``prefix/`` in ``bucket`` (every object of it when ``prefix`` is empty), from its log."""
+    want = f"/{bucket}/{prefix}/" if prefix else f"/{bucket}/"
+    total = 0
+    with contextlib.suppress(FileNotFoundError), access_log.open() as f:
+        for line in f:
+            m = _LINE.match(line.rstrip("\n"))
+            if m is not None and m.group(1).startswith(want):
+                total += int(m.group(2))
+    return total
+
+
 def nginx_etag(st: os.stat_result) -> str:
     """The ETag nginx sends for a static file: ``"<mtime hex>-<size hex>"``."""
     return f'"{int(st.st_mtime):x}-{st.st_size:x}"'
@@ -103,7 +128,9 @@ _EMPTY_UPLOADS = (
 )
 
 
-def _conf(tmp: Path, port: int, bucket: str, rate: int | None) -> str:
+def _conf(
+    tmp: Path, listen: str, port: int, bucket: str, rate: int | None, buffered_log: bool
+) -> str:
     """nginx's whole configuration: everything it writes stays in ``tmp``.
 
     ``GET /bucket?...`` (a listing) is answered from ``tmp/.tierd-list``: the prefix (one path
@@ -127,8 +154,8 @@ http {{
     uwsgi_temp_path {tmp / "uwsgi"};
     scgi_temp_path {tmp / "scgi"};
     log_format tierd '$connection $connection_requests "$request" $status $body_bytes_sent '
-                     '"$http_range" $request_time';
-    access_log {tmp / "access.log"} tierd buffer=256k flush=1s;
+                     '"$http_range" $request_time $bytes_sent';
+    access_log {tmp / "access.log"} tierd{" buffer=256k flush=1s" if buffered_log else ""};
     default_type application/octet-stream;
     sendfile on;
     tcp_nopush on;
@@ -145,7 +172,7 @@ http {{
         "~(^|&)continuation-token=p(?<tierd_pg>[0-9]+)(&|$)" $tierd_pg;
     }}
     server {{
-        listen 127.0.0.1:{port};
+        listen {listen}:{port};
         root {tmp / "served"};
         limit_rate {rate or 0};
         client_max_body_size 0;
@@ -175,16 +202,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _answers(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+def _answers(address: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, port), 0.2):
         return True
     return False
 
 
 @contextlib.contextmanager
-def serve(kind: str, rate: int | None, parent: Path | None) -> Iterator[NginxServer]:
-    """nginx on a free loopback port, ``rate`` bytes/s per connection (None: no cap), in a
-    temp directory under ``parent``; stopped and removed on exit."""
+def serve(
+    kind: str,
+    rate: int | None,
+    parent: Path | None,
+    *,
+    listen: str = "127.0.0.1",
+    wrap: Sequence[str] = (),
+    buffered_log: bool = True,
+) -> Iterator[NginxServer]:
+    """nginx on a free port of ``listen`` (run under the command prefix ``wrap``, such as
+    ``ip netns exec NS``), ``rate`` bytes/s per connection (None: no cap), in a temp directory
+    under ``parent``; stopped and removed on exit. ``buffered_log=False`` writes each access
+    line as its request ends, so :func:`bytes_sent` is exact as soon as the client is done."""
     if not NGINX.exists():
         raise OriginUnavailable(
             f"origin {kind!r} needs Debian's nginx at {NGINX}: apt-get install nginx"
@@ -200,20 +237,22 @@ def serve(kind: str, rate: int | None, parent: Path | None) -> Iterator[NginxSer
         for attempt in range(5):  # a free port can be taken before nginx binds it: retry
             port = _free_port()
             conf = tmp / "nginx.conf"
-            conf.write_text(_conf(tmp, port, BUCKET, rate))
-            cmd = [str(NGINX), "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")]
+            conf.write_text(_conf(tmp, listen, port, BUCKET, rate, buffered_log))
+            cmd = [*wrap, str(NGINX), "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")]
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             deadline = time.monotonic() + 10
-            while proc.poll() is None and not _answers(port) and time.monotonic() < deadline:
+            while (
+                proc.poll() is None and not _answers(listen, port) and time.monotonic() < deadline
+            ):
                 time.sleep(0.02)
-            if proc.poll() is None and _answers(port):
+            if proc.poll() is None and _answers(listen, port):
                 break
             err = _stop(proc)
             proc = None
             if attempt == 4 or "Address already in use" not in err:
                 raise OriginUnavailable(f"nginx did not start: {err.strip()[-500:]}")
         yield NginxServer(
-            f"http://127.0.0.1:{port}", BUCKET, tmp / "served", tmp / "access.log", _version()
+            f"http://{listen}:{port}", BUCKET, tmp / "served", tmp / "access.log", _version()
         )
     finally:
         if proc is not None:

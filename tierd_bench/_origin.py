@@ -24,7 +24,7 @@ import os
 import secrets
 import shutil
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,9 +183,17 @@ class Origin:
 
 
 @contextlib.contextmanager
-def _nginx(kind: str, rate: int | None, parent: Path | None) -> Iterator[Origin]:
+def _nginx(
+    kind: str,
+    rate: int | None,
+    parent: Path | None,
+    place: tuple[str, Sequence[str]] | None,
+    exact_log: bool,
+) -> Iterator[Origin]:
     cap = rate if kind == "s3like" else None
-    with serve(kind, cap, parent) as server:
+    listen, wrap = place or ("127.0.0.1", ())
+    buffered = not exact_log
+    with serve(kind, cap, parent, listen=listen, wrap=wrap, buffered_log=buffered) as server:
         per = f"{(cap or 0) / 1e6:g} MB/s per connection" if cap else "no cap"
         origin = Origin(
             kind,
@@ -195,7 +203,7 @@ def _nginx(kind: str, rate: int | None, parent: Path | None) -> Iterator[Origin]
             rate=cap,
             served=server.served,
             access_log=server.access_log,
-            description=f"nginx {server.version} on loopback, {per}",
+            description=f"nginx {server.version} on {listen}, {per}",
         )
         try:
             yield origin
@@ -305,15 +313,24 @@ def open_origin(
     rate: int | None = 100_000_000,
     parent: Path | None = None,
     say: Callable[[str], None] = lambda s: None,
+    place: tuple[str, Sequence[str]] | None = None,
+    exact_log: bool = False,
 ) -> Iterator[Origin]:
     """Start the origin ``spec`` names (``moto``, ``s3like``, ``open`` or a URL) and stop it
-    after. Loopback origins run with :func:`local_credentials` in the environment."""
+    after. Loopback origins run with :func:`local_credentials` in the environment.
+
+    ``place`` (nginx only): the address nginx listens on and the command prefix that starts it
+    there (a network namespace's ``ip netns exec NS``) instead of loopback; ``exact_log``:
+    its access log unbuffered, complete as soon as a client has its bytes (where the log is
+    the measure), instead of written in batches (where its writes must not cost the origin)."""
+    if place is not None and spec not in ("s3like", "open"):
+        raise OriginUnavailable(f"origin {spec!r} runs on loopback only; use s3like or open")
     if spec == "moto":
         with local_credentials(), _moto() as origin:
             say(f"origin: {origin.description} at {origin.endpoint}")
             yield origin
     elif spec in ("s3like", "open"):
-        with local_credentials(), _nginx(spec, rate, parent) as origin:
+        with local_credentials(), _nginx(spec, rate, parent, place, exact_log) as origin:
             say(f"origin: {origin.description} at {origin.endpoint}")
             yield origin
     else:

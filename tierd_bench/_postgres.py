@@ -188,6 +188,10 @@ class PgServer:
         """The SQLAlchemy URL tierd takes for database ``dbname``."""
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{dbname}"
 
+    def socket_url(self, dbname: str) -> str:
+        """:meth:`url` over the server's Unix socket: reached from any network namespace."""
+        return f"postgresql+psycopg://postgres@/{dbname}?host={self.root}&port={self.port}"
+
     def create_database(self, *, migrated: bool = True) -> str:
         """A new database (at the schema's head, or empty); returns its name."""
         name = f"t_{uuid.uuid4().hex[:16]}"

@@ -16,17 +16,15 @@ from typing import Annotated
 
 import typer
 
-from tierd_bench import Report, format_size, parse_size, print_report, progress, write_json
+from tierd_bench import progress
+from tierd_bench._clifleet import bench_fleet
+from tierd_bench._cliopts import JsonOpt, RateOpt, _finish, _rate, _size
 
 __all__ = ["bench_cli"]
 
 bench_cli = typer.Typer(add_completion=False)
 
 # -- options shared by several sub-benchmarks ---------------------------------------------------
-JsonOpt = Annotated[
-    Path | None,
-    typer.Option("--json", "--out", help="Also write the results as JSON to this file."),
-]
 RepeatsOpt = Annotated[
     int, typer.Option("--repeats", "--repeat", help="Timed runs per figure (median).", min=1)
 ]
@@ -56,9 +54,6 @@ OriginOpt = Annotated[
         "open (nginx, no cap), or an endpoint http(s)://host[:port]/bucket (AWS credentials).",
     ),
 ]
-RateOpt = Annotated[
-    str, typer.Option("--rate", help="Per-connection cap of the s3like origin, bytes/s (100MB).")
-]
 ObjectsOpt = Annotated[
     int, typer.Option("--objects", help="Tiny objects adopted by the adoption figure.", min=1)
 ]
@@ -80,24 +75,6 @@ _OBJECT_STORE_ONLY = ("origin", "rate", "objects", "connections", "samples")
 _TMP = Path(tempfile.gettempdir())
 
 
-def _size(text: str, minimum: int = 1) -> int:
-    try:
-        nbytes = parse_size(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--size") from exc
-    if nbytes < minimum:
-        raise typer.BadParameter(f"must be at least {format_size(minimum)}", param_hint="--size")
-    return nbytes
-
-
-def _rate(text: str) -> int | None:
-    try:
-        rate = parse_size(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--rate") from exc
-    return rate or None
-
-
 def _from_command_line(ctx: typer.Context, names: tuple[str, ...] | None = None) -> list[str]:
     """The options of ``ctx``'s command given on the command line (all, or among ``names``)."""
     return [
@@ -108,12 +85,6 @@ def _from_command_line(ctx: typer.Context, names: tuple[str, ...] | None = None)
         and (names is None or param.name in names)
         and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
     ]
-
-
-def _finish(report: Report, json_path: Path | None) -> None:
-    print_report(report)
-    if json_path is not None:
-        write_json(report, json_path)
 
 
 @bench_cli.callback(invoke_without_command=True)
@@ -433,56 +404,4 @@ def bench_catalog(
     _finish(report, json_path)
 
 
-@bench_cli.command("fleet")
-def bench_fleet(
-    size: Annotated[str, typer.Option("--size", help="Size of the model, all shards.")] = "256MiB",
-    shards: Annotated[int, typer.Option("--shards", help="Shards of the model.", min=1)] = 4,
-    hosts: Annotated[int, typer.Option("--hosts", help="tierd servers started.", min=1)] = 3,
-    runs: Annotated[int, typer.Option("--runs", help="Timed runs per figure (median).", min=1)] = 3,
-    origin: OriginOpt = "moto",
-    rate: RateOpt = "100MB",
-    poll_interval: Annotated[
-        float | None,
-        typer.Option(
-            "--poll-interval",
-            help="The hosts' fleet_poll_interval_s (default: the setting's, 1 s).",
-            min=0.001,
-        ),
-    ] = None,
-    catalog_url: Annotated[
-        str | None,
-        typer.Option(
-            "--catalog-url",
-            help="postgresql+psycopg://... of a server to run on, in a scratch database it "
-            "creates and drops (needs CREATEDB). Default: a throwaway local PostgreSQL.",
-        ),
-    ] = None,
-    directory: Annotated[
-        Path | None,
-        typer.Option("--dir", help="Where the hosts' data dirs go (not tmpfs). Default: here."),
-    ] = None,
-    json_path: JsonOpt = None,
-) -> None:
-    """A model onto every host: one fleet prefetch against one prefetch per host by hand."""
-    from tierd_bench.fleet import FleetBenchFailed, FleetBenchUnavailable, run
-
-    nbytes = _size(size, minimum=shards * 16 << 10)
-    try:
-        report = run(
-            nbytes,
-            shards,
-            hosts,
-            runs,
-            origin,
-            rate=_rate(rate),
-            poll_interval=poll_interval,
-            catalog_url=catalog_url,
-            directory=directory,
-            say=progress(),
-        )
-    except FleetBenchUnavailable as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    except FleetBenchFailed as exc:
-        typer.echo(f"tierd bench fleet failed: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    _finish(report, json_path)
+bench_cli.command("fleet")(bench_fleet)

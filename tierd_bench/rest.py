@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -72,23 +72,32 @@ def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
 
 @contextmanager
 def server_process(
-    data_dir: Path, *, env: dict[str, str] | None = None, timeout: float = 120
+    data_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    host: str = "127.0.0.1",
+    wrap: Sequence[str] = (),
 ) -> Iterator[tuple[str, int]]:
-    """The service in its own process on a free loopback port, serving ``data_dir`` (more
-    settings in ``env``, ``TIERD_*``); yields its URL and pid once it is ready."""
+    """The service in its own process on a free port of ``host`` (loopback by default; started
+    under the command prefix ``wrap``, such as ``ip netns exec NS``), serving ``data_dir``
+    (more settings in ``env``, ``TIERD_*``); yields its URL and pid once it is ready."""
     port = _free_port()
     env = {
         **os.environ,
         "TIERD_DATA_DIR": str(data_dir),
         "TIERD_WATCH": "false",  # the file is there before start; the scan adopts it
+        "TIERD_HOST": host,
         "TIERD_PORT": str(port),
+        # What other hosts of a fleet reach it at (its hostname may not resolve to ``host``).
+        "TIERD_ADVERTISE_URL": f"http://{host}:{port}",
         **(env or {}),
     }
     # A separate process, as in production: the client must pay for IPC, not share memory.
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = [*wrap, sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
+           "--host", host, "--port", str(port), "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -7,6 +7,9 @@ leaves the server and its directory as it found them.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,9 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.pg_support import PgServer
+from tierd_bench import fleetnet
+from tierd_bench._netns import network, sweep_leftovers, why_no_netns
+from tierd_bench._nginx import OriginUnavailable, bytes_sent, serve
 from tierd_bench.fleet import SAMPLE, FleetBenchUnavailable, _write_shard, run
 
 from .test_report import assert_shared_shape
@@ -117,3 +123,151 @@ def test_without_postgresql_it_asks_for_a_catalog_url(
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
     result = runner.invoke(cli, ["bench", "fleet", *args])
     assert result.exit_code == 2 and message in _said(result.output)
+
+
+# -- the network mode (tierd bench fleet --network) ----------------------------------------------
+NET_ROWS = [
+    "ceiling_s",
+    *(f"{k}_{n}_{u}" for n in (1, 2) for k, u in
+      (("warm", "s"), ("warm", "ceiling_x"), ("origin", "x"), ("host", "gbps"))),
+]  # fmt: skip
+
+
+def _leftovers() -> list[str]:
+    """This process's namespaces and links (the bench's names carry its pid)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [w for w in out.split() if w.startswith(f"tfb{os.getpid()}")]
+
+
+def test_the_access_log_counts_the_bytes_a_client_received(tmp_path: Path) -> None:
+    """``bytes_sent`` against a transfer counted on the wire: raw HTTP/1.0 requests, whose
+    responses end when nginx closes, so every byte nginx sent is read here."""
+    try:
+        cm = serve("open", None, tmp_path, buffered_log=False)
+        server = cm.__enter__()
+    except OriginUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        obj = server.served / server.bucket / "pre" / "obj.bin"
+        obj.parent.mkdir()
+        obj.write_bytes(os.urandom(300_001))
+        (server.served / server.bucket / "other.bin").write_bytes(b"x" * 5000)
+        host, _, port = server.endpoint.removeprefix("http://").partition(":")
+        received = 0
+        for path, extra in [
+            ("/tierd-bench/pre/obj.bin", ""),
+            ("/tierd-bench/pre/obj.bin", "Range: bytes=1000-70999\r\n"),
+            ("/tierd-bench/pre/missing.bin", ""),  # a 404's bytes are sent too
+            ("/tierd-bench/other.bin", ""),  # not under the prefix: not counted
+        ]:
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n{extra}\r\n".encode())
+                got = b""
+                while chunk := s.recv(1 << 16):
+                    got += chunk
+            if "pre/" in path:
+                received += len(got)
+        assert received > 300_001 + 70_000
+        assert bytes_sent(server.access_log, server.bucket, "pre") == received
+        assert bytes_sent(server.access_log, server.bucket) > received
+        assert bytes_sent(server.access_log, server.bucket, "nothing") == 0
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def _network_doc(report: Any, counts: tuple[int, ...]) -> dict[str, Any]:
+    doc = report.as_dict()
+    assert_shared_shape(doc, "fleet-network")
+    assert list(doc["rows"]) == [r for r in NET_ROWS if doc["setup"]["netns"] or "ceil" not in r]
+    size = doc["setup"]["size_bytes"]
+    for n in counts:
+        # Every host read the whole model from the origin (today's baseline), plus headers.
+        assert n <= doc["rows"][f"origin_{n}_x"]["value"] < n * 1.1
+        assert doc["setup"]["origin_bytes"][str(n)][0] >= n * size
+        assert doc["rows"][f"warm_{n}_s"]["value"] > 0
+    assert doc["rows"]["warm_2_s"]["vs"] == "warm_1_s"
+    # The warm-up's one shard on both hosts, then both shards on 1 host and on 2.
+    assert doc["setup"]["checked"]["copies"] == 2 + (1 + 2) * 2
+    return doc
+
+
+def test_network_mode_on_loopback(tmp_path: Path, pg_url: str) -> None:
+    report = fleetnet.run(
+        128 << 10, 2, (1, 2), 1, netns=False, poll_interval=0.2, catalog_url=pg_url,
+        directory=tmp_path,
+    )  # fmt: skip
+    doc = _network_doc(report, (1, 2))
+    assert doc["setup"]["netns"] is False and "loopback" in doc["setup"]["network"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_network_mode_in_namespaces(tmp_path: Path, pg_server: PgServer, pg_url: str) -> None:
+    reason = why_no_netns()
+    if reason is not None:
+        pytest.skip(reason)
+    # The hosts are in other network namespaces: they reach PostgreSQL on its Unix socket.
+    dbname = make_url(pg_url).database
+    assert dbname is not None
+    said: list[str] = []
+    report = fleetnet.run(
+        128 << 10, 2, (1, 2), 1, origin_bps=10**9, host_bps=2 * 10**9, poll_interval=0.2,
+        catalog_url=pg_server.socket_url(dbname), directory=tmp_path, say=said.append,
+    )  # fmt: skip
+    doc = _network_doc(report, (1, 2))
+    assert doc["setup"]["netns"] is True and doc["setup"]["origin_bps"] == 10**9
+    assert "tc tbf" in doc["setup"]["network"] and "bridge" in doc["setup"]["network"]
+    assert doc["rows"]["ceiling_s"]["value"] == pytest.approx((128 << 10) * 8 / 1e9)
+    assert _leftovers() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_the_namespaces_are_removed_when_the_run_fails() -> None:
+    reason = why_no_netns()
+    if reason is not None:
+        pytest.skip(reason)
+    with pytest.raises(RuntimeError, match="mid-run"), network(2, 10**8, 10**9) as net:
+        assert len(net.hosts) == 2 and len(_leftovers()) >= 4  # 3 namespaces and a bridge
+        raise RuntimeError("mid-run")
+    assert _leftovers() == []
+
+
+def test_leftovers_of_a_dead_run_are_swept() -> None:
+    reason = why_no_netns()
+    if reason is not None:
+        pytest.skip(reason)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names no process now
+    name = f"tfb{dead.pid}o"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in sweep_leftovers()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    assert name not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+
+
+def test_without_ip_or_tc_it_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = why_no_netns()
+    assert reason is not None and ("root" in reason or "not installed" in reason)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--counts", "0,4"], "--counts"),
+        (["--counts", "x"], "--counts"),
+        (["--origin-rate", "fast"], "--origin-rate"),
+        (["--host-rate", "10bit"], "too slow"),
+        (["--origin", "moto"], "access log"),
+    ],
+)
+def test_bad_network_arguments_are_usage_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(cli, ["bench", "fleet", "--network", *args])
+    assert result.exit_code == 2 and message in _said(result.output)
+
+
+def test_rates_are_bits_per_second() -> None:
+    assert fleetnet.parse_bits("400Mbit") == 400_000_000
+    assert fleetnet.parse_bits("2Gbit") == fleetnet.parse_bits("2g") == 2_000_000_000
+    assert fleetnet.parse_bits("1.5Mbps") == 1_500_000

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Select,
     String,
@@ -33,6 +34,8 @@ __all__ = [
     "FileState",
     "Migration",
     "MigrationPhase",
+    "PieceHolding",
+    "PieceMap",
     "PolicyVersion",
     "owned_file_ids",
 ]
@@ -246,6 +249,43 @@ class HostHeat(Base):
     heat_at: Mapped[float] = mapped_column(Float)
     access_count: Mapped[int] = mapped_column(BigInteger)
     last_access: Mapped[float | None] = mapped_column(Float)
+
+
+class PieceMap(Base):
+    """The pieces of one generation of a file: each ``piece_size`` bytes (the last shorter),
+    ``digests`` their digests (``algorithm``) concatenated in order. Written once, whole, by
+    the first host that filled the generation from its authority; a map of an older generation
+    is stale and is deleted when a newer one is recorded."""
+
+    __tablename__ = "piece_maps"
+
+    file_id: Mapped[int] = mapped_column(
+        ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    piece_size: Mapped[int] = mapped_column(Integer)
+    algorithm: Mapped[str] = mapped_column(String(32))
+    digests: Mapped[bytes] = mapped_column(LargeBinary)
+    recorded_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class PieceHolding(Base):
+    """The pieces of one generation of a file that one host has verified and can serve: a
+    bitmap (bit ``i`` of byte ``i // 8``, lowest first) and its count. One row per file and
+    host; a newer generation replaces it, and a host deletes its rows of bytes it dropped."""
+
+    __tablename__ = "piece_holdings"
+
+    file_id: Mapped[int] = mapped_column(
+        ForeignKey("files.id", ondelete="CASCADE"), primary_key=True
+    )
+    host: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+    generation: Mapped[int] = mapped_column(Integer)
+    have: Mapped[bytes] = mapped_column(LargeBinary)
+    pieces: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 def owned_file_ids() -> Select[int | None]:

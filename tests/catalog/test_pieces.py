@@ -1,0 +1,161 @@
+"""The catalog's pieces: migration 0009 up and down on real data; a generation's map written
+once, whole, only at that generation, and the first recorder's kept; holdings that grow, are
+replaced by a newer generation and vanish with the file. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from tests.catalog.conftest import run_sql
+from tests.catalog.test_copies import _FILE, _downgrade, _tables
+from tiering.catalog.db import Database, upgrade
+from tiering.catalog.pieces import Pieces, bitmap, bits_of
+from tiering.fleet.pieces import ALGORITHM, PIECE_SIZE, digest
+
+SIZE = 2 * PIECE_SIZE + 5  # three pieces, the last of 5 bytes
+DIGESTS = [digest(bytes([i]) * 8) for i in range(3)]
+
+
+def _map(pieces: Pieces, file_id: int = 1, generation: int = 0, **kw: object) -> object:
+    args: dict[str, object] = {
+        "generation": generation, "size": SIZE, "piece_size": PIECE_SIZE,
+        "algorithm": ALGORITHM, "digests": DIGESTS, "host": "h1",
+    } | kw  # fmt: skip
+    return pieces.record_map(file_id, **args)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def db(empty_catalog_url: str) -> Iterator[Database]:
+    upgrade(empty_catalog_url)
+    for path, state in (("a", "stable"), ("b", "migrating")):
+        run_sql(empty_catalog_url, _FILE, {"p": path, "s": state, "g": 0})
+    database = Database(empty_catalog_url)
+    yield database
+    database.dispose()
+
+
+def test_0009_upgrades_and_downgrades_keeping_the_files(empty_catalog_url: str) -> None:
+    url = empty_catalog_url
+    upgrade(url, "0008")
+    run_sql(url, _FILE, {"p": "a", "s": "stable", "g": 4})
+    upgrade(url)
+    assert {"piece_maps", "piece_holdings"} <= _tables(url)
+    db = Database(url)
+    assert _map(Pieces(db), generation=4) is not None
+    db.dispose()
+    _downgrade(url, "0008")
+    assert not {"piece_maps", "piece_holdings"} & _tables(url)
+    assert run_sql(url, "SELECT relpath, generation FROM files") == [("a", 4)]
+    upgrade(url)
+    db = Database(url)
+    assert Pieces(db).map(1, 4) is None  # derived from the bytes: recorded again when filled
+    db.dispose()
+
+
+def test_a_map_is_written_once_at_its_generation(db: Database) -> None:
+    pieces = Pieces(db)
+    assert _map(pieces, generation=7) is None  # the file is at generation 0
+    assert _map(pieces, file_id=99) is None  # no such file
+    assert _map(pieces, file_id=2, states=["stable"]) is None  # migrating
+    first = pieces.record_map(
+        1, generation=0, size=SIZE, piece_size=PIECE_SIZE, algorithm=ALGORITHM,
+        digests=DIGESTS, host="h1", now=5.0,
+    )  # fmt: skip
+    assert first is not None and first.count == 3 and first.digests == tuple(DIGESTS)
+    assert (first.recorded_by, first.created_at, first.size) == ("h1", 5.0, SIZE)
+    # A second recorder gets the first's map back, whatever it read.
+    other = [digest(b"other")] * 3
+    again = _map(pieces, digests=other, host="h2")
+    assert again == first and pieces.map(1, 0) == first
+    assert run_sql(db.url, "SELECT count(*) FROM piece_maps") == [(1,)]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"digests": DIGESTS[:2]}, "do not cover"),
+        ({"digests": [b"short", *DIGESTS[1:]]}, "16 bytes"),
+        ({"algorithm": "md5"}, "unknown"),
+        ({"piece_size": 0}, "do not cover"),
+    ],
+)
+def test_a_bad_map_is_refused_before_anything_is_written(
+    db: Database, kw: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _map(Pieces(db), **kw)
+    assert run_sql(db.url, "SELECT count(*) FROM piece_maps") == [(0,)]
+
+
+def test_holdings_grow_and_show_partial(db: Database) -> None:
+    pieces = Pieces(db)
+    assert pieces.mark(1, host="h1", generation=0, verified=[0]) is None  # no map yet
+    _map(pieces)
+    h = pieces.mark(1, host="h1", generation=0, verified=[2], now=1.0)
+    assert h is not None and (h.pieces, h.has(2), h.has(0)) == (1, True, False)
+    h = pieces.mark(1, host="h1", generation=0, verified=[0, 2])
+    assert h is not None and h.pieces == 2 and bits_of(h.have, 3) == [0, 2]
+    pieces.mark(1, host="h2", generation=0, verified=range(3))
+    assert [(x.host, x.pieces) for x in pieces.holdings(1, 0)] == [("h2", 3), ("h1", 2)]
+    assert pieces.holdings(1, 1) == []
+    with pytest.raises(ValueError, match="outside"):
+        pieces.mark(1, host="h1", generation=0, verified=[3])
+    pieces.forget(1, host="h2")
+    assert [x.host for x in pieces.holdings(1, 0)] == ["h1"]
+
+
+def test_a_new_generation_drops_the_old_maps_and_holdings(db: Database) -> None:
+    pieces = Pieces(db)
+    _map(pieces)
+    pieces.mark(1, host="h1", generation=0, verified=[0, 1, 2])
+    run_sql(db.url, "UPDATE files SET generation = 1 WHERE id = 1")  # overwritten, rescanned
+    assert pieces.mark(1, host="h2", generation=0, verified=[0]) is None  # stale: refused
+    new = [digest(b"new%d" % i) for i in range(3)]
+    assert _map(pieces, generation=1, digests=new, host="h2") is not None
+    assert pieces.map(1, 0) is None and pieces.holdings(1, 0) == []
+    assert pieces.holding(1, "h1") is None
+    h = pieces.mark(1, host="h2", generation=1, verified=[1])
+    assert h is not None and h.generation == 1
+
+
+def test_rows_go_with_their_file(db: Database) -> None:
+    pieces = Pieces(db)
+    _map(pieces)
+    pieces.mark(1, host="h1", generation=0, verified=[1])
+    with db.write() as s:  # tierd's connection: foreign keys on, on SQLite too
+        s.execute(text("DELETE FROM files WHERE id = 1"))
+    assert pieces.map(1, 0) is None and pieces.holdings(1, 0) == []
+    assert pieces.forget_host("h1") == 0
+
+
+def test_hosts_marking_at_once_lose_no_piece(db: Database) -> None:
+    pieces = Pieces(db)
+    count = 3
+    _map(pieces)
+    errors: list[BaseException] = []
+
+    def mark(i: int) -> None:
+        try:
+            pieces.mark(1, host="h1", generation=0, verified=[i % count])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=mark, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    h = pieces.holding(1, "h1")
+    assert h is not None and bits_of(h.have, count) == [0, 1, 2] and h.pieces == 3
+
+
+def test_bitmaps() -> None:
+    assert bitmap([], 0) == b"" and bitmap([0, 9], 10) == b"\x01\x02"
+    assert bits_of(bitmap([0, 7, 8, 15], 16), 16) == [0, 7, 8, 15]
+    with pytest.raises(ValueError):
+        bitmap([10], 10)

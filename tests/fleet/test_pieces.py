@@ -1,0 +1,133 @@
+"""Pieces as hosts exchange them: split, digest, verify, and the plan of which peer sends which
+piece (least busy, then most complete; capped per peer; bad peers avoided a while; the bucket
+when no live peer holds a piece)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from tiering.catalog.pieces import Holding, PieceDigests, bitmap
+from tiering.fleet.pieces import (
+    ALGORITHM,
+    AVOID_MAX_S,
+    AVOID_S,
+    PIECE_SIZE,
+    Avoid,
+    BadPiece,
+    digest,
+    digests_of_fd,
+    piece_count,
+    piece_span,
+    plan_sources,
+    spans,
+    verify,
+)
+
+
+@pytest.mark.parametrize(
+    ("size", "piece", "want"),
+    [
+        (0, 8, [(0, 0)]),
+        (1, 8, [(0, 1)]),
+        (8, 8, [(0, 8)]),
+        (9, 8, [(0, 8), (8, 1)]),
+        (199, 64, [(0, 64), (64, 64), (128, 64), (192, 7)]),
+    ],
+)
+def test_spans_cover_the_file_once(size: int, piece: int, want: list[tuple[int, int]]) -> None:
+    assert spans(size, piece) == want and piece_count(size, piece) == len(want)
+    assert sum(n for _, n in want) == size
+
+
+def test_spans_refuse_nonsense() -> None:
+    with pytest.raises(ValueError):
+        piece_count(-1)
+    with pytest.raises(ValueError):
+        piece_count(10, 0)
+    with pytest.raises(ValueError):
+        piece_span(2, 16, 8)
+    assert piece_count(PIECE_SIZE * 3 + 1) == 4
+
+
+def _map(data: bytes, piece: int) -> PieceDigests:
+    ds = tuple(digest(data[o : o + n]) for o, n in spans(len(data), piece))
+    return PieceDigests(1, 0, len(data), piece, ALGORITHM, ds, "h", 0.0)
+
+
+def test_digests_of_a_file_match_its_pieces(tmp_path: Path) -> None:
+    data = os.urandom(3 * 4096 + 17)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = digests_of_fd(fd, len(data), 4096)
+        assert got == list(_map(data, 4096).digests)
+        assert got[0] == xxhash.xxh3_128(data[:4096]).digest() and len(got[0]) == 16
+        with pytest.raises(BadPiece, match="ends at"):
+            digests_of_fd(fd, len(data) + 1, 4096)
+    finally:
+        os.close(fd)
+
+
+def test_verify_catches_a_wrong_or_short_piece() -> None:
+    data = os.urandom(1000)
+    m = _map(data, 300)
+    for i, (o, n) in enumerate(spans(1000, 300)):
+        verify(m, i, data[o : o + n])
+    flipped = bytearray(data[300:600])
+    flipped[17] ^= 1
+    with pytest.raises(BadPiece, match="piece 1: its bytes") as info:
+        verify(m, 1, flipped)
+    assert info.value.index == 1
+    with pytest.raises(BadPiece, match="bytes, not 100"):
+        verify(m, 3, data[900:999])
+    with pytest.raises(BadPiece, match="cannot check"):
+        verify(PieceDigests(1, 0, 1000, 300, "sha256", m.digests, "h", 0.0), 0, data[:300])
+
+
+def _holding(host: str, pieces: list[int], count: int = 4, generation: int = 0) -> Holding:
+    return Holding(1, host, generation, bitmap(pieces, count), len(pieces), 0.0)
+
+
+def test_the_plan_spreads_pieces_least_busy_then_most_complete() -> None:
+    holdings = [_holding("full", [0, 1, 2, 3]), _holding("half", [0, 1])]
+    plan = plan_sources(range(4), holdings, me="me", generation=0, now=0.0)
+    # Equally idle: the most complete first; then the load decides.
+    assert plan == {0: "full", 1: "half", 2: "full", 3: "full"}
+    busy = plan_sources(range(2), holdings, me="me", generation=0, now=0.0, busy={"full": 5})
+    assert busy == {0: "half", 1: "half"}
+
+
+def test_the_plan_falls_back_to_the_bucket() -> None:
+    holdings = [
+        _holding("me", [0, 1, 2, 3]),  # this host is never its own source
+        _holding("old", [0, 1, 2, 3], generation=7),  # another generation: never a source
+        _holding("down", [2]),
+        _holding("p", [0]),
+    ]
+    plan = plan_sources([0, 1, 2], holdings, me="me", generation=0, now=0.0, up=["p", "old"])
+    assert plan == {0: "p", 1: None, 2: None}
+    capped = plan_sources(range(4), [_holding("p", [0, 1, 2, 3])], me="me", generation=0,
+                          now=0.0, per_peer=2, busy={"p": 1})  # fmt: skip
+    assert capped == {0: "p", 1: None, 2: None, 3: None}
+
+
+def test_a_peer_that_sent_a_bad_piece_is_avoided_a_while() -> None:
+    avoid = Avoid()
+    holdings = [_holding("bad", [0, 1, 2, 3]), _holding("good", [0])]
+    assert avoid.bad_piece("bad", 100.0) == 100.0 + AVOID_S
+    plan = plan_sources(range(2), holdings, me="me", generation=0, now=101.0, avoid=avoid)
+    assert plan == {0: "good", 1: None}
+    later = plan_sources(range(2), holdings, me="me", generation=0, now=100.0 + AVOID_S,
+                         avoid=avoid)  # fmt: skip
+    assert later == {0: "bad", 1: "bad"}
+    # Each further offence doubles the time, up to a cap.
+    assert avoid.bad_piece("bad", 200.0) == 200.0 + 2 * AVOID_S
+    for _ in range(10):
+        until = avoid.bad_piece("bad", 300.0)
+    assert until == 300.0 + AVOID_MAX_S
+    assert avoid.avoided("bad", 300.0 + AVOID_MAX_S - 1) and not avoid.avoided("good", 0.0)
