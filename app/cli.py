@@ -132,11 +132,27 @@ def serve(
     except UnsafeBind as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+    _check_lock(settings)
     _check_tiers(settings)
     # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
     )
+
+
+def _check_lock(settings: Settings) -> None:
+    """Refuse to start, with one line naming it, while another tierd serves this catalog; the
+    server's start would fail the same way in its lifespan, buried in a traceback."""
+    from tiering.catalog.lock import CatalogLock
+
+    config = settings.engine_config()
+    lock = CatalogLock(config.catalog_url, host_id=config.host_id)
+    try:
+        lock.acquire()
+    except TierdError as exc:
+        err.print(f"[red]cannot start:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    lock.release()  # the engine takes it again in the lifespan
 
 
 def _check_tiers(settings: Settings) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.helpers import cli_text
 
 runner = CliRunner()
 
@@ -17,7 +18,7 @@ runner = CliRunner()
 def run(*args: str) -> tuple[int, str]:
     result = runner.invoke(cli, list(args))
     # rich wraps long lines at the terminal's width: compare words, not line breaks.
-    return result.exit_code, " ".join(result.output.split())
+    return result.exit_code, cli_text(result.output)
 
 
 def test_scan_tiers_ls_stat(tmp_path: Path) -> None:
