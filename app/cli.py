@@ -127,12 +127,12 @@ def serve(
     except ValueError as exc:
         err.print(f"[red]invalid configuration:[/red] {exc}")
         raise typer.Exit(2) from None
+    _check_lock(settings)
     try:
         app = create_app(settings)
     except UnsafeBind as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    _check_lock(settings)
     _check_tiers(settings)
     # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
     uvicorn.run(
@@ -150,7 +150,7 @@ def _check_lock(settings: Settings) -> None:
     try:
         lock.acquire()
     except TierdError as exc:
-        err.print(f"[red]cannot start:[/red] {exc.message}")
+        err.print(f"[red]cannot start:[/red] {exc.message}", soft_wrap=True)  # one line
         raise typer.Exit(1) from None
     lock.release()  # the engine takes it again in the lifespan
 

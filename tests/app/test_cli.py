@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,16 @@ def test_tierd_without_the_server_extra_says_what_to_install() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "pip install 'tierd[server]'" in r.stderr and "typer" in r.stderr
+
+
+def test_a_second_serve_on_one_data_dir_is_one_line_naming_the_first(tmp_path: Path) -> None:
+    from app.settings import get_settings
+    from tiering.engine import Engine
+
+    d = tmp_path / "d"
+    with Engine(get_settings(data_dir=d, watch=False).engine_config()):
+        result = runner.invoke(cli, ["serve", "--data-dir", str(d), "--port", "1"])
+    out = cli_text(result.output)
+    assert result.exit_code == 1, out
+    assert f"another tierd (pid {os.getpid()}) is already serving the catalog" in out
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

@@ -50,7 +50,8 @@ def _cut_upload(server: LiveServer, query: str, sent: int, declared: int) -> Non
 
 
 def _count(http: httpx.Client, method: str, status: int) -> float:
-    line = f'tierd_http_requests_total{{method="{method}",route="/v1/files/content",status="{status}"}}'
+    labels = f'method="{method}",route="/v1/files/content",status="{status}"'
+    line = f"tierd_http_requests_total{{{labels}}}"
     for row in http.get("/metrics").text.splitlines():
         if row.startswith(line):
             return float(row.rsplit(" ", 1)[1])
