@@ -129,6 +129,26 @@ def test_leases_outlive_their_ttl_while_tensors_live(api: Client, original: dict
     wait_for(lambda: not renewers(), what="the renewer to stop")
 
 
+def test_a_service_gone_is_given_up_after_a_ttl(
+    data_dir: Path, tmp_path: Path, original: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tensors that outlive the service: renewals fail, and after a TTL of failures the
+    renewer gives up (the service freed the leases) and stops, instead of logging for ever."""
+    src = tmp_path / "model.safetensors"
+    st_torch.save_file(original, str(src))
+    with model_server(data_dir, {SHARD: src}) as srv:
+        api = Client(srv.url)
+        sd = api.load_state_dict(MODEL, ttl_s=0.5)
+    try:
+        wait_for(lambda: not renewers(), what="the renewer to give up")
+    finally:
+        api.close()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("tierd_client")]
+    assert any("giving up on 1 lease(s)" in m for m in said), said
+    assert len(said) < 20, said
+    assert_same(sd, original)  # the bytes are still mapped: only the lease is gone
+
+
 def test_released_when_the_last_tensor_is_collected(api: Client) -> None:
     sd = api.load_state_dict(MODEL)
     assert leases(api)
