@@ -112,25 +112,6 @@ def _relative(text: str, roots: list[str]) -> str:
     return text
 
 
-def _unparsed_body(err: Mapping[str, object]) -> bool:
-    """FastAPI validated the raw bytes as the body: they came without a JSON content type."""
-    return tuple(err.get("loc", ())) == ("body",) and isinstance(err.get("input"), bytes)  # type: ignore[arg-type]
-
-
-def _not_json(req: Request) -> JSONResponse:
-    # JSON is read only when sent as JSON: a browser page may send a form or text/plain to
-    # loopback without asking first (no CORS preflight), and tierd without tokens would act on
-    # it. application/json makes the browser ask, and tierd answers no CORS, so it never runs.
-    sent = req.headers.get("content-type")
-    said = f"it was sent as {sent!r}" if sent else "it came without a Content-Type"
-    return error_response(
-        415,
-        "unsupported_media_type",
-        f"the body must be JSON sent with 'Content-Type: application/json'; {said} "
-        "(curl: add -H 'Content-Type: application/json', or use --json)",
-    )
-
-
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(e.TierdError)
     async def _tierd(req: Request, exc: e.TierdError) -> JSONResponse:
@@ -153,9 +134,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status, exc.code, exc.message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:
-        if any(_unparsed_body(err) for err in exc.errors()):
-            return _not_json(req)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import tiering
@@ -29,6 +29,7 @@ from app.api import (
     tiers,
 )
 from app.api.allow import HeadAsGet
+from app.api.deps import json_bodies
 from app.api.docs import install_docs
 from app.api.openapi import install_openapi
 from app.errors import install_error_handlers
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # install_docs serves it from the package, not a CDN
         redoc_url=None,
+        dependencies=[Depends(json_bodies)],  # a route's JSON body must come as JSON (415)
     )
     app.state.settings = settings
     app.state.engine = engine

@@ -15,7 +15,7 @@ document). The document is built once, from FastAPI's, and then:
   ``9.223372036854776e18``, which is 2**63, one past SQLite's largest id;
 - ``X-Request-ID`` on every response, and the bearer scheme on every route that takes a token;
 - **415 on every route with a JSON body**: a body not sent as ``application/json`` is refused
-  (``app.errors`` says why), whichever route it was sent to.
+  (``app.api.deps.json_bodies`` says why), whichever route it was sent to.
 """
 
 from __future__ import annotations

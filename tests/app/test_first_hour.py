@@ -106,6 +106,10 @@ def test_a_body_not_sent_as_json_is_a_415_that_says_why(http: httpx.Client) -> N
         message = r.json()["error"]["message"]
         assert "Content-Type: application/json" in message
     assert http.get(f"/v1/files/{rec['id']}").json()["pinned_tier"] is None
+    # A route that takes any JSON value (a policy document) is refused the same way.
+    before = http.get("/v1/policy").json()["version"]
+    r = http.put("/v1/policy", content=b"{}", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and http.get("/v1/policy").json()["version"] == before
     r = http.post(url, json={"tier": "ssd"})
     assert r.status_code == 200, r.text
     doc = http.get("/openapi.json").json()
