@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
@@ -82,3 +84,15 @@ def test_a_second_serve_on_one_data_dir_is_one_line_naming_the_first(tmp_path: P
     assert result.exit_code == 1, out
     assert f"another tierd (pid {os.getpid()}) is already serving the catalog" in out
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_serve_run_in_process_logs_to_stderr_as_it_is_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve configures logging, then (here) stops; stderr is swapped back and its stand-in
+    closed. Later records go to stderr as it is then, not to the closed stand-in."""
+    code, out = run("serve", "--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0")
+    assert code == 2 and "refusing" in out
+    logging.getLogger("tierd.test").warning("a record after serve")
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "a record after serve" in err
