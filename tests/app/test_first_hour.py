@@ -212,3 +212,18 @@ def test_a_concurrent_overwrite_says_what_holds_the_file(
             second.abort()
         assert "being overwritten" in busy.value.message
         assert "migrat" not in busy.value.message
+
+
+def test_a_quarantine_is_cleared_by_a_scan_once_the_bytes_are_settled(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    """What the README tells an operator: settle the bytes, then POST /v1/scan."""
+    rec = http.put("/v1/files/content", params={"path": "q/f.bin"}, content=b"kept").json()
+    engine: Engine = server.server.config.app.state.engine  # the served catalog, in-process
+    # What a move that could not decide leaves (tests/moves make real ones).
+    engine.catalog.set_state([rec["id"]], "quarantined", "another file already at the destination")
+    r = http.get("/v1/files", params={"state": "quarantined"}).json()["items"]
+    assert [f["detail"] for f in r if f["id"] == rec["id"]]
+    assert http.post("/v1/scan").is_success
+    after = http.get(f"/v1/files/{rec['id']}").json()
+    assert after["state"] == "stable" and after["detail"] is None
