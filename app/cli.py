@@ -127,6 +127,7 @@ def serve(
     except ValueError as exc:
         err.print(f"[red]invalid configuration:[/red] {exc}")
         raise typer.Exit(2) from None
+    _check_lock(settings)
     try:
         app = create_app(settings)
     except UnsafeBind as exc:
@@ -137,6 +138,21 @@ def serve(
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
     )
+
+
+def _check_lock(settings: Settings) -> None:
+    """Refuse to start, with one line naming it, while another tierd serves this catalog; the
+    server's start would fail the same way in its lifespan, buried in a traceback."""
+    from tiering.catalog.lock import CatalogLock
+
+    config = settings.engine_config()
+    lock = CatalogLock(config.catalog_url, host_id=config.host_id)
+    try:
+        lock.acquire()
+    except TierdError as exc:
+        err.print(f"[red]cannot start:[/red] {exc.message}", soft_wrap=True)  # one line
+        raise typer.Exit(1) from None
+    lock.release()  # the engine takes it again in the lifespan
 
 
 def _check_tiers(settings: Settings) -> None:

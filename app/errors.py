@@ -15,12 +15,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app.api.allow import allow_headers
 from app.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
 from tiering import errors as e
 
-__all__ = ["HttpError", "error_response", "install_error_handlers", "status_for"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "HttpError",
+    "error_response",
+    "install_error_handlers",
+    "status_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,11 @@ _STATUS: list[tuple[type[e.TierdError], int]] = [
     (e.BackendUnavailable, 503),
     (e.ClosedFile, 409),
 ]
+
+#: The status counted for a request whose client went away before it was read (nginx's "client
+#: closed request"): a client error in ``/metrics``, told apart from bad input. Nobody receives
+#: it, so no route declares it.
+CLIENT_CLOSED = 499
 
 
 class HttpError(Exception):
@@ -85,16 +97,37 @@ def _jsonable(details: dict[str, object]) -> dict[str, object]:
     return {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in details.items()}
 
 
+def _tier_roots(req: Request) -> list[str]:
+    engine = getattr(req.app.state, "engine", None)
+    if engine is None:
+        return []
+    roots = (tier.local_root for tier in engine.tiers)
+    return [f"{root}/" for root in roots if root is not None]
+
+
+def _relative(text: str, roots: list[str]) -> str:
+    """``text`` with each tier root's absolute prefix cut, so a path reads as its relpath."""
+    for root in roots:
+        text = text.replace(root, "")
+    return text
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(e.TierdError)
-    async def _tierd(_req: Request, exc: e.TierdError) -> JSONResponse:
+    async def _tierd(req: Request, exc: e.TierdError) -> JSONResponse:
         status = status_for(exc)
         if status >= 500:
             log.error("%s: %s", type(exc).__name__, exc.message)
         headers = None
         if isinstance(exc, e.InvalidRange) and "size" in exc.details:
             headers = {"Content-Range": f"bytes */{exc.details['size']}"}
-        return error_response(status, exc.code, exc.message, headers, **_jsonable(exc.details))
+        # Clients name files by relpath: the server's own paths (a tier's root) stay in its log.
+        hide = _tier_roots(req)
+        details = {
+            k: _relative(v, hide) if isinstance(v, str) else v
+            for k, v in _jsonable(exc.details).items()
+        }
+        return error_response(status, exc.code, _relative(exc.message, hide), headers, **details)
 
     @app.exception_handler(HttpError)
     async def _http(_req: Request, exc: HttpError) -> JSONResponse:
@@ -112,6 +145,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _starlette(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail), allow_headers(req, exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(req: Request, _exc: ClientDisconnect) -> JSONResponse:
+        # The client closed the connection mid-body (an aborted upload): the route's cleanup
+        # already ran as the error passed through it. Not a server fault: one line, no trace.
+        log.warning(
+            "client disconnected before its %s %s was read; nothing was kept",
+            req.method,
+            req.url.path,
+        )
+        return error_response(CLIENT_CLOSED, "client_disconnected", "the client disconnected")
 
     @app.exception_handler(OSError)
     async def _os(_req: Request, exc: OSError) -> JSONResponse:

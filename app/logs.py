@@ -111,6 +111,23 @@ def quiet_alembic(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is at each record (like logging's last resort), not as it
+    was when logging was configured: a caller that swaps stderr for a while (a test runner, an
+    embedding) and closes its stand-in must not leave every later record failing on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass  # StreamHandler's __init__ and setStream: the stream is always the current stderr
+
+
 def configure_logging(level: str = "info", fmt: Literal["text", "json"] = "text") -> None:
     """One stderr handler on the root logger, in ``fmt``; uvicorn's loggers propagate to it.
 
@@ -119,7 +136,7 @@ def configure_logging(level: str = "info", fmt: Literal["text", "json"] = "text"
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import tiering
@@ -29,6 +29,9 @@ from app.api import (
     stats,
     tiers,
 )
+from app.api.allow import HeadAsGet
+from app.api.deps import json_bodies
+from app.api.docs import install_docs
 from app.api.openapi import install_openapi
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
@@ -93,12 +96,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=tiering.__version__,
         description="Keeps files on the right storage tier and gets them into GPU memory fast.",
         lifespan=lifespan,
+        docs_url=None,  # install_docs serves it from the package, not a CDN
+        redoc_url=None,
+        dependencies=[Depends(json_bodies)],  # a route's JSON body must come as JSON (415)
     )
     app.state.settings = settings
     app.state.engine = engine
     app.state.loader = loader
     app.state.metrics = metrics
     install_error_handlers(app)
+    app.add_middleware(HeadAsGet)  # innermost: the routes see a GET
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
     app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
     app.add_middleware(RequestId)  # outermost: every response gets X-Request-ID, 429s too
@@ -122,4 +129,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics_router)
     app.include_router(ui_router)
     install_openapi(app, settings)
+    install_docs(app)
     return app

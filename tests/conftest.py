@@ -3,6 +3,7 @@ and a real uvicorn server on a free loopback port."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -59,6 +60,24 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("TIERD_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_found() -> Iterator[None]:
+    """Each test leaves logging as it found it: ``tierd serve`` run in-process (a CLI test)
+    configures the root logger for a process it believes is its own."""
+    root = logging.getLogger()
+    loggers = [root, *(lg for lg in logging.Logger.manager.loggerDict.values())]
+    saved = [
+        (lg, lg.level, lg.propagate, list(lg.handlers))
+        for lg in loggers
+        if isinstance(lg, logging.Logger)
+    ]
+    yield
+    for lg, level, propagate, handlers in saved:
+        lg.setLevel(level)
+        lg.propagate = propagate
+        lg.handlers[:] = handlers
 
 
 @pytest.fixture(autouse=True)

@@ -84,3 +84,10 @@ def assert_invariants(engine: Engine, expected: dict[str, bytes], *, idle: bool 
         assert rec.size == len(data)
     if idle:
         assert engine.journal.list(phases=list(MigrationPhase.OPEN)) == []
+
+
+def cli_text(output: str) -> str:
+    """A CLI's output as one line of words: rich's error panel wraps at the terminal's width
+    (80 columns by default) and draws a border on each line, so a message may be cut by
+    ``│`` and line breaks anywhere; tests look for words, whatever the width."""
+    return " ".join(output.replace("│", " ").split())

@@ -24,8 +24,10 @@ Fixtures (the root conftest lists this module in ``pytest_plugins``):
 
 from __future__ import annotations
 
+import shutil
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,12 +64,28 @@ class PausablePg(PgServer):
         assert self._launch(self.root / "data"), self.log_tail()
 
 
+@pytest.fixture(scope="session")
+def _pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """A stopped cluster with the migrated template, made once: each private server starts
+    from a copy of it (initdb and the migrations cost seconds a server)."""
+    if why_no_postgresql() is not None:
+        yield None
+        return
+    dest = tmp_path_factory.mktemp("pg-cluster") / "data"
+    with PausablePg() as first:
+        first.save_cluster(dest)
+    try:
+        yield dest
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
 @pytest.fixture
-def private_pg() -> Iterator[PausablePg]:
+def private_pg(_pg_cluster: Path | None) -> Iterator[PausablePg]:
     reason = why_no_postgresql()
     if reason is not None:
         pytest.skip(f"no PostgreSQL: {reason}")
-    with PausablePg() as server:
+    with PausablePg(cluster=_pg_cluster) as server:
         yield server
 
 

@@ -42,8 +42,8 @@ def os_error(exc: APIError, path: str, *, lookup: bool = False) -> Exception:
 
     - no such file (404), or a lookup of a path tierd could never hold (400/422: the lookup's
       only input is the path) → ``FileNotFoundError``;
-    - a write to such a path (``invalid_path``: empty, ``.``/``..`` components, a file as a
-      parent...) → ``OSError(EINVAL)`` with the server's reason;
+    - a write to such a path (``invalid_path``: empty, ``.``/``..`` components...) →
+      ``OSError(EINVAL)`` with the server's reason;
     - 401/403 → ``PermissionError``; an existing file or directory on a create →
       ``FileExistsError``; 507 → ``OSError(ENOSPC)``;
     - anything else stays the client's :class:`APIError` (``tier_not_found``, ``file_busy``...).
@@ -56,6 +56,12 @@ def os_error(exc: APIError, path: str, *, lookup: bool = False) -> Exception:
         return OSError(errno.EINVAL, exc.message, path)
     if isinstance(exc, AuthError):
         return PermissionError(errno.EACCES, exc.message, path)
+    if isinstance(exc, Conflict) and exc.code == "path_conflict":
+        # A file named as a parent is POSIX's ENOTDIR; files below the name, its EEXIST.
+        below = str(exc.details.get("conflict", "")).startswith(exc.details.get("path", "") + "/")
+        if below:
+            return FileExistsError(errno.EEXIST, exc.message, path)
+        return NotADirectoryError(errno.ENOTDIR, exc.message, path)
     if isinstance(exc, Conflict) and exc.code == "already_exists":
         return FileExistsError(errno.EEXIST, exc.message, path)
     if isinstance(exc, InsufficientSpace):

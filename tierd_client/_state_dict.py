@@ -188,6 +188,8 @@ class _Group:
     ttl_s: float
     due: float = 0.0
     key: int = field(default_factory=itertools.count().__next__)
+    #: When renewals began to fail (None: the last one worked).
+    failing_since: float | None = None
 
     @property
     def period(self) -> float:
@@ -266,9 +268,12 @@ class _Renewer:
                 if group.due <= now:
                     _renew(group)
                     group.due = time.monotonic() + group.period
+                    if not group.ids:
+                        del live[group.key]  # nothing left to renew or release
 
 
 def _renew(group: _Group) -> None:
+    failed: list[str] = []
     for lease in list(group.ids):
         try:
             group.client.renew(lease)
@@ -280,6 +285,22 @@ def _renew(group: _Group) -> None:
             group.ids.remove(lease)
         except Exception as exc:  # the thread must outlive one failed call: retry next period
             log.warning("renewing lease %s failed (retrying): %s", lease, exc)
+            failed.append(lease)
+    now = time.monotonic()
+    if not failed:
+        group.failing_since = None
+    elif group.failing_since is None:
+        group.failing_since = now
+    elif now - group.failing_since >= group.ttl_s:
+        # Unanswered for a whole TTL: the service has freed them (or is gone). Retrying for
+        # ever would only log for ever, past the life of the service and of its caller.
+        log.warning(
+            "giving up on %d lease(s) unrenewed for %.1f s, past their TTL: the service has "
+            "freed them; on cuda their memory may be reused",
+            len(failed),
+            now - group.failing_since,
+        )
+        group.ids = [lease for lease in group.ids if lease not in failed]
 
 
 def _release(group: _Group) -> None:

@@ -23,10 +23,12 @@ these classes to status codes in exactly one place.
     │   ├── FileNotFound              no catalog record (or no bytes on disk) for that id/path
     │   ├── TierNotFound              no tier of that name
     │   ├── ModelNotFound             no model (directory with safetensors weights) of that name
-    │   └── BufferNotFound            no lease / job with that id
+    │   ├── BufferNotFound            no lease with that id
+    │   └── JobNotFound               no prefetch job with that id
     ├── Conflict
     │   ├── AlreadyExists             relpath exists and overwrite was not asked for
     │   ├── FileBusy                  the file is migrating, pinned elsewhere, or changed under us
+    │   ├── PathConflict              a file beneath a file, or over a directory of files
     │   └── FileChanged               the bytes in storage are not the version the catalog has
     ├── TooLarge                      a body or request over a configured limit
     ├── InsufficientSpace             a tier or device is out of space, quota or budget
@@ -59,6 +61,7 @@ __all__ = [
     "IndexOutOfRange",
     "InsufficientSpace",
     "IntegrityError",
+    "JobNotFound",
     "InvalidDevice",
     "InvalidDtype",
     "InvalidInput",
@@ -71,6 +74,7 @@ __all__ = [
     "MisalignedBuffer",
     "ModelNotFound",
     "NotFound",
+    "PathConflict",
     "StorageError",
     "TierNotFound",
     "TierUnavailable",
@@ -171,6 +175,10 @@ class BufferNotFound(NotFound):
     code = "buffer_not_found"
 
 
+class JobNotFound(NotFound):
+    code = "job_not_found"
+
+
 class Conflict(TierdError):
     code = "conflict"
 
@@ -181,6 +189,13 @@ class AlreadyExists(Conflict):
 
 class FileBusy(Conflict):
     code = "file_busy"
+
+
+class PathConflict(Conflict):
+    """A file would sit beneath another file, or over a directory of files: no tier can hold
+    both, and the first move between tiers would quarantine one of them."""
+
+    code = "path_conflict"
 
 
 class FileChanged(Conflict):

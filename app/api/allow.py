@@ -1,8 +1,13 @@
-"""``Allow`` on a 405: every method the path takes, not only those of the first route matched.
+"""``Allow`` on a 405: every method the path takes, not only those of the first route matched;
+and ``HEAD`` answered wherever ``GET`` is.
 
 FastAPI makes one route per method, and Starlette's 405 names only the methods of the first
 route whose path matched. The error handler for Starlette's HTTPException calls
 :func:`allow_headers` to put the full list in the ``Allow`` header.
+
+FastAPI's GET routes do not take HEAD (Starlette's own routes do), though HTTP asks every GET
+resource to, and load balancers probe ``/readyz`` with it. :class:`HeadAsGet` runs a HEAD as
+the GET it asks about; the server (uvicorn) sends the headers and drops the body.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["allow_headers", "allowed_methods"]
+__all__ = ["HeadAsGet", "allow_headers", "allowed_methods"]
 
 
 def _routes(routes: Iterable[Any]) -> Iterator[Any]:
@@ -52,3 +58,22 @@ def allow_headers(request: Request, exc: HTTPException) -> Mapping[str, str] | N
     if not methods:
         return exc.headers
     return {**(exc.headers or {}), "Allow": ", ".join(methods)}
+
+
+class HeadAsGet:
+    """ASGI middleware: a HEAD request runs as a GET; the outer scope keeps ``HEAD``, so the
+    server sends no body and the metrics count a HEAD."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        inner = {**scope, "method": "GET"}
+        try:
+            await self.app(inner, receive, send)
+        finally:
+            if "route" in inner:  # for the metrics' route template
+                scope["route"] = inner["route"]

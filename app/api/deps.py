@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 
 from app.api.responses import MAX_ID
+from app.errors import HttpError
 from tiering.engine import Engine
 from tiering.serving import Loader
 
-__all__ = ["BY_ID", "EngineDep", "FileId", "LoaderDep"]
+__all__ = ["BY_ID", "EngineDep", "FileId", "LoaderDep", "json_bodies"]
 
 
 # These are async on purpose: FastAPI runs a sync dependency in the thread pool, and a thread
@@ -37,3 +38,31 @@ FileId = Annotated[int, Path(ge=1, le=MAX_ID, description="Catalog id of the fil
 # on them is a 405 with an exact ``Allow``, not a 422), and a non-numeric id is a 404 like any
 # unknown path. Ids out of SQLite's range still reach the route, and fail its bounds: 422.
 BY_ID = "/{file_id:int}"
+
+
+async def json_bodies(request: Request) -> None:
+    """Every route's: a body sent to a route that reads JSON must be sent as JSON, else 415.
+
+    A web page can send a form or plain text to 127.0.0.1 without asking first (no CORS
+    preflight), and a tierd without tokens would act on it; a JSON body makes the browser ask,
+    and tierd answers no CORS. FastAPI leaves such a body unparsed, so a typed route answered a
+    422 that never named the cause, and a route taking any JSON value got the raw bytes.
+    """
+    if getattr(request.scope.get("route"), "body_field", None) is None:
+        return  # no JSON body read here (none at all, or a stream: an upload's bytes)
+    headers = request.headers
+    if headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers:
+        return  # no body: a missing required one is the route's 422
+    sent = headers.get("content-type")
+    media = (sent or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return
+    said = f"it was sent as {sent!r}" if sent else "it came without a Content-Type"
+    raise HttpError(
+        415,
+        "unsupported_media_type",
+        f"the body must be JSON sent with 'Content-Type: application/json'; {said} "
+        "(curl: add -H 'Content-Type: application/json', or use --json)",
+    )

@@ -13,7 +13,9 @@ document). The document is built once, from FastAPI's, and then:
 - **exact integer bounds**: FastAPI round-trips the document through its pydantic model of
   OpenAPI, whose ``minimum``/``maximum`` are floats, so ``le=2**63 - 1`` became
   ``9.223372036854776e18``, which is 2**63, one past SQLite's largest id;
-- ``X-Request-ID`` on every response, and the bearer scheme on every route that takes a token.
+- ``X-Request-ID`` on every response, and the bearer scheme on every route that takes a token;
+- **415 on every route with a JSON body**: a body not sent as ``application/json`` is refused
+  (``app.api.deps.json_bodies`` says why), whichever route it was sent to.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api.responses import MAX_ID
+from app.api.responses import MAX_ID, NOT_JSON
 from app.logs import REQUEST_ID_HEADER
 from app.settings import Settings
 
@@ -260,6 +262,20 @@ def _validation_errors_are_error_bodies(doc: Doc) -> None:
             del schemas[name]
 
 
+def _json_bodies_may_be_415(doc: Doc) -> None:
+    (described,) = NOT_JSON.values()
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for _, _, op in _operations(doc):
+        if "application/json" in op.get("requestBody", {}).get("content", {}):
+            op["responses"].setdefault(
+                "415",
+                {
+                    "description": described["description"],
+                    "content": {"application/json": {"schema": error_body}},
+                },
+            )
+
+
 def _settings_bounds(doc: Doc, settings: Settings) -> None:
     schemas = doc["components"]["schemas"]
     limits = settings.buffers
@@ -325,6 +341,7 @@ def complete_openapi(doc: Doc, settings: Settings) -> Doc:
     """Complete FastAPI's document ``doc`` in place (see the module's docstring); returns it."""
     _exact_integer_bounds(doc)
     _validation_errors_are_error_bodies(doc)
+    _json_bodies_may_be_415(doc)
     _settings_bounds(doc, settings)
     _request_id_and_auth(doc, settings)
     _add_links(doc)

@@ -25,6 +25,7 @@ __all__ = [
     "JSON_BODY",
     "MAX_ID",
     "NOT_FOUND",
+    "NOT_JSON",
     "NO_SPACE",
     "RANGE",
     "TOO_LARGE",
@@ -85,9 +86,12 @@ INVALID = _err(422, "Invalid parameters or body")
 AUTH = _err(401, "Missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
 AUTH_ADMIN = AUTH | _err(403, "The route needs the admin token")
 
+NOT_JSON = _err(415, "The body was not sent as JSON: send Content-Type: application/json")
+
 JSON_BODY = BAD_REQUEST | INVALID
 """What every route that takes a JSON body can answer about it: 400 when the body cannot be
-decoded at all (FastAPI's own answer to bytes that are not UTF-8), 422 when it does not validate."""
+decoded at all (FastAPI's own answer to bytes that are not UTF-8), 422 when it does not validate.
+(415, a body not sent as JSON, is added to every such route by ``app.api.openapi``.)"""
 
 DATA = AUTH | TOO_MANY
 """What every data-token route can answer before it runs."""

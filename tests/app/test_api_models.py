@@ -426,8 +426,13 @@ def test_bad_requests(root: Path) -> None:
             r = http.request(method, path, params=params, json=body)
             assert r.status_code == status, (method, path, params, body, r.text)
             assert r.json()["error"]["code"] == code, (params, body, r.text)
-        r = http.post("/v1/models/load", params={"name": "models/llama"}, content=b"\xff")
+        json_type = {"Content-Type": "application/json"}
+        r = http.post(
+            "/v1/models/load", params={"name": "models/llama"}, content=b"\xff", headers=json_type
+        )
         assert r.status_code in (400, 422) and "error" in r.json()
+        r = http.post("/v1/models/load", params={"name": "models/llama"}, content=b"\xff")
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
         http.close()
         assert admin.buffers()["items"] == [] and data.request("GET", "/v1/jobs") == []
         assert disk_snapshot(root) == disk and catalog(admin) == before

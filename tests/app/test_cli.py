@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.helpers import cli_text
 
 runner = CliRunner()
 
@@ -17,7 +21,7 @@ runner = CliRunner()
 def run(*args: str) -> tuple[int, str]:
     result = runner.invoke(cli, list(args))
     # rich wraps long lines at the terminal's width: compare words, not line breaks.
-    return result.exit_code, " ".join(result.output.split())
+    return result.exit_code, cli_text(result.output)
 
 
 def test_scan_tiers_ls_stat(tmp_path: Path) -> None:
@@ -67,3 +71,28 @@ def test_tierd_without_the_server_extra_says_what_to_install() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "pip install 'tierd[server]'" in r.stderr and "typer" in r.stderr
+
+
+def test_a_second_serve_on_one_data_dir_is_one_line_naming_the_first(tmp_path: Path) -> None:
+    from app.settings import get_settings
+    from tiering.engine import Engine
+
+    d = tmp_path / "d"
+    with Engine(get_settings(data_dir=d, watch=False).engine_config()):
+        result = runner.invoke(cli, ["serve", "--data-dir", str(d), "--port", "1"])
+    out = cli_text(result.output)
+    assert result.exit_code == 1, out
+    assert f"another tierd (pid {os.getpid()}) is already serving the catalog" in out
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_serve_run_in_process_logs_to_stderr_as_it_is_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve configures logging, then (here) stops; stderr is swapped back and its stand-in
+    closed. Later records go to stderr as it is then, not to the closed stand-in."""
+    code, out = run("serve", "--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0")
+    assert code == 2 and "refusing" in out
+    logging.getLogger("tierd.test").warning("a record after serve")
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "a record after serve" in err

@@ -6,30 +6,16 @@ server (moto) on loopback; credentials only in the environment, never printed.""
 from __future__ import annotations
 
 import json
-import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.s3 import REGION, SECRET_KEY
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """``serve`` installs log handlers on the runner's stderr, which is closed once the command
-    returns; a real process exits there, a test process goes on: put the old ones back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def run(*args: str, stdout: bool = False) -> tuple[int, str]:
@@ -98,5 +84,7 @@ def test_tiers_and_scan_show_the_bucket(
     assert s3["capacity_bytes"] is None and s3["free_bytes"] is None
     assert s3["files"] == 3 and s3["file_bytes"] == 30
     code, out = run("tiers", "--config", str(cfg))
-    assert code == 0 and "object" in out and "unknown" in out
+    # At 80 columns (rich's width when COLUMNS was set at import) the table shortens long
+    # cells ("unkno…"); the JSON above carries the unknown capacity whatever the width.
+    assert code == 0 and "object" in out and "s3://" in out
     assert SECRET_KEY not in out

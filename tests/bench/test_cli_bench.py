@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.helpers import cli_text
 
 from .test_report import assert_shared_shape
 
@@ -108,4 +109,4 @@ def test_bench_rest_on_cpu(tmp_path: Path) -> None:
 )
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
     result = runner.invoke(cli, ["bench", *args])
-    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert result.exit_code == 2 and message in cli_text(result.output)

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.helpers import cli_text
 from tierd_bench import _nginx, _origin, _runai
 from tierd_bench._objrun import (
     BytesMismatch,
@@ -244,7 +245,7 @@ def test_missing_nginx_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(OriginUnavailable, match="apt-get install nginx"):
         run(1 << 20, "cpu", "s3like", repeats=1, objects=1, directory=tmp_path)
     result = CliRunner().invoke(cli, ["bench", "object-store", "--origin", "s3like"])
-    assert result.exit_code == 2 and "apt-get install nginx" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "apt-get install nginx" in cli_text(result.output)
 
 
 @pytest.mark.parametrize(
@@ -262,7 +263,7 @@ def test_missing_nginx_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 )
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["bench", *args])
-    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert result.exit_code == 2 and message in cli_text(result.output)
 
 
 def test_cpu_of_reads_a_process_cpu_from_proc() -> None:

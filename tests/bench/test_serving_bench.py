@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.helpers import cli_text
 from tierd_bench.serving import KINDS, run
 
 from .test_cli_bench import run_to_json
@@ -53,7 +54,7 @@ def test_bench_serving_keeps_the_policys_cap_by_default(tmp_path: Path) -> None:
 )
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["bench", "serving", *args])
-    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert result.exit_code == 2 and message in cli_text(result.output)
 
 
 def test_run_rejects_nonsense() -> None:

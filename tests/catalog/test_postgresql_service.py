@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from app.cli import cli
 from tests.catalog.conftest import run_sql
 from tests.conftest import LiveServer, make_settings, wait_for
-from tests.helpers import put
+from tests.helpers import cli_text, put
 from tiering.catalog.backends import normalize_url, redact
 from tiering.engine import Engine
 from tiering.errors import CatalogBusy, InvalidInput, Unavailable
@@ -60,7 +60,7 @@ def test_passwords_are_redacted() -> None:
 
 def _run(*args: str, url: str) -> tuple[int, str]:
     result = runner.invoke(cli, list(args), env={"TIERD_CATALOG_URL": url})
-    return result.exit_code, " ".join(result.output.split())
+    return result.exit_code, cli_text(result.output)
 
 
 def test_cli_upgrades_and_scans_a_postgresql_catalog(tmp_path: Path, pg_empty_url: str) -> None:
@@ -93,7 +93,7 @@ def test_the_service_serves_from_a_postgresql_catalog(tmp_path: Path, pg_url: st
         # The same host may not run a second tierd on this catalog; the CLI points at REST.
         env = {"TIERD_CATALOG_URL": pg_url, "TIERD_HOST_ID": "gpu-a"}
         result = runner.invoke(cli, ["scan", "--data-dir", str(tmp_path / "d")], env=env)
-        out = " ".join(result.output.split())
+        out = cli_text(result.output)
         assert result.exit_code == 1, out
         assert "host id 'gpu-a' is already serving" in out and "POST /v1/scan" in out
 

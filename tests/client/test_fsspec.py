@@ -422,9 +422,9 @@ def test_files_and_directories_do_not_overlap(
 ) -> None:
     admin_fs.pipe({f"{base}/f": b"file", f"{base}/d/e": b"below"})
     before, on_disk = catalog(admin_fs), disk_snapshot(server.settings.data_dir)
-    with pytest.raises(OSError) as info:
+    with pytest.raises(NotADirectoryError) as info:
         admin_fs.pipe_file(f"{base}/f/g", b"x")  # a file as a parent
-    assert info.value.errno == errno.EINVAL and "not a directory" in str(info.value)
+    assert info.value.errno == errno.ENOTDIR and "not a directory" in str(info.value)
     for mode in ("overwrite", "create"):  # a file over a directory (was a 500)
         with pytest.raises(FileExistsError, match="is a directory"):
             admin_fs.pipe_file(f"{base}/d", b"x", mode=mode)

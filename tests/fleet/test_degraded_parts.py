@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pg_support import PausablePg, why_no_postgresql
+from tests.pg_support import PausablePg
 from tiering.catalog import Catalog, Database, FileRecord, NewFile
 from tiering.catalog.known import LastKnown
 from tiering.errors import CatalogUnreachable
@@ -17,13 +17,8 @@ from tiering.placement.access import AccessTracker
 
 
 @pytest.fixture
-def pg() -> Iterator[PausablePg]:
-    reason = why_no_postgresql()
-    if reason is not None:
-        pytest.skip(f"no PostgreSQL: {reason}")
-    server = PausablePg()
-    with server:
-        yield server
+def pg(private_pg: PausablePg) -> PausablePg:
+    return private_pg  # a server of the test's own, from the session's migrated cluster
 
 
 @pytest.fixture

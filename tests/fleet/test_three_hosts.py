@@ -4,7 +4,7 @@ each other and read the shared model; one fleet prefetch puts a copy of the mode
 host (locate before and after, the bytes checked on each host, the bucket still the origin);
 a host killed -9 mid-prefetch takes its task again when restarted and finishes it; with
 PostgreSQL stopped mid-prefetch every host still serves the model, and when it is back the
-job ends done on every host with no file failed."""
+job ends done on every host with no file failed. The last two run with ``--runslow``."""
 
 from __future__ import annotations
 
@@ -141,6 +141,10 @@ def test_a_fleet_prefetch_puts_the_model_on_all_three_hosts(three: list[TierdPro
         assert {(f"host-{i}", "object_store") for i in range(3)} <= kinds, f
 
 
+# Slow (three processes, a kill and a restart: about 40 s on the 2-core box). Its fast sibling,
+# tests/fleet/test_fleet_worker.py::test_a_task_held_by_a_dead_incarnation_is_run_again, runs
+# the same claim-expiry path in-process.
+@pytest.mark.slow
 def test_a_host_killed_mid_prefetch_finishes_it_after_its_restart(
     tmp_path: Path,
     pg_url: str,
@@ -207,6 +211,10 @@ def test_a_host_killed_mid_prefetch_finishes_it_after_its_restart(
         assert leftovers == []
 
 
+# Slow (three processes and a PostgreSQL outage: about 45 s). Fast siblings:
+# tests/fleet/test_degraded.py::test_postgresql_down_then_back (loads go on, work resumes) and
+# tests/fleet/test_degraded_resume.py (a cut move settled when PostgreSQL returns).
+@pytest.mark.slow
 def test_postgresql_stopped_mid_prefetch_loads_go_on_and_the_job_resumes(
     tmp_path: Path,
     private_pg: PausablePg,

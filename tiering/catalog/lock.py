@@ -98,8 +98,13 @@ class CatalogLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise Unavailable(f"another tierd is already serving the catalog {db_path}") from None
+            who = f"another tierd (pid {holder})" if holder.isdigit() else "another tierd"
+            raise Unavailable(f"{who} is already serving the catalog {db_path}") from None
+        # The holder's pid, for the message above: a second start names the process to stop.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def _acquire_advisory(self) -> None:

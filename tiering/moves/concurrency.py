@@ -55,22 +55,26 @@ class FileGuards:
     """
 
     def __init__(self) -> None:
-        self._held: set[int] = set()
+        # What each holder is doing, so a refusal says why (a move, an overwrite, a delete).
+        self._held: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, file_id: int) -> None:
+    def acquire(self, file_id: int, doing: str = "migrated") -> None:
+        """Take the file's guard for work described by ``doing`` ("migrated", "overwritten",
+        "deleted"); :class:`FileBusy` naming the holder's work if another holds it."""
         with self._lock:
-            if file_id in self._held:
-                raise FileBusy(f"file {file_id} is being migrated; try again", file_id=file_id)
-            self._held.add(file_id)
+            held = self._held.get(file_id)
+            if held is not None:
+                raise FileBusy(f"file {file_id} is being {held}; try again", file_id=file_id)
+            self._held[file_id] = doing
 
     def release(self, file_id: int) -> None:
         with self._lock:
-            self._held.discard(file_id)
+            self._held.pop(file_id, None)
 
     @contextmanager
-    def hold(self, file_id: int) -> Iterator[None]:
-        self.acquire(file_id)
+    def hold(self, file_id: int, doing: str = "migrated") -> Iterator[None]:
+        self.acquire(file_id, doing)
         try:
             yield
         finally:

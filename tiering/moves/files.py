@@ -22,6 +22,7 @@ from tiering.errors import (
     FileNotFound,
     InsufficientSpace,
     InvalidInput,
+    PathConflict,
     TooLarge,
 )
 from tiering.moves.concurrency import FileGuards
@@ -116,7 +117,7 @@ class Upload:
         """
         if self._previous is None:
             return self._commit()
-        with self._guards.hold(self._previous.id):
+        with self._guards.hold(self._previous.id, "overwritten"):
             current = self._catalog.find(self._previous.relpath)
             if current is not None and (
                 current.state == FileState.MIGRATING or current.tier != self._previous.tier
@@ -281,7 +282,9 @@ class FileOps:
         target = self.tiers.get(tier) if tier else self.tiers.fastest
         if expected_size is not None and expected_size < 0:
             raise InvalidInput("size must not be negative")
-        if previous is not None:
+        if previous is None:
+            self._refuse_clash(relpath)
+        else:
             if not overwrite:
                 raise AlreadyExists(
                     f"{relpath!r} already exists (id {previous.id}, tier {previous.tier}); "
@@ -310,6 +313,33 @@ class FileOps:
             writer, previous, max_bytes, catalog=self.catalog, tiers=self.tiers, guards=self.guards
         )
 
+    def _refuse_clash(self, relpath: str) -> None:
+        """Refuse a new file beneath a file, or where files sit beneath its name, on any tier:
+        relpaths are one namespace, so a move would meet the other one (PathConflict)."""
+        parts = relpath.split("/")
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        found = self.catalog.find_many(parents) if parents else {}
+        for parent in parents:
+            rec = found.get(parent)
+            if rec is not None and rec.state != FileState.MISSING:
+                raise PathConflict(
+                    f"{relpath!r} cannot be created: {parent!r} is a file (id {rec.id}, "
+                    f"tier {rec.tier}), not a directory",
+                    path=relpath,
+                    conflict=parent,
+                    file_id=rec.id,
+                )
+        live = [s for s in FileState.ALL if s != FileState.MISSING]
+        below = self.catalog.page(prefix=relpath + "/", states=live, limit=1)
+        if below:
+            raise PathConflict(
+                f"{relpath!r} cannot be created: it is a directory holding files "
+                f"({below[0].relpath!r}, tier {below[0].tier})",
+                path=relpath,
+                conflict=below[0].relpath,
+                file_id=below[0].id,
+            )
+
     def delete(self, file_id: int) -> FileRecord:
         """Remove a file's bytes and its record.
 
@@ -318,7 +348,7 @@ class FileOps:
         record for scan to report, never a resurrected file. A file on another host's own tier
         is refused (:class:`Conflict`): its bytes are out of this host's reach.
         """
-        with self.guards.hold(file_id):
+        with self.guards.hold(file_id, "deleted"):
             rec = self.catalog.get(file_id)
             refuse_other_host(self.catalog.db, rec, "delete")
             if rec.state == FileState.MIGRATING:

@@ -93,7 +93,7 @@ def settle(catalog: Catalog, journal: Journal, tiers: Tiers, guards: FileGuards)
         fid = intent.file_id
         if fid is not None:
             try:
-                guards.acquire(fid)
+                guards.acquire(fid, "recovered")
             except FileBusy:
                 continue  # a live move of this process: it closes its own intent
         try:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tiering.errors import BufferNotFound, Unavailable
+from tiering.errors import JobNotFound, Unavailable
 
 __all__ = ["Job", "JobCancelled", "JobTable"]
 
@@ -124,7 +124,7 @@ class JobTable:
             self._prune()
             job = self._jobs.get(job_id)
         if job is None:
-            raise BufferNotFound(f"no job with id {job_id!r}", job_id=job_id)
+            raise JobNotFound(f"no job with id {job_id!r}", job_id=job_id)
         return job
 
     def all(self) -> list[Job]:

@@ -127,11 +127,14 @@ class DirectoryTier(Tier):
         return Space(du.total, du.used, du.free)
 
     # -- opening beneath the root ------------------------------------------------------------
-    def open_dir(self, parts: list[str], *, create: bool = False) -> int:
+    def open_dir(
+        self, parts: list[str], *, create: bool = False, made: list[str] | None = None
+    ) -> int:
         """An fd of the directory ``parts`` beneath the root, walked without following links.
 
         With ``create``, missing directories are made and each new entry is fsynced into its
-        parent, so a published file's directory survives a crash too.
+        parent, so a published file's directory survives a crash too. ``made`` gets the relpath
+        of each directory this call made, so a writer that aborts can take them back.
         """
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -146,6 +149,8 @@ class DirectoryTier(Tier):
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
                         os.fsync(fd)
+                        if made is not None:
+                            made.append("/".join(walked))
                     except FileExistsError:
                         pass
                     nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)

@@ -14,6 +14,7 @@ import errno
 import os
 import secrets
 import stat
+from pathlib import Path
 from typing import Protocol, cast
 
 from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
@@ -25,7 +26,11 @@ from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
 class _Root(Protocol):
     """What a writer needs of its directory tier (a Protocol: the tier module imports this one)."""
 
-    def open_dir(self, parts: list[str], *, create: bool = False) -> int: ...
+    root: Path
+
+    def open_dir(
+        self, parts: list[str], *, create: bool = False, made: list[str] | None = None
+    ) -> int: ...
 
 
 __all__ = ["DirectoryWriter", "stat_of", "write_all"]
@@ -93,7 +98,10 @@ class DirectoryWriter(Writer):
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
         self._hasher = Hasher()
-        self._dirfd = cast(_Root, tier).open_dir(dirs, create=True)
+        # The directories made for this file: an abort removes them again (when still empty),
+        # so a failed or cut-short upload leaves nothing on the tier.
+        self._made: list[str] = []
+        self._dirfd = cast(_Root, tier).open_dir(dirs, create=True, made=self._made)
         self._fd: int | None = None
         self._synced: os.stat_result | None = None
         try:
@@ -117,6 +125,8 @@ class DirectoryWriter(Writer):
             )
         except BaseException:
             os.close(self._dirfd)
+            self._dirfd = -1
+            self._remove_made()
             raise
 
     def _stat(self) -> os.stat_result | None:
@@ -217,6 +227,7 @@ class DirectoryWriter(Writer):
             raise
         finally:
             self._close_dir()
+        self._made = []  # they hold the file now
         return Published(self.relpath, self.size, st.mtime_ns, self._hasher.value(), st)
 
     def abort(self) -> None:
@@ -226,6 +237,22 @@ class DirectoryWriter(Writer):
             self._fd = None
             self._unlink_temp()
         self._close_dir()
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        """Remove the directories this writer made, deepest first, while they are empty."""
+        made, self._made = self._made, []
+        if not made:
+            return
+        root = os.open(cast(_Root, self.tier).root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for rel in reversed(made):
+                try:
+                    os.rmdir(rel, dir_fd=root)
+                except OSError:
+                    return  # another file landed there meanwhile: it and its parents stay
+        finally:
+            os.close(root)
 
     def _unlink_temp(self) -> None:
         if self._dirfd < 0:

@@ -46,8 +46,9 @@ def is_reserved(relpath: str) -> bool:
 def validate_relpath(relpath: object) -> str:
     """Return ``relpath`` if it is a normal relative path, else raise :class:`InvalidPath`.
 
-    Rules: a non-empty string of at most 1024 characters; no NUL or control characters; not
-    absolute; no empty, ``.`` or ``..`` components; each component at most 255 bytes in UTF-8;
+    Rules: a non-empty string of at most 1024 characters; no NUL or control characters;
+    no U+FFFD (undecodable bytes); not absolute; no empty, ``.`` or ``..`` components; each
+    component at most 255 bytes in UTF-8;
     at most 64 levels deep; no component in tierd's temp namespace (``*.tierd-tmp``); not
     under the reserved top-level directory ``.tierd-copies``.
     """
@@ -57,6 +58,12 @@ def validate_relpath(relpath: object) -> str:
         raise InvalidPath(f"path is longer than {MAX_RELPATH_CHARS} characters")
     if _CONTROL.search(relpath):
         raise InvalidPath("path contains NUL or control characters")
+    if "\ufffd" in relpath:
+        # What a lossy decoder makes of bytes that are not UTF-8 (Starlette decodes %ff%fe so):
+        # kept, two different byte strings would name one file.
+        raise InvalidPath(
+            "path is not valid UTF-8 (it holds U+FFFD, the mark of undecodable bytes)"
+        )
     if relpath.startswith("/"):
         raise InvalidPath("path must be relative to the tier root, not absolute")
     parts = relpath.split("/")
