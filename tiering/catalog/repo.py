@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +173,24 @@ class Catalog:
     def all(self) -> list[FileRecord]:
         with self.db.read() as s:
             return list(s.scalars(select(FileRecord).order_by(FileRecord.id)))
+
+    def by_relpath(self, batch: int = 1000) -> Iterator[FileRecord]:
+        """Every record in relpath order (of code points, as tiers walk), read ``batch`` at a
+        time (keyset pages, each its own read): a scan compares millions of files with the
+        catalog in bounded memory. PostgreSQL compares in its ``"C"`` collation (bytes, which
+        for UTF-8 is code point order); SQLite's default is that already."""
+        key: Any = FileRecord.relpath if self.db.single_writer else FileRecord.relpath.collate("C")
+        after: str | None = None
+        while True:
+            q = select(FileRecord)
+            if after is not None:
+                q = q.where(key > after)
+            with self.db.read() as s:
+                page = list(s.scalars(q.order_by(key).limit(batch)))
+            yield from page
+            if len(page) < batch:
+                return
+            after = page[-1].relpath
 
     def actionable(self) -> list[FileRecord]:
         """Records this host may plan moves for: those on its own tiers and on shared tiers

@@ -11,6 +11,8 @@ and never holds a file of its own.
 
 from tiering.tiers._base import (
     UNBOUNDED,
+    Capabilities,
+    LocalFile,
     Published,
     Source,
     Space,
@@ -30,10 +32,12 @@ __all__ = [
     "start_writeback",
     "KINDS",
     "UNBOUNDED",
+    "Capabilities",
     "DirectorySource",
     "DirectoryTier",
     "DirectoryWriter",
     "FillCancelled",
+    "LocalFile",
     "MemoryEntry",
     "MemoryTier",
     "Published",
