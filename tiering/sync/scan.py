@@ -32,7 +32,7 @@ from operator import itemgetter
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
 from tiering.checksum import CHUNK, Hasher
 from tiering.errors import TierdError
-from tiering.tiers import Source, Tier, Tiers, WalkEntry
+from tiering.tiers import Source, Tier, WalkEntry
 
 __all__ = ["ScanReport", "owned_by_this_host", "reconcile_paths", "scan"]
 
@@ -163,7 +163,7 @@ class _Reconciler:
     def __init__(
         self,
         catalog: Catalog,
-        tiers: Tiers,
+        tiers: Iterable[Tier],
         report: ScanReport,
         *,
         check: bool,
@@ -171,7 +171,7 @@ class _Reconciler:
     ) -> None:
         self.catalog = catalog
         self.ours = owned_by_this_host(catalog)
-        self.tiers = tiers
+        self.tiers = {t.name: t for t in tiers}
         self.report = report
         self.check = check
         self.batch = batch
@@ -331,7 +331,7 @@ class _Reconciler:
                 ),
                 None,
             )
-            if successor is None or self.tiers.get(successor.tier).stat(successor.relpath) is None:
+            if successor is None or self.tiers[successor.tier].stat(successor.relpath) is None:
                 continue
             new = NewFile(
                 successor.relpath,
@@ -372,7 +372,7 @@ class _Reconciler:
 
 def scan(
     catalog: Catalog,
-    tiers: Tiers,
+    tiers: Iterable[Tier],
     *,
     check: bool = False,
     max_files_per_s: float | None = None,
@@ -385,6 +385,7 @@ def scan(
     background reconcile does not stall loads. The walks and the catalog are streamed and
     decisions applied ``batch`` files at a time (see the module's docstring).
     """
+    tiers = list(tiers)
     reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check, batch=batch)
     pace = _Pacer(max_files_per_s)
     for relpath, places, rec in _merged(catalog, tiers, batch):
@@ -394,13 +395,11 @@ def scan(
 
 
 def _merged(
-    catalog: Catalog, tiers: Tiers, batch: int
+    catalog: Catalog, tiers: Iterable[Tier], batch: int
 ) -> Iterator[tuple[str, list[Place], FileRecord | None]]:
     """Every relpath on a tier or in the catalog, once and in order, with where it is and its
     record: the tiers' walks and the catalog's pages merged as they stream."""
-    streams: list[Iterator[tuple[str, Place | FileRecord]]] = [
-        _in_order(f"tier {t.name}", ((e.relpath, (t, e)) for e in t.walk())) for t in tiers
-    ]
+    streams = [_in_order(f"tier {t.name}", _places(t)) for t in tiers]
     streams.append(_in_order("the catalog", ((r.relpath, r) for r in catalog.by_relpath(batch))))
     for relpath, group in groupby(heapq.merge(*streams, key=itemgetter(0)), key=itemgetter(0)):
         places: list[Place] = []
@@ -411,6 +410,11 @@ def _merged(
             else:
                 places.append(item)
         yield relpath, places, rec
+
+
+def _places(tier: Tier) -> Iterator[tuple[str, Place | FileRecord]]:
+    for entry in tier.walk():
+        yield entry.relpath, (tier, entry)
 
 
 def _in_order(
@@ -429,9 +433,10 @@ def _in_order(
 
 
 def reconcile_paths(
-    catalog: Catalog, tiers: Tiers, relpaths: Iterable[str], *, check: bool = False
+    catalog: Catalog, tiers: Iterable[Tier], relpaths: Iterable[str], *, check: bool = False
 ) -> ScanReport:
     """Reconcile just these relpaths (what the watcher calls for the paths events named)."""
+    tiers = list(tiers)
     wanted = sorted(set(relpaths))
     records = catalog.find_many(wanted)
     reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)
