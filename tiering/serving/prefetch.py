@@ -11,6 +11,8 @@ make a copy on this host's tier instead of a move (see :mod:`tiering.copies.host
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Sequence
 
@@ -241,6 +243,7 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
     has no page cache to warm: it is promoted to the nearest faster local tier instead, so the
     next load reads a local disk (whose page cache the copy has just filled)."""
     chunk = min(ctx.config.prefetch_chunk_bytes, 8 * MiB)
+    view = memoryview(bytearray(chunk))
     for rec in recs:
         job.check()
         tier = ctx.engine.tiers.get(rec.tier)
@@ -262,10 +265,18 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
             _file_error(job, rec, exc)
             continue
         try:
-            # A local source reads its file in order (the kernel told so): its page cache fills.
-            for got in content.source.chunks(chunk):
-                job.add(nbytes=len(got))
+            local = content.source.local_file()
+            assert local is not None  # a tier of local files opens them as such
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(local.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            pos = 0
+            while pos < content.size:
                 job.check()
+                got = os.preadv(local.fd, [view[: min(chunk, content.size - pos)]], pos)
+                if got <= 0:
+                    break
+                pos += got
+                job.add(nbytes=got)
         finally:
             content.close()
         job.add(files=1)
