@@ -186,7 +186,8 @@ class ObjectTier(Tier):
 
     def walk(self) -> Iterator[WalkEntry]:
         """Every object under the prefix, skipping directory markers, tierd's temp and probe
-        names, and keys that are not valid relpaths (with a warning)."""
+        names, and keys that are not valid relpaths (with a warning). A listing comes in UTF-8
+        byte order of the keys, a page at a time: relpath order, lazily, as walk promises."""
         pfx = self.store.key_prefix()
         pages = self.store.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=pfx
