@@ -320,9 +320,7 @@ class DirectoryTier(Tier):
     def _walk_dir(self, prefix: str) -> Iterator[WalkEntry]:
         try:
             with os.scandir(self.root / prefix if prefix else self.root) as it:
-                listed = [
-                    (e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it
-                ]
+                listed = [(_sort_key(e), e) for e in it]
         except OSError as exc:
             log.warning("cannot list %s in tier %s: %s", prefix or "/", self.name, exc)
             return
