@@ -101,8 +101,8 @@ def _tier_roots(req: Request) -> list[str]:
     engine = getattr(req.app.state, "engine", None)
     if engine is None:
         return []
-    roots = (tier.local_root for tier in engine.tiers)
-    return [f"{root}/" for root in roots if root is not None]
+    # A directory tier's location is its root; an object tier's never appears in a path.
+    return [f"{tier.location}/" for tier in engine.tiers]
 
 
 def _relative(text: str, roots: list[str]) -> str:

@@ -118,7 +118,7 @@ class TierOut(BaseModel):
             files=t.files,
             file_bytes=t.used_bytes,
             # The direct path is for the fastest tier; slower tiers go through bounce buffers.
-            gds=gds_host and t.rank == 0 and t.kind == "directory",
+            gds=gds_host and t.rank == 0 and t.capabilities.direct_gpu,
         )
 
 

@@ -51,7 +51,7 @@ def tier_files(engine: Engine) -> dict[str, list[str]]:
     key ``"<temp>"``. Through the tier interface, so it sees every backend alike."""
     out: dict[str, list[str]] = {}
     for tier in engine.tiers:
-        root = tier.local_root
+        root = tier.watch_root()
         if root is not None:
             # A directory is walked raw: anything at all left there must show up.
             for dirpath, _dirs, files in os.walk(root):

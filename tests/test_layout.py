@@ -176,3 +176,72 @@ def test_the_library_never_imports_the_bench() -> None:
         if _room(t) == "tierd_bench"
     )
     assert not wrong, wrong
+
+
+# -- callers ask a tier what it can do, never what it is -------------------------------------
+# The tier kinds' names. A ``.kind`` compared with one of them outside ``tiering.tiers`` is a
+# branch on the backend, where a capability (``Tier.capabilities``) or a method belongs.
+TIER_KINDS = {"directory", "object", "memory"}
+# Modules that parse the configured kind (configuration, not a tier): they may compare it.
+KIND_PARSERS = {
+    "tiering.config": "parses TierConfig.kind",
+    "app.settings": "validates the configured tiers (a memory tier first, a url for object)",
+    "app.api.openapi": "lists the configured storage tiers (settings), not Tier objects",
+}
+TIER_CLASSES = {"DirectoryTier", "ObjectTier", "DirectorySource", "ObjectSource"}
+
+
+def _tier_type_checks(tree: ast.AST, *, may_parse_kind: bool) -> Iterator[str]:
+    """Where ``tree`` branches on what a tier is: a ``.kind`` compared with a tier kind's
+    name, a ``local_root`` read, a ``.fd`` compared (a source's "is it local?"), or an
+    ``isinstance`` with a backend's class."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            attrs = {s.attr for s in sides if isinstance(s, ast.Attribute)}
+            consts = {
+                c.value
+                for s in sides
+                for c in ([s] if not isinstance(s, ast.Tuple | ast.List | ast.Set) else s.elts)
+                if isinstance(c, ast.Constant)
+            }
+            if "kind" in attrs and consts & TIER_KINDS and not may_parse_kind:
+                yield f"line {node.lineno}: .kind compared with {sorted(consts & TIER_KINDS)}"
+            if "fd" in attrs:
+                yield f"line {node.lineno}: .fd compared (ask Source.local_file())"
+        elif isinstance(node, ast.Attribute) and node.attr == "local_root":
+            yield f"line {node.lineno}: local_root (ask Tier.capabilities / watch_root())"
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            named |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+            if named & TIER_CLASSES:
+                yield f"line {node.lineno}: isinstance with {sorted(named & TIER_CLASSES)}"
+
+
+def test_tier_type_check_finder_finds_them() -> None:
+    # Guard the guard: each form it looks for is found, and a capability question is not.
+    src = (
+        "if t.kind == 'object': pass\n"
+        "if 'directory' != tier.kind: pass\n"
+        "if t.kind in ('object', 'x'): pass\n"
+        "r = t.local_root\n"
+        "if src.fd >= 0: pass\n"
+        "if isinstance(t, tiers.ObjectTier): pass\n"
+        "if t.capabilities.shared or dev.kind == 'cuda': pass\n"
+    )
+    found = list(_tier_type_checks(ast.parse(src), may_parse_kind=False))
+    assert [f.split(":")[0] for f in found] == [f"line {n}" for n in range(1, 7)], found
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if _room(m) != "tiering.tiers" and m != "tiering.tiers")
+)
+def test_no_module_outside_tiers_asks_what_a_tier_is(module: str) -> None:
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    found = list(_tier_type_checks(tree, may_parse_kind=module in KIND_PARSERS))
+    assert not found, f"{module} branches on a tier's kind: {found}"

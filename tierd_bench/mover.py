@@ -195,6 +195,6 @@ def _report(
 
 def _root(eng: Engine, tier: str) -> Path:
     """The directory of one of the bench's (directory) tiers."""
-    root = eng.tiers.get(tier).local_root
+    root = eng.tiers.get(tier).config.path
     assert root is not None
-    return root
+    return Path(root)

@@ -207,7 +207,7 @@ def _tierd_moves_and_load(run: ObjRun, devices: list[str]) -> None:
     ``devices`` and 4 KiB reads: one engine."""
     run.say("tierd: promotion" + (" and demotion" if run.origin.writable else "") + ", loads")
     with _engine(run, run.prefix) as eng:
-        nvme = eng.tiers.get("nvme").local_root
+        nvme = eng.tiers.get("nvme").config.path  # the bench made it a directory tier
         assert nvme is not None
         times: dict[str, list[float]] = {"promote": [], "demote": []}
         cpus: dict[str, list[float]] = {"promote": [], "demote": []}

@@ -91,11 +91,11 @@ def readyz(engine: EngineDep) -> JSONResponse:
     tiers = {}
     for tier in engine.tiers:
         usable = tier.reachable()
-        if not usable and tier.kind == "object":
+        if not usable and not tier.capabilities.local_files:
             degraded.append(
                 Degradation(
                     component=f"tier:{tier.name}",
-                    reason=f"the object store {tier.location} does not answer",
+                    reason=f"tier {tier.name} ({tier.location}) does not answer",
                     since=None,
                     still_works=OBJECT_TIER_DEGRADED,
                 )

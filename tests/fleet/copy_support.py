@@ -121,7 +121,6 @@ def held(engine: Engine) -> dict[int, str]:
     host = engine.config.host_id
     disk: dict[int, str] = {}
     for tier in hc(engine).holders:
-        assert tier.local_root is not None
         d = tier.local_root / ".tierd-copies"
         for p in d.iterdir() if d.is_dir() else ():
             fid, _, gen = p.name.partition(".")
@@ -139,9 +138,9 @@ def held(engine: Engine) -> dict[int, str]:
 
 def copy_bytes(engine: Engine, file_id: int) -> bytes:
     rec = engine.get(file_id)
-    local = hc(engine).open(rec)
-    assert local is not None, f"no current copy of {file_id}"
-    try:
+    src = hc(engine).open(rec)
+    assert src is not None, f"no current copy of {file_id}"
+    with src:
+        local = src.local_file()
+        assert local is not None  # a copy is a local file
         return local.path.read_bytes()
-    finally:
-        os.close(local.fd)

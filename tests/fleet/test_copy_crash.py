@@ -47,12 +47,14 @@ def _kill_at(step: str, copies_dir: Path) -> None:
     real_open, real_write, real_fsync, real_rename = os.open, os.write, os.fsync, os.rename
     temps: set[int] = set()
 
-    def in_copies(path: Any) -> bool:
-        return Path(os.fsdecode(path)).parent == copies_dir
+    def in_copies(path: Any, dir_fd: int | None) -> bool:
+        # The tier's writer names files relative to its directory's fd.
+        where = Path(os.readlink(f"/proc/self/fd/{dir_fd}")) if dir_fd is not None else Path()
+        return (where / os.fsdecode(path)).parent == copies_dir.resolve()
 
     def open_(path: Any, flags: int, *args: Any, **kw: Any) -> int:
         fd = real_open(path, flags, *args, **kw)
-        if in_copies(path) and os.fsdecode(path).endswith(TEMP_SUFFIX):
+        if in_copies(path, kw.get("dir_fd")) and os.fsdecode(path).endswith(TEMP_SUFFIX):
             temps.add(fd)
             if step == "temp_created":
                 _die()
@@ -72,7 +74,7 @@ def _kill_at(step: str, copies_dir: Path) -> None:
 
     def rename(src: Any, dst: Any, *args: Any, **kw: Any) -> None:
         real_rename(src, dst, *args, **kw)
-        if in_copies(dst) and step == "renamed":
+        if in_copies(dst, kw.get("dst_dir_fd")) and step == "renamed":
             _die()  # before the directory's fsync and the row
 
     os.open, os.write, os.fsync, os.rename = open_, write, fsync, rename  # type: ignore[assignment]

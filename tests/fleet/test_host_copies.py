@@ -97,7 +97,7 @@ def test_a_copy_is_filled_read_kept_over_a_restart_and_never_served_stale(
         ("host-a", "nvme", rec.generation)
     ]
     content = eng.open_content(rec.id)
-    assert content.fd >= 0  # a local file, not ranged GETs
+    assert content.source.local_file() is not None  # a local file, not ranged GETs
     assert b"".join(content.iter_range(0, content.size)) == objects["f0.bin"]
     with pytest.raises(Conflict):
         eng.migrate(rec.id, "nvme")  # a move off the origin would take it from every host
@@ -115,7 +115,7 @@ def test_a_copy_is_filled_read_kept_over_a_restart_and_never_served_stale(
         assert cur.generation != rec.generation
         assert hc2.open(cur) is None
         content = again.open_content(rec.id)
-        assert content.fd < 0
+        assert content.source.local_file() is None
         assert b"".join(content.iter_range(0, content.size)) == b"new bytes"
         report = hc2.run_pass()
         assert rec.id in report.dropped

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from tiering.catalog import FileState
+from tests.conftest import make_settings
+from tiering.catalog import Catalog, FileState
 from tiering.checksum import Hasher
 from tiering.engine import Engine
+from tiering.sync.scan import scan
+from tiering.tiers import DirectoryTier, Tier, WalkEntry
 
 
 def write(path: Path, data: bytes) -> None:
@@ -172,3 +176,48 @@ def test_scan_over_rest_and_cli_refuses_beside_a_server(data_dir: Path) -> None:
         r = c.post("/v1/scan")
         assert r.status_code == 200 and r.json()["adopted"] == ["late.bin"]
         assert c.get("/v1/files/lookup", params={"path": "late.bin"}).json()["tier"] == "hdd"
+
+
+class _Watched(DirectoryTier):
+    """A real directory tier that notes, as its walk gives each file, how many files it gave
+    that the catalog does not record yet: what the scan holds undecided."""
+
+    def __init__(self, tier: Tier, catalog: Catalog) -> None:
+        super().__init__(tier.config, tier.rank)
+        self.catalog = catalog
+        self.given = 0
+        self.undecided: list[int] = []
+
+    def walk(self) -> Iterator[WalkEntry]:
+        base = self.catalog.count()
+        for entry in super().walk():
+            self.undecided.append(self.given - (self.catalog.count() - base))
+            self.given += 1
+            yield entry
+
+
+def test_scan_streams_the_walk_and_holds_at_most_a_batch(data_dir: Path) -> None:
+    """A bucket of a million objects scans in bounded memory: the walk is consumed as it
+    comes and decisions are applied a batch at a time, never after the whole listing."""
+    batch, n = 8, 120
+    with Engine(make_settings(data_dir, watch=False).engine_config()) as eng:
+        for i in range(n):
+            write(data_dir / f"nvme/d{i % 7}/f{i:03}.bin", f"file {i}".encode())
+        tier = _Watched(eng.tiers.get("nvme"), eng.catalog)
+        report = scan(eng.catalog, [tier], batch=batch)
+        assert len(report.adopted) == n == tier.given and eng.catalog.count() == n
+        assert max(tier.undecided) <= 2 * batch, tier.undecided
+
+        # Renames whose halves fall in different batches keep their records all the same:
+        # those of d0 go after their old names in relpath order, those of d1 before.
+        later = {f"d0/f{i:03}.bin": f"z/f{i:03}.bin" for i in range(0, n, 7)}
+        earlier = {f"d1/f{i:03}.bin": f"0/f{i:03}.bin" for i in range(1, n, 7)}
+        renames = later | earlier
+        ids = {old: eng.lookup(old).id for old in renames}
+        for old, new in renames.items():
+            write(data_dir / "nvme" / new, b"")
+            os.replace(data_dir / "nvme" / old, data_dir / "nvme" / new)
+        report = scan(eng.catalog, [tier], batch=2)
+        assert sorted(report.renamed) == sorted(renames.items())
+        assert not report.missing and not report.adopted
+        assert all(eng.lookup(new).id == ids[old] for old, new in renames.items())

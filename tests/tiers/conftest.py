@@ -1,5 +1,6 @@
-"""The ``tier`` fixture: each shared test runs on every backend, the way fsspec's abstract tests
-run on every filesystem. The S3-protocol server and object-tier fixtures come from
+"""The ``tier`` fixture: each shared test runs on every storage backend, the way fsspec's
+abstract tests run on every filesystem. (The memory tier is no :class:`~tiering.tiers.Tier`:
+a cache of copies, with its own tests.) The S3-protocol server and object-tier fixtures come from
 ``tests.s3``, a plugin of the root conftest."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tiering.config import TierConfig
+from tiering.tiers import DirectoryTier
 
 BACKENDS = ["directory", "object"]
 
@@ -23,10 +25,6 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path, moto_server: str | None
         make: Callable[..., Any] = request.getfixturevalue("make_object_tier")
         t = make()
     else:
-        try:
-            from tiering.tiers import DirectoryTier
-        except ImportError:
-            pytest.skip("tiering.tiers.DirectoryTier does not exist yet")
         t = DirectoryTier(TierConfig("dir", path=tmp_path / "tier"), rank=0)
         request.addfinalizer(t.close)
     t.check()

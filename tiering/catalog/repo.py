@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,11 @@ class TierUsage:
 
 def _escape_like(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+#: Records a page of :meth:`Catalog.by_relpath` holds at least on PostgreSQL, where each page
+#: sorts the table (a million records: a hundred sorts, not thousands).
+PG_PAGE = 10_000
 
 
 class Catalog:
@@ -173,6 +178,31 @@ class Catalog:
     def all(self) -> list[FileRecord]:
         with self.db.read() as s:
             return list(s.scalars(select(FileRecord).order_by(FileRecord.id)))
+
+    def by_relpath(self, batch: int = 1000) -> Iterator[FileRecord]:
+        """Every record in relpath order (of code points, as tiers walk), read in keyset pages
+        (each its own read): a scan compares millions of files with the catalog in bounded
+        memory.
+
+        SQLite's order (bytes, which for UTF-8 is code point order) follows the relpath index,
+        ``batch`` records a page. PostgreSQL compares in its ``"C"`` collation, since the
+        database's own may be a language's; its relpath index follows that one, so each page
+        is a sort of the table, and pages there hold at least :data:`PG_PAGE` records.
+        """
+        key: Any = FileRecord.relpath
+        if not self.db.single_writer:
+            key, batch = FileRecord.relpath.collate("C"), max(batch, PG_PAGE)
+        after: str | None = None
+        while True:
+            q = select(FileRecord)
+            if after is not None:
+                q = q.where(key > after)
+            with self.db.read() as s:
+                page = list(s.scalars(q.order_by(key).limit(batch)))
+            yield from page
+            if len(page) < batch:
+                return
+            after = page[-1].relpath
 
     def actionable(self) -> list[FileRecord]:
         """Records this host may plan moves for: those on its own tiers and on shared tiers

@@ -1,36 +1,31 @@
-"""The files of :mod:`tiering.copies.hostcopies`: names, the temp a fill writes, the sweep
-of a copies directory at reconcile, and the source a copy is read through."""
+"""The files of :mod:`tiering.copies.hostcopies`: names, the copy a fill writes, and the
+sweep of a tier's copies at reconcile. Every byte goes through the copies area's own tier
+primitives (:meth:`~tiering.tiers.Tier.copies`): its writer keeps the crash-safe publish,
+its sources the reads.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tiering.catalog.copies import CopyRow
-from tiering.checksum import Hasher
+from tiering.errors import FileChanged
 from tiering.placement.cache import CachePlan
 from tiering.placement.fleetheat import LocalHeat, heat_for_promotion
 from tiering.placement.policy import FileView, Policy
-from tiering.tiers import FillCancelled, Source, Stat, Tier
-from tiering.tiers.paths import is_temp_name
+from tiering.tiers import FillCancelled, Published, Source, Tier
 
 __all__ = [
     "CHUNK",
     "CopyEntry",
     "CopyPassReport",
-    "CopySource",
-    "LocalCopy",
     "ReconcileReport",
     "copy_heat",
     "copy_name",
-    "fsync_dir",
     "parse_name",
     "sweep",
-    "unlink",
-    "write_temp",
+    "write_copy",
 ]
 
 CHUNK = 8 << 20
@@ -66,15 +61,6 @@ class CopyEntry:
 
 
 @dataclass
-class LocalCopy:
-    """A copy opened for reading: ``fd`` (the caller closes it) and its ``path``."""
-
-    tier: Tier
-    path: Path
-    fd: int
-
-
-@dataclass
 class ReconcileReport:
     temps: int = 0
     files: int = 0  # copy files without a current row, removed
@@ -91,111 +77,59 @@ class CopyPassReport:
     failed: list[tuple[int, str]] = field(default_factory=list)
 
 
-class CopySource(Source):
-    """A copy's bytes read through its fd; the file record it caches is ``relpath``'s."""
-
-    def __init__(self, relpath: str, fd: int) -> None:
-        self.relpath = relpath
-        self.fd = fd
-        st = os.fstat(fd)
-        self.stat = Stat(st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}")
-
-    def readinto(self, buf: memoryview, offset: int) -> int:
-        total = 0
-        while total < len(buf):
-            n = os.preadv(self.fd, [buf[total:]], offset + total)
-            if n == 0:
-                break
-            total += n
-        return total
-
-    def unchanged(self) -> bool:
-        return self.fd >= 0  # never renamed over or rewritten: a new generation is a new name
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def write_temp(
+def write_copy(
     src: Source,
-    temp: Path,
+    area: Tier,
+    name: str,
     *,
+    size: int,
+    checksum: str | None,
     stop: Callable[[], bool],
     throttle: Callable[[int], None] | None,
     progress: Callable[[int], None] | None,
-) -> tuple[int, str]:
-    """Write ``src``'s bytes to the new file ``temp``, hashed on the way, and fsync it;
-    returns (bytes, checksum). Raises :class:`FillCancelled` when ``stop()`` turns true."""
-    h = Hasher()
-    n = 0
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
+) -> Published:
+    """Write ``src``'s bytes as the copy ``name`` in copies area ``area`` through its writer
+    (a temp, hashed on the way, fsynced, then published over any file of that name, and the
+    directory fsynced). Bytes of another ``size`` are refused with
+    :class:`~tiering.errors.FileChanged`, and with ``checksum`` others with
+    :class:`~tiering.errors.IntegrityError`: nothing is published then. Raises
+    :class:`FillCancelled` when ``stop()`` turns true."""
+    with area.writer(name, overwrite=True, checksum=checksum) as w:
         for chunk in src.chunks(CHUNK):
             if stop():
                 raise FillCancelled
             if throttle is not None:
                 throttle(len(chunk))
-            _write_all(fd, chunk)
-            h.update(chunk)
-            n += len(chunk)
+            w.write(chunk)
             if progress is not None:
                 progress(len(chunk))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return n, h.value()
+        if w.size != size:
+            raise FileChanged(f"{src.relpath!r} is {w.size} bytes, the catalog says {size}")
+        return w.publish()
 
 
 def sweep(
-    d: Path, tier: str, rows: Mapping[tuple[int, str], CopyRow], report: ReconcileReport
+    area: Tier, tier: str, rows: Mapping[tuple[int, str], CopyRow], report: ReconcileReport
 ) -> set[tuple[int, str]]:
-    """Remove from copies directory ``d`` (of ``tier``) every temp and every file that is not
+    """Remove from copies area ``area`` (of ``tier``) every temp and every file that is not
     the copy a row names (its generation and size); returns the (file id, tier) of those kept."""
+    for relpath, stem in list(area.temps()):
+        if area.remove_temp(relpath, stem):
+            report.temps += 1
     found: set[tuple[int, str]] = set()
-    if not d.is_dir():
-        return found
-    removed = False
-    with os.scandir(d) as it:
-        for entry in it:
-            parsed = parse_name(entry.name)
-            row = rows.get((parsed[0], tier)) if parsed else None
-            if is_temp_name(entry.name):
-                report.temps += 1
-            elif (
-                parsed is not None
-                and row is not None
-                and row.generation == parsed[1]
-                and entry.is_file(follow_symlinks=False)
-                and entry.stat(follow_symlinks=False).st_size == row.size
-            ):
-                found.add((parsed[0], tier))
-                continue
-            else:
-                report.files += 1
-            unlink(d / entry.name)
-            removed = True
-    if removed:
-        fsync_dir(d)
+    for entry in list(area.walk()):
+        parsed = parse_name(entry.relpath)
+        row = rows.get((parsed[0], tier)) if parsed else None
+        if (
+            parsed is not None
+            and row is not None
+            and (row.generation, row.size)
+            == (
+                parsed[1],
+                entry.size,
+            )
+        ):
+            found.add((parsed[0], tier))
+        elif area.remove(entry.relpath):
+            report.files += 1
     return found
-
-
-def _write_all(fd: int, data: memoryview | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

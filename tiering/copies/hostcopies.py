@@ -14,11 +14,14 @@ A copy lives in the tier root's reserved directory as ``.tierd-copies/<file id>.
 (a name no relpath may take, which scan and the watcher skip) and has a row in the catalog's
 ``copies`` table (this host, the tier's name, the generation), so the fleet can locate it.
 
-A fill reads the object through the engine's file operations (ranged GETs pinned to the ETag
-the catalog recorded), writes a tierd temp in the copies directory while hashing, checks the
-hash against the catalog's checksum (an object adopted from a bucket may have none: the
-ETag-pinned read then vouches for the bytes, and the catalog is left as it is), fsyncs,
-renames it to its final name, fsyncs the directory, and records the row last; the row is
+The copies directory is a tier of its own (:meth:`~tiering.tiers.Tier.copies` of a tier that
+``holds_copies``), so a copy is written, published, read and swept through the tier's
+primitives like any file. A fill reads the object through the engine's file operations (ranged
+GETs pinned to the ETag the catalog recorded) and writes it through the copies area's writer:
+a tierd temp, hashed on the way and checked against the catalog's checksum (an object adopted
+from a bucket may have none: the ETag-pinned read then vouches for the bytes, and the catalog
+is left as it is), fsynced, published under its final name, the directory fsynced; the row is
+recorded last; the row is
 refused if the file changed meanwhile, and the copy is then deleted. A drop deletes the row
 first, then the file. So a crash at any step leaves the object authoritative and, at worst, a
 temp, a file without a row or a row without a file: :meth:`HostCopies.reconcile` (at start)
@@ -37,27 +40,20 @@ copies to make up.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
 from tiering.catalog.db import Database
 from tiering.copies.copyfiles import (
     CopyEntry,
     CopyPassReport,
-    CopySource,
-    LocalCopy,
     ReconcileReport,
     copy_heat,
     copy_name,
-    fsync_dir,
     sweep,
-    unlink,
-    write_temp,
+    write_copy,
 )
 from tiering.copies.copyplan import CopyPasses
 from tiering.errors import (
@@ -68,13 +64,13 @@ from tiering.errors import (
     IntegrityError,
     InvalidInput,
     StorageError,
+    TierdError,
 )
 from tiering.moves import Content, FileOps, RateLimiter
 from tiering.periodic import Periodic
 from tiering.placement.fleetheat import LocalHeat, local_heat
 from tiering.placement.policy import Policy
-from tiering.tiers import FillCancelled, Tier, Tiers
-from tiering.tiers.paths import RESERVED_DIR, TEMP_SUFFIX
+from tiering.tiers import FillCancelled, Source, Tier, Tiers
 
 __all__ = ["HostCopies", "copy_heat"]
 
@@ -92,7 +88,7 @@ class HostCopies(CopyPasses):
     catalog, copies, files:
         The open catalog, its ``copies`` rows, and the file operations fills read through.
     tiers:
-        This host's tiers: the shared ones are the origins, the directory ones hold copies.
+        This host's tiers: the shared ones are the origins, those that can hold copies do.
     host:
         This host's id in the ``copies`` table.
     policy:
@@ -120,8 +116,8 @@ class HostCopies(CopyPasses):
         self._policy = policy
         self._quota = quota
         self.limiter = limiter or RateLimiter()
-        self.origins = frozenset(t.name for t in tiers if t.local_root is None)
-        self.holders = [t for t in tiers if t.local_root is not None]  # fastest first
+        self.origins = frozenset(t.name for t in tiers if t.capabilities.shared)
+        self.holders = [t for t in tiers if t.capabilities.holds_copies]  # fastest first
         self._index: dict[int, CopyEntry] = {}
         self._lock = threading.Lock()
         self._filling: dict[int, threading.Event] = {}
@@ -143,12 +139,12 @@ class HostCopies(CopyPasses):
         quota: Callable[[Tier], int | None],
         limiter: RateLimiter,
     ) -> HostCopies | None:
-        """The copy cache, on a catalog several hosts write that has a shared tier and a
-        directory tier; None otherwise (one host: promotions stay moves)."""
+        """The copy cache, on a catalog several hosts write that has a shared tier and a tier
+        that can hold copies; None otherwise (one host: promotions stay moves)."""
         if db.single_writer or db.host is None:
             return None
-        kinds = {t.local_root is None for t in tiers}
-        if kinds != {True, False}:
+        caps = [t.capabilities for t in tiers]
+        if not any(c.shared for c in caps) or not any(c.holds_copies for c in caps):
             return None
         return cls(
             catalog, Copies(db), files, tiers, host=db.host, policy=policy, quota=quota,
@@ -156,9 +152,9 @@ class HostCopies(CopyPasses):
         )  # fmt: skip
 
     # -- where ---------------------------------------------------------------------------------
-    def _dir(self, tier: Tier) -> Path:
-        assert tier.local_root is not None
-        return tier.local_root / RESERVED_DIR
+    def _area(self, tier: Tier) -> Tier:
+        """Where ``tier`` keeps this host's copies."""
+        return tier.copies()
 
     def is_origin(self, tier: str) -> bool:
         return tier in self.origins
@@ -214,7 +210,9 @@ class HostCopies(CopyPasses):
         }
         found: set[tuple[int, str]] = set()
         for tier in self.holders:
-            found |= sweep(self._dir(tier), tier.name, rows, report)
+            area = self._area(tier)
+            if area.reachable():  # no copies area yet: nothing to sweep
+                found |= sweep(area, tier.name, rows, report)
         wanted = {fid for fid, _ in rows}
         records = {r.id: r for r in self.catalog.actionable() if r.id in wanted}
         index: dict[int, CopyEntry] = {}
@@ -233,9 +231,7 @@ class HostCopies(CopyPasses):
             self.copies.forget(fid, host=self.host, location=location)
             report.rows += 1
             if (fid, location) in found:
-                tier = self.tiers.get(location)
-                unlink(self._dir(tier) / copy_name(fid, row.generation))
-                fsync_dir(self._dir(tier))
+                self._area(self.tiers.get(location)).remove(copy_name(fid, row.generation))
                 report.files += 1
         with self._lock:
             self._index = index
@@ -254,32 +250,33 @@ class HostCopies(CopyPasses):
         return self.tiers.get(tier).rank
 
     # -- reads ---------------------------------------------------------------------------------
-    def open(self, rec: FileRecord) -> LocalCopy | None:
-        """This host's current copy of ``rec`` opened read-only, or None: no copy, or one of
-        another generation or size (stale: never served), or one dropped meanwhile."""
+    def open(self, rec: FileRecord) -> Source | None:
+        """This host's current copy of ``rec`` opened for reading (the caller closes it), or
+        None: no copy, or one of another generation or size (stale: never served), or one
+        dropped meanwhile. Its copy file is never renamed over or rewritten (a new generation
+        is a new name), so the source serves the copy it opened."""
         e = self.get(rec.id)
         if e is None or e.generation != rec.generation or e.size != rec.size:
             return None
         if rec.state not in _CURRENT:
             return None
-        tier = self.tiers.get(e.tier)
-        path = self._dir(tier) / copy_name(e.file_id, e.generation)
+        area = self._area(self.tiers.get(e.tier))
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            src = area.open(copy_name(e.file_id, e.generation))
+        except (TierdError, OSError):
             return None  # dropped between the look-up and the open: read the origin
-        if os.fstat(fd).st_size != rec.size:
-            os.close(fd)
+        if src.size != rec.size:
+            src.close()
             return None
-        return LocalCopy(tier, path, fd)
+        return src
 
     def content(self, file_id: int) -> Content | None:
         """A current copy of the file as the engine's :class:`~tiering.moves.Content`, or None."""
         if self.get(file_id) is None:
             return None
         rec = self.catalog.get(file_id, cached=True)
-        local = self.open(rec)
-        return None if local is None else Content(rec, CopySource(rec.relpath, local.fd))
+        src = self.open(rec)
+        return None if src is None else Content(rec, src)
 
     # -- fills and drops -----------------------------------------------------------------------
     def fill(
@@ -300,7 +297,7 @@ class HostCopies(CopyPasses):
         Raises
         ------
         FileNotFound, InvalidInput
-            No such file, or it is not on an origin tier, or ``tier`` is no directory tier.
+            No such file, or it is not on an origin tier, or ``tier`` cannot hold copies.
         FileBusy
             The file is not stable.
         FileChanged, IntegrityError
@@ -311,8 +308,8 @@ class HostCopies(CopyPasses):
             ``cancel`` was set, or the cache stopped.
         """
         dest = self.tiers.get(tier)
-        if dest.local_root is None:
-            raise InvalidInput(f"tier {tier} is no directory tier: it cannot hold a copy")
+        if not dest.capabilities.holds_copies:
+            raise InvalidInput(f"tier {tier} cannot hold a copy of a shared file")
         while True:
             rec = self.catalog.get(file_id)
             if rec.tier not in self.origins:
@@ -353,13 +350,10 @@ class HostCopies(CopyPasses):
         throttle: bool,
         keep_s: float,
     ) -> CopyEntry:
-        d = self._dir(dest)
-        if not d.is_dir():
-            d.mkdir(exist_ok=True)
-            fsync_dir(d.parent)
+        area = self._area(dest)
         name = copy_name(rec.id, rec.generation)
-        temp = d / f".{name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
         try:
+            area.check()  # the copies directory, made durably on the first fill
             content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
             with content.source as src:
                 if content.record.generation != rec.generation:
@@ -369,24 +363,19 @@ class HostCopies(CopyPasses):
                     return (cancel is not None and cancel.is_set()) or self._stopped.is_set()
 
                 limit = (lambda k: self.limiter.acquire(k, cancel)) if throttle else None
-                n, checksum = write_temp(src, temp, stop=stop, throttle=limit, progress=progress)
-            if n != rec.size:
-                raise FileChanged(f"{rec.relpath!r} is {n} bytes, the catalog says {rec.size}")
-            if rec.checksum is not None and checksum != rec.checksum:
-                raise IntegrityError(
-                    f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum (read "
-                    f"{checksum}, catalog {rec.checksum}); not copied",
-                    file_id=rec.id,
-                    path=rec.relpath,
-                )
-            os.rename(temp, d / name)
+                write_copy(
+                    src, area, name, size=rec.size, checksum=rec.checksum, stop=stop,
+                    throttle=limit, progress=progress,
+                )  # fmt: skip
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum "
+                f"({exc.message}); not copied",
+                file_id=rec.id,
+                path=rec.relpath,
+            ) from exc
         except OSError as exc:
-            unlink(temp)
             raise StorageError(f"copying {rec.relpath!r} to {dest.name} failed: {exc}") from exc
-        except BaseException:
-            unlink(temp)
-            raise
-        fsync_dir(d)
         recorded = self.copies.record(
             rec.id,
             host=self.host,
@@ -396,8 +385,7 @@ class HostCopies(CopyPasses):
             states=_CURRENT,
         )
         if not recorded:
-            unlink(d / name)
-            fsync_dir(d)
+            area.remove(name)
             raise FileChanged(f"{rec.relpath!r} changed while it was copied")
         keep_until = time.time() + keep_s if keep_s > 0 else 0.0  # 0: kept for its heat only
         entry = CopyEntry(rec.id, rec.generation, rec.size, dest.name, keep_until)
@@ -458,9 +446,7 @@ class HostCopies(CopyPasses):
         return True
 
     def _remove(self, e: CopyEntry) -> None:
-        d = self._dir(self.tiers.get(e.tier))
-        unlink(d / copy_name(e.file_id, e.generation))
-        fsync_dir(d)
+        self._area(self.tiers.get(e.tier)).remove(copy_name(e.file_id, e.generation))
 
     # -- space and the planner's pass ----------------------------------------------------------
     def _space(self, tier: Tier, records: list[FileRecord]) -> tuple[int, int, int]:

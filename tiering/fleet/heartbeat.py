@@ -36,10 +36,10 @@ def default_address(port: int) -> str:
 
 
 def tier_report(tiers: Tiers) -> list[dict[str, Any]]:
-    """This host's storage tiers as the fleet sees them. An object-store tier is shared: its
-    files are every host's; a directory is this host's own."""
+    """This host's storage tiers as the fleet sees them. A shared tier's (a bucket's) files are
+    every host's; another tier is this host's own."""
     return [
-        {"name": t.name, "kind": t.kind, "rank": rank, "shared": t.kind == "object"}
+        {"name": t.name, "kind": t.kind, "rank": rank, "shared": t.capabilities.shared}
         for rank, t in enumerate(tiers)
     ]
 
@@ -59,7 +59,7 @@ def host_database(config: EngineConfig, tiers: Tiers) -> Database:
         config.catalog_url,
         busy_timeout_ms=config.busy_timeout_ms,
         host=config.host_id,
-        shared_tiers=[t.name for t in tiers if t.kind == "object"],
+        shared_tiers=[t.name for t in tiers if t.capabilities.shared],
     )
 
 
@@ -69,7 +69,7 @@ def adopt_local_records(db: Database, tiers: Tiers, host_id: str) -> None:
     earlier host id (a recreated container's new hostname), which scan and the planner would
     otherwise leave alone for good. Run before recovery and the scan."""
     if db.single_writer:
-        Hosts(db).adopt_files(host_id, [t.name for t in tiers if t.kind != "object"])
+        Hosts(db).adopt_files(host_id, [t.name for t in tiers if not t.capabilities.shared])
 
 
 class Heartbeat:

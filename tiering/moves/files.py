@@ -49,11 +49,6 @@ class Content:
     def size(self) -> int:
         return self.source.size
 
-    @property
-    def fd(self) -> int:
-        """The local fd, or -1 when the bytes are not in a local file."""
-        return self.source.fd
-
     def iter_range(self, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:
         """Bytes ``[start, end)`` in chunks; closes the source when exhausted or closed."""
         try:
@@ -130,7 +125,7 @@ class Upload:
 
     def _commit(self) -> FileRecord:
         tier = self._writer.tier
-        if tier.local_root is not None:
+        if not tier.capabilities.shared:
             return self._publish_and_record()
         # A shared tier's object: hosts take turns from the bucket's change to the catalog's.
         with self._catalog.db.publish_lock(self._writer.relpath):
@@ -356,7 +351,7 @@ class FileOps:
             tier = self.tiers.get(rec.tier)
             unlink = lambda r: tier.remove(r.relpath)  # noqa: E731
             # A shared tier's object: no other host's overwrite lands between unlink and commit.
-            shared = tier.local_root is None
+            shared = tier.capabilities.shared
             with self.catalog.db.publish_lock(rec.relpath) if shared else nullcontext():
                 done = self.catalog.delete(file_id, generation=rec.generation, before_commit=unlink)
             if not done:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tiering.catalog import Catalog, FileRecord
 from tiering.placement.policy import TierState
-from tiering.tiers import Space, Tier, Tiers
+from tiering.tiers import Capabilities, Space, Tier, Tiers
 
 __all__ = ["TierInfo", "room", "tier_infos", "tier_states"]
 
@@ -25,6 +25,7 @@ class TierInfo:
     space: Space
     files: int
     used_bytes: int
+    capabilities: Capabilities
 
 
 def tier_infos(catalog: Catalog, tiers: Tiers) -> list[TierInfo]:
@@ -43,6 +44,7 @@ def tier_infos(catalog: Catalog, tiers: Tiers) -> list[TierInfo]:
                 t.space(),
                 u.files if u else 0,
                 u.bytes if u else 0,
+                t.capabilities,
             )
         )
     return out

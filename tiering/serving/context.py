@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -133,7 +132,7 @@ class LoadContext:
         tier: ``copies`` is ``"any"``, ``"host"`` (gathers, which need host rows) or
         ``"none"``.
 
-        A file in a local directory is opened through the descriptor its tier opened beneath
+        A source that is a local file is opened through the descriptor its tier opened beneath
         the root (its reads get the tier's I/O path: GDS, KvikIO, host). Any other source
         (an object-store tier's object, pinned to the ETag the catalog recorded) becomes a
         remote file, read by ranged reads without a local copy; a changed object raises
@@ -161,9 +160,9 @@ class LoadContext:
         rec = content.record
         try:
             tier = self.engine.tiers.get(rec.tier)
-            root = tier.local_root
-            if root is not None and content.fd >= 0:
-                f = storage.open_file(root / rec.relpath, fd=content.fd)
+            local = content.source.local_file()
+            if local is not None:
+                f = storage.open_file(local.path, fd=local.fd)
                 content.close()  # the file keeps a duplicate of the descriptor
             else:
                 f = storage.open_source(content.source, tier=tier.name, rank=tier.rank)
@@ -212,15 +211,23 @@ class LoadContext:
         tier (its I/O path, its source rules); counts one access. None: no current copy."""
         hc = self.engine.host_copies
         assert hc is not None
-        if hc.get(file_id) is None:
+        entry = hc.get(file_id)
+        if entry is None:
             return None  # the common case costs no catalog read
-        local = hc.open(self.engine.catalog.get(file_id, cached=True))
-        if local is None:
+        src = hc.open(self.engine.catalog.get(file_id, cached=True))
+        if src is None:
             return None
-        try:
-            f = storage.open_file(local.path, fd=local.fd)
-        finally:
-            os.close(local.fd)  # the file keeps a duplicate
+        local = src.local_file()
+        if local is None:
+            tier = self.engine.tiers.get(entry.tier)
+            try:
+                f = storage.open_source(src, tier=tier.name, rank=tier.rank)  # it owns src now
+            except BaseException:
+                src.close()
+                raise
+        else:
+            with src:  # the file keeps a duplicate of the descriptor
+                f = storage.open_file(local.path, fd=local.fd)
         assert self.engine.access is not None
         self.engine.access.record(file_id)
         return f

@@ -63,10 +63,11 @@ class Holder(Protocol):
 
 def still_current(held: Held, rec: FileRecord, tier: Tier) -> bool:
     """Whether ``held`` is still a copy of what ``rec`` names: same generation and, for a
-    local directory tier, the same file on disk now (inode, size and time)."""
+    tier whose reads are not pinned to the catalog's ETag, the same file on disk now (inode,
+    size and time)."""
     if held.generation != rec.generation or held.stat.size != rec.size:
         return False
-    if tier.local_root is None:
+    if tier.capabilities.pinned_reads:
         return (held.stat.etag or None) == (rec.etag or None)
     try:
         now = tier.stat(rec.relpath)

@@ -216,18 +216,19 @@ def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
 
 def _prefetch_nvme(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> None:
     fastest = ctx.engine.tiers.fastest
-    if ctx.engine.host_copies is not None and fastest.local_root is None:
+    if ctx.engine.host_copies is not None and not fastest.capabilities.holds_copies:
         # An origin cannot take a copy: a fleet's fastest copy goes to its fastest own tier.
-        fastest = next((t for t in ctx.engine.tiers if t.local_root is not None), fastest)
+        holders = (t for t in ctx.engine.tiers if t.capabilities.holds_copies)
+        fastest = next(holders, fastest)
     for rec in recs:
         job.check()
         _promote(ctx, job, rec, fastest.name)
 
 
 def _local_cache_tier(ctx: LoadContext, tier: Tier) -> str | None:
-    """The slowest local (directory) tier faster than ``tier``: where a file of a remote tier
-    is warmed to, or None when no local tier is faster."""
-    faster = [t for t in ctx.engine.tiers if t.local_root is not None and t.rank < tier.rank]
+    """The slowest tier of local files faster than ``tier``: where a file of a remote tier is
+    warmed to, or None when no local tier is faster."""
+    faster = [t for t in ctx.engine.tiers if t.capabilities.local_files and t.rank < tier.rank]
     return max(faster, key=lambda t: t.rank).name if faster else None
 
 
@@ -236,17 +237,16 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
     has no page cache to warm: it is promoted to the nearest faster local tier instead, so the
     next load reads a local disk (whose page cache the copy has just filled)."""
     chunk = min(ctx.config.prefetch_chunk_bytes, 8 * MiB)
-    buf = bytearray(chunk)
-    view = memoryview(buf)
+    view = memoryview(bytearray(chunk))
     for rec in recs:
         job.check()
         tier = ctx.engine.tiers.get(rec.tier)
-        if tier.local_root is None:
+        if not tier.capabilities.local_files:
             dest = _local_cache_tier(ctx, tier)
             if dest is None:
                 msg = (
-                    f"{rec.relpath!r} is on {tier.kind} tier {tier.name}, which has no page "
-                    "cache, and no local tier is faster to warm it to"
+                    f"{rec.relpath!r} is on tier {tier.name}, whose files are not local (no "
+                    "page cache), and no local tier is faster to warm it to"
                 )
                 _file_error(job, rec, InvalidInput(msg, path=rec.relpath))
                 job.add(nbytes=rec.size, files=1)
@@ -259,12 +259,14 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
             _file_error(job, rec, exc)
             continue
         try:
+            local = content.source.local_file()
+            assert local is not None  # a tier of local files opens them as such
             with contextlib.suppress(OSError, AttributeError):
-                os.posix_fadvise(content.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(local.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             pos = 0
             while pos < content.size:
                 job.check()
-                got = os.preadv(content.fd, [view[: min(chunk, content.size - pos)]], pos)
+                got = os.preadv(local.fd, [view[: min(chunk, content.size - pos)]], pos)
                 if got <= 0:
                     break
                 pos += got

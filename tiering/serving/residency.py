@@ -113,7 +113,7 @@ def authoritative_stat(rec: FileRecord, tier: Tier) -> Stat | None:
     another size): such a read is not kept. An object-store tier's copy is checked by the ETag
     the catalog recorded, which every load of it is pinned to.
     """
-    if tier.local_root is None:
+    if tier.capabilities.pinned_reads:
         return Stat(size=rec.size, mtime_ns=0, version=rec.etag or "", etag=rec.etag)
     try:
         now = tier.stat(rec.relpath)

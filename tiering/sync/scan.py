@@ -12,20 +12,27 @@ tiers (``host`` is this host) and on shared ones (object stores, no host). Anoth
 are on disks this host cannot see, so their absence here says nothing; a relpath this host finds
 on its own tier while another host holds its record is reported as a conflict and left alone
 (relpaths are unique across the fleet, and adopting it would take the other host's record).
+
+A scan holds a bounded amount, however many files there are (a bucket of millions of objects):
+every tier walks in relpath order and the catalog is read in relpath order a page at a time, so
+one merge of those streams meets each relpath once, with its places and its record, and
+decisions are applied in batches as it goes. Only the report grows, with the drift it names.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
-from tiering.checksum import hash_fd
+from tiering.checksum import CHUNK, Hasher
 from tiering.errors import TierdError
-from tiering.tiers import Tier, Tiers, WalkEntry
+from tiering.tiers import Source, Tier, WalkEntry
 
 __all__ = ["ScanReport", "owned_by_this_host", "reconcile_paths", "scan"]
 
@@ -78,7 +85,7 @@ class ScanReport:
 
 
 Place = tuple[Tier, WalkEntry]
-BATCH = 256  # files hashed, then recorded in one catalog transaction
+BATCH = 256  # files hashed, then recorded in one catalog transaction; records read at a time
 # A record adopted this recently, never read, is taken for the new name of a file that vanished
 # with the same content (the events of one rename can arrive in two passes).
 RENAME_WINDOW_S = 120.0
@@ -92,12 +99,23 @@ def _hash(tier: Tier, relpath: str) -> NewFile:
     its bytes records their checksum (the move hashes as it copies).
     """
     with tier.open(relpath) as src:
-        if src.fd >= 0:
-            checksum: str | None = hash_fd(src.fd, src.size)
-        else:
-            checksum = src.stat.checksum
         st = src.stat
+        checksum = _checksum(src) if tier.capabilities.local_files else st.checksum
     return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag)
+
+
+def _checksum(src: Source) -> str:
+    """Checksum of the source's first ``size`` bytes: those its stat (the record) describes."""
+    h = Hasher()
+    buf = memoryview(bytearray(min(CHUNK, src.size)))
+    offset = 0
+    while offset < src.size:
+        n = src.readinto(buf[: min(CHUNK, src.size - offset)], offset)
+        if n == 0:
+            break
+        h.update(buf[:n])
+        offset += n
+    return h.value()
 
 
 def _listed(tier: Tier, entry: WalkEntry) -> NewFile | None:
@@ -136,17 +154,30 @@ def owned_by_this_host(catalog: Catalog) -> Callable[[FileRecord], bool]:
 
 class _Reconciler:
     """Decides per relpath, and applies the decisions in batches (one transaction per batch,
-    so adopting 10,000 files costs tens of commits, not 10,000)."""
+    so adopting 10,000 files costs tens of commits, not 10,000). It holds at most a batch of
+    each kind of decision: new files and vanished ones are matched as renames a batch at a
+    time, and a rename whose halves fall in two batches is still found (the vanished record
+    is ``missing`` by then, or the new one was adopted moments ago: see
+    :meth:`_match_renames`)."""
 
-    def __init__(self, catalog: Catalog, tiers: Tiers, report: ScanReport, *, check: bool) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        tiers: Iterable[Tier],
+        report: ScanReport,
+        *,
+        check: bool,
+        batch: int = BATCH,
+    ) -> None:
         self.catalog = catalog
         self.ours = owned_by_this_host(catalog)
-        self.tiers = tiers
+        self.tiers = {t.name: t for t in tiers}
         self.report = report
         self.check = check
+        self.batch = batch
         self.busy = catalog.busy_file_ids()
         self._place: list[Place] = []
-        self._adopt: list[Place] = []  # held to the end: they may be renames of gone files
+        self._adopt: list[Place] = []  # new files: each may be the new name of a gone one
         self._gone: list[FileRecord] = []
 
     def __call__(self, relpath: str, places: list[Place], rec: FileRecord | None) -> None:
@@ -161,7 +192,10 @@ class _Reconciler:
         if not places:
             if rec is not None and rec.state != FileState.MISSING:
                 report.missing.append(relpath)
-                self._gone.append(rec)
+                if not self.check:
+                    self._gone.append(rec)
+                    if len(self._gone) >= self.batch:
+                        self._settle()
             return
         if len(places) > 1:
             self._conflict(relpath, places, rec)
@@ -187,9 +221,11 @@ class _Reconciler:
             return
         if rec is None:
             self._adopt.append((tier, entry))
+            if len(self._adopt) >= self.batch:
+                self._settle()
             return
         self._place.append((tier, entry))
-        if len(self._place) >= BATCH:
+        if len(self._place) >= self.batch:
             self._flush_places()
 
     def _conflict(self, relpath: str, places: list[Place], rec: FileRecord | None) -> None:
@@ -255,7 +291,8 @@ class _Reconciler:
         """
         # Empty files all look alike: only files with bytes are matched.
         gone = {r.id: r for r in self._gone if r.checksum and r.size > 0}
-        for batch in (self._adopt[i : i + BATCH] for i in range(0, len(self._adopt), BATCH)):
+        step = self.batch
+        for batch in (self._adopt[i : i + step] for i in range(0, len(self._adopt), step)):
             fresh = []
             for new in self._hash_all(batch):
                 if new.size == 0:
@@ -294,7 +331,7 @@ class _Reconciler:
                 ),
                 None,
             )
-            if successor is None or self.tiers.get(successor.tier).stat(successor.relpath) is None:
+            if successor is None or self.tiers[successor.tier].stat(successor.relpath) is None:
                 continue
             new = NewFile(
                 successor.relpath,
@@ -310,55 +347,96 @@ class _Reconciler:
         renamed_away = {o for o, _ in self.report.renamed}
         self._gone = [r for r in self._gone if r.relpath not in renamed_away]
 
+    def _settle(self) -> None:
+        """Match the held new and vanished files as renames, record the rest (new ones
+        adopted, vanished ones ``missing``), and let go of them."""
+        self._match_renames()
+        if self._gone:
+            ids = [r.id for r in self._gone]
+            self.catalog.set_state(ids, FileState.MISSING, "not found on disk")
+            self._gone.clear()
+
     def finish(self) -> ScanReport:
         if not self.check:
             self._flush_places()
-            self._match_renames()
-            if self._gone:
-                ids = [r.id for r in self._gone]
-                self.catalog.set_state(ids, FileState.MISSING, "not found on disk")
+            self._settle()
         else:
             self.report.adopted.sort()
-        self.report.missing = sorted(
-            r for r in self.report.missing if r not in {o for o, _ in self.report.renamed}
-        )
-        self.report.adopted = sorted(
-            r for r in self.report.adopted if r not in {n for _, n in self.report.renamed}
-        )
+        old_names = {o for o, _ in self.report.renamed}
+        new_names = {n for _, n in self.report.renamed}
+        self.report.missing = sorted(r for r in self.report.missing if r not in old_names)
+        self.report.adopted = sorted(r for r in self.report.adopted if r not in new_names)
         self.report.finished_at = time.time()
         return self.report
 
 
 def scan(
     catalog: Catalog,
-    tiers: Tiers,
+    tiers: Iterable[Tier],
     *,
     check: bool = False,
     max_files_per_s: float | None = None,
+    batch: int = BATCH,
 ) -> ScanReport:
-    """Walk every tier root and bring the catalog in line with it (or, with ``check``, report).
+    """Walk every tier and bring the catalog in line with it (or, with ``check``, report).
 
     Only this host's records are reconciled (see the module's docstring). Files with an open
-    migration belong to the mover and are left alone. ``max_files_per_s``
-    paces the pass so a background reconcile does not stall loads.
+    migration belong to the mover and are left alone. ``max_files_per_s`` paces the pass so a
+    background reconcile does not stall loads. The walks and the catalog are streamed and
+    decisions applied ``batch`` files at a time (see the module's docstring).
     """
-    on_disk: dict[str, list[Place]] = defaultdict(list)
-    for tier in tiers:
-        for entry in tier.walk():
-            on_disk[entry.relpath].append((tier, entry))
-    records: dict[str, FileRecord] = {r.relpath: r for r in catalog.all()}
-    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)
+    tiers = list(tiers)
+    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check, batch=batch)
     pace = _Pacer(max_files_per_s)
-    for relpath in sorted(on_disk.keys() | records.keys()):
-        reconcile(relpath, on_disk.get(relpath, []), records.get(relpath))
+    for relpath, places, rec in _merged(catalog, tiers, batch):
+        reconcile(relpath, places, rec)
         pace()
     return reconcile.finish()
 
 
+def _merged(
+    catalog: Catalog, tiers: Iterable[Tier], batch: int
+) -> Iterator[tuple[str, list[Place], FileRecord | None]]:
+    """Every relpath on a tier or in the catalog, once and in order, with where it is and its
+    record: the tiers' walks and the catalog's pages merged as they stream."""
+    streams = [_in_order(f"tier {t.name}", _places(t)) for t in tiers]
+    streams.append(_in_order("the catalog", ((r.relpath, r) for r in catalog.by_relpath(batch))))
+    for relpath, group in groupby(heapq.merge(*streams, key=itemgetter(0)), key=itemgetter(0)):
+        places: list[Place] = []
+        rec: FileRecord | None = None
+        for _, item in group:
+            if isinstance(item, FileRecord):
+                rec = item
+            else:
+                places.append(item)
+        yield relpath, places, rec
+
+
+def _places(tier: Tier) -> Iterator[tuple[str, Place | FileRecord]]:
+    for entry in tier.walk():
+        yield entry.relpath, (tier, entry)
+
+
+def _in_order(
+    what: str, items: Iterator[tuple[str, Place | FileRecord]]
+) -> Iterator[tuple[str, Place | FileRecord]]:
+    """``items`` as they come, refusing one out of relpath order: the merge would take a file
+    that is there for one that is gone."""
+    last: str | None = None
+    for item in items:
+        if last is not None and item[0] <= last:
+            raise TierdError(
+                f"{what} listed {item[0]!r} after {last!r}, out of relpath order; scan stopped"
+            )
+        last = item[0]
+        yield item
+
+
 def reconcile_paths(
-    catalog: Catalog, tiers: Tiers, relpaths: Iterable[str], *, check: bool = False
+    catalog: Catalog, tiers: Iterable[Tier], relpaths: Iterable[str], *, check: bool = False
 ) -> ScanReport:
     """Reconcile just these relpaths (what the watcher calls for the paths events named)."""
+    tiers = list(tiers)
     wanted = sorted(set(relpaths))
     records = catalog.find_many(wanted)
     reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)

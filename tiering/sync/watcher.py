@@ -154,7 +154,8 @@ class TierWatcher:
         self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
         self._spy = _OverflowSpy(self)
-        self._local = [(t, t.local_root) for t in tiers if t.local_root is not None]
+        watched = ((t, t.watch_root()) for t in tiers)
+        self._local = [(t, root) for t, root in watched if root is not None]
         self._roots = sorted(
             ((str(root.resolve()), t) for t, root in self._local), key=lambda rt: -len(rt[0])
         )

@@ -3,7 +3,9 @@
 A tier is one implementation of :class:`Tier`'s few primitives (open for ranged reads, stat,
 walk, write then publish, remove, space): :class:`DirectoryTier` for a local directory,
 ``ObjectTier`` for an S3-protocol bucket prefix. Moves, recovery, scan, uploads and loads use
-only those primitives.
+only those primitives, and ask a tier what it can do (:class:`Capabilities`: shared origin or
+this host's own, holds copies, local files, direct GPU reads, reads pinned to an ETag) rather
+than which backend it is.
 
 :class:`MemoryTier` is no Tier: it caches copies of files in pinned host memory above them,
 and never holds a file of its own.
@@ -11,6 +13,8 @@ and never holds a file of its own.
 
 from tiering.tiers._base import (
     UNBOUNDED,
+    Capabilities,
+    LocalFile,
     Published,
     Source,
     Space,
@@ -29,10 +33,12 @@ __all__ = [
     "start_writeback",
     "KINDS",
     "UNBOUNDED",
+    "Capabilities",
     "DirectorySource",
     "DirectoryTier",
     "DirectoryWriter",
     "FillCancelled",
+    "LocalFile",
     "MemoryEntry",
     "MemoryTier",
     "Published",

@@ -14,6 +14,10 @@ Every backend keeps the same promises, which the shared test suite (``tests/tier
 - a removal with ``version`` removes nothing unless the name still holds that version, so a
   move or its recovery only deletes what it can prove is the copy it made or moved;
 - a :class:`Stat`'s ``version`` tells two files at one name apart.
+
+Callers ask a tier what it can do (:class:`Capabilities`, :meth:`Source.local_file`), never
+which backend it is: outside this package no code compares a tier's ``kind`` (a test of the
+layout checks it).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from tiering.config import TierConfig
-from tiering.errors import FileNotFound, InvalidPath
+from tiering.errors import FileNotFound, InvalidPath, TierdError
 from tiering.ranges import RangeReader
 
 __all__ = [
     "UNBOUNDED",
+    "Capabilities",
+    "LocalFile",
     "Published",
     "Source",
     "Space",
@@ -43,6 +49,35 @@ __all__ = [
 #: ``Space.free`` of a backend that sets no limit of its own (an object store): a quota, when
 #: configured, is then the only bound.
 UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a tier can do. Callers ask these, never which backend a tier is."""
+
+    #: One origin for every host of a fleet (a bucket): its files are no host's own, and on a
+    #: shared catalog they stay on it (hosts keep copies instead of moving them).
+    shared: bool = False
+    #: Can keep this host's copies of shared files beneath it (:meth:`Tier.copies`).
+    holds_copies: bool = False
+    #: Its sources are local files (:meth:`Source.local_file`): cheap to hash, a page cache to
+    #: warm, changes the watcher sees (:meth:`Tier.watch_root`).
+    local_files: bool = False
+    #: GPUDirect Storage can read its files straight into GPU memory (where the host has it).
+    direct_gpu: bool = False
+    #: Every read is conditional on the version (ETag) the catalog recorded, so that version
+    #: vouches for the bytes without a request to the store.
+    pinned_reads: bool = False
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A source's bytes as a local file: ``fd`` is the source's own descriptor (valid while the
+    source is open; a caller that keeps the file duplicates it), ``path`` names the file (its
+    tier, messages) and is never reopened by a caller that has ``fd``."""
+
+    fd: int
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -115,19 +150,23 @@ class Published:
 class Source(abc.ABC):
     """A file opened for ranged reads; it keeps reading the bytes it opened.
 
-    A directory source reads through its fd (``fd`` >= 0), so a rename or unlink of the path
-    does not change what it serves. An object source reads with ``If-Match`` on the ETag it
-    opened, so it never mixes two versions.
+    A directory source reads through its fd, so a rename or unlink of the path does not
+    change what it serves. An object source reads with ``If-Match`` on the ETag it opened, so
+    it never mixes two versions.
     """
 
     relpath: str
     stat: Stat
-    #: A local file descriptor, or -1 when the bytes are not in a local file.
-    fd: int = -1
 
     @property
     def size(self) -> int:
         return self.stat.size
+
+    # A source gives its own fast path: a local file, or a range reader of remote bytes.
+    def local_file(self) -> LocalFile | None:
+        """The bytes as a local file (the fast path: a file the I/O engines open by its fd),
+        or None when they are not in one; reads then go through :meth:`readinto`."""
+        return None
 
     @property
     def ranges(self) -> RangeReader | None:
@@ -233,11 +272,13 @@ class Writer(abc.ABC):
 class Tier(abc.ABC):
     """One tier. ``rank`` 0 is the fastest.
 
-    Subclasses set :attr:`kind` and implement the abstract primitives; :meth:`probe` is built
-    on them.
+    Subclasses set :attr:`kind` (a name for people and reports: callers never branch on it)
+    and :attr:`capabilities`, and implement the abstract primitives; :meth:`probe` is built on
+    them.
     """
 
     kind: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
     def __init__(self, config: TierConfig, rank: int) -> None:
         self.name = config.name
@@ -253,10 +294,17 @@ class Tier(abc.ABC):
     def location(self) -> str:
         """Where the tier is, for people: a path or a URL, never a credential."""
 
-    @property
-    def local_root(self) -> Path | None:
-        """The directory the tier's files are in, for backends that are one (watcher, GDS)."""
+    def watch_root(self) -> Path | None:
+        """The local directory whose filesystem events show changes to the tier's files (the
+        watcher watches it), or None: changes are then found by a paced reconcile."""
         return None
+
+    def copies(self) -> Tier:
+        """Where this host keeps copies of shared files beneath this tier, as a tier of its own
+        (named like this one; its names are copy names, never relpaths of this tier, and its
+        files are never this tier's). Only for tiers that can (``capabilities.holds_copies``).
+        """
+        raise TierdError(f"tier {self.name} cannot hold copies of shared files")
 
     # -- life --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -296,7 +344,9 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def walk(self) -> Iterator[WalkEntry]:
-        """Every file of the tier, skipping tierd's temp names and names it cannot serve."""
+        """Every file of the tier, skipping tierd's temp names and names it cannot serve, in
+        relpath order (of code points, which is UTF-8 byte order), lazily: scan merges the
+        walks of every tier with the catalog in one pass of bounded memory."""
 
     @abc.abstractmethod
     def writer(
@@ -314,7 +364,9 @@ class Tier(abc.ABC):
         name raises :class:`~tiering.errors.AlreadyExists`, as does opening the writer when
         the name exists already). ``temp_stem`` names the temp (a move's intent), so
         :meth:`remove_temp` can find it after a crash. ``checksum``: the content checksum the
-        bytes must have, stored with the file where the backend can (object metadata).
+        bytes must have: :meth:`Writer.publish` refuses other bytes with
+        :class:`~tiering.errors.IntegrityError` (publishing nothing), and backends that keep
+        metadata store it with the file (object metadata).
         """
 
     @abc.abstractmethod

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
-from tiering.tiers._base import Source, Space, Stat, Tier, WalkEntry
+from tiering.tiers._base import Capabilities, LocalFile, Source, Space, Stat, Tier, WalkEntry
 from tiering.tiers._dirwriter import DirectoryWriter, stat_of
 from tiering.tiers.paths import (
     RESERVED_DIR,
@@ -44,6 +44,11 @@ def _beneath_error(exc: OSError, relpath: str) -> Exception:
     return exc
 
 
+def _sort_key(entry: os.DirEntry[str]) -> str:
+    """A directory sorts as its name and ``/``, where the relpaths of its files do."""
+    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
+
+
 class DirectorySource(Source):
     """A file opened beneath a directory tier; reads go through its fd."""
 
@@ -53,6 +58,9 @@ class DirectorySource(Source):
         self.fd = fd
         self.st = st
         self.stat = stat_of(st)
+
+    def local_file(self) -> LocalFile | None:
+        return LocalFile(self.fd, self.tier.root / self.relpath) if self.fd >= 0 else None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         total = 0
@@ -86,12 +94,14 @@ class DirectoryTier(Tier):
     """A tier rooted at a local directory."""
 
     kind = "directory"
+    capabilities = Capabilities(holds_copies=True, local_files=True, direct_gpu=True)
 
     def __init__(self, config: TierConfig, rank: int) -> None:
         super().__init__(config, rank)
         if config.path is None:
             raise ValueError(f"tier {config.name!r} is a directory tier and needs a path")
         self.root = Path(config.path)
+        self._copies: DirectoryTier | None = None
 
     @property
     def location(self) -> str:
@@ -99,11 +109,32 @@ class DirectoryTier(Tier):
 
     @property
     def local_root(self) -> Path:
+        """The root (this backend's own; callers elsewhere ask :attr:`capabilities`)."""
         return self.root
 
+    def watch_root(self) -> Path:
+        return self.root
+
+    def copies(self) -> DirectoryTier:
+        """The reserved directory ``.tierd-copies`` beneath the root (which :meth:`walk` and
+        :meth:`temps` skip), as a directory tier: copies are written, published, opened and
+        swept through its primitives like any file."""
+        if self._copies is None:
+            cfg = TierConfig(self.name, path=self.root / RESERVED_DIR)
+            self._copies = DirectoryTier(cfg, self.rank)
+        return self._copies
+
     def check(self) -> None:
+        """Create the root (durably: its entry is fsynced into its parent) and check that this
+        process may use it."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            if not self.root.is_dir():
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.root.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             raise TierUnavailable(
                 f"tier {self.name}: cannot create its directory {self.root}: {exc.strerror}",
@@ -118,9 +149,6 @@ class DirectoryTier(Tier):
 
     def reachable(self) -> bool:
         return self.root.is_dir() and os.access(self.root, os.R_OK | os.W_OK | os.X_OK)
-
-    def ensure_root(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def space(self) -> Space:
         du = shutil.disk_usage(self.root)
@@ -225,7 +253,9 @@ class DirectoryTier(Tier):
         temp_stem: str | None = None,
         checksum: str | None = None,
     ) -> DirectoryWriter:
-        return DirectoryWriter(self, relpath, overwrite=overwrite, limit=limit, temp_stem=temp_stem)
+        return DirectoryWriter(
+            self, relpath, overwrite=overwrite, limit=limit, temp_stem=temp_stem, checksum=checksum
+        )
 
     def remove(
         self,
@@ -283,32 +313,38 @@ class DirectoryTier(Tier):
 
     # -- walking -----------------------------------------------------------------------------
     def walk(self) -> Iterator[WalkEntry]:
-        """Every regular file under the root, skipping symlinks, tierd's temp files and its
-        reserved copies directory (cached copies, not files of the tier)."""
-        stack = [""]
-        while stack:
-            prefix = stack.pop()
-            try:
-                it = os.scandir(self.root / prefix if prefix else self.root)
-            except OSError as exc:
-                log.warning("cannot list %s in tier %s: %s", prefix or "/", self.name, exc)
+        """Every regular file under the root in relpath order, skipping symlinks, tierd's temp
+        files and its reserved copies directory (cached copies, not files of the tier).
+
+        One directory's entries are listed and sorted at a time (a directory sorts by its name
+        and ``/``, so its files come where their relpaths do); the walk holds only those of
+        the directories it is inside.
+        """
+        return self._walk_dir("")
+
+    def _walk_dir(self, prefix: str) -> Iterator[WalkEntry]:
+        try:
+            with os.scandir(self.root / prefix if prefix else self.root) as it:
+                listed = [(_sort_key(e), e) for e in it]
+        except OSError as exc:
+            log.warning("cannot list %s in tier %s: %s", prefix or "/", self.name, exc)
+            return
+        listed.sort(key=lambda ke: ke[0])
+        for key, entry in listed:
+            rel = f"{prefix}/{entry.name}" if prefix else entry.name
+            if key.endswith("/"):
+                if rel != RESERVED_DIR:
+                    yield from self._walk_dir(rel)
                 continue
-            with it:
-                for entry in it:
-                    rel = f"{prefix}/{entry.name}" if prefix else entry.name
-                    if entry.is_dir(follow_symlinks=False):
-                        if rel != RESERVED_DIR:
-                            stack.append(rel)
-                        continue
-                    if not entry.is_file(follow_symlinks=False) or is_temp_name(entry.name):
-                        continue
-                    try:
-                        validate_relpath(rel)
-                        st = entry.stat(follow_symlinks=False)
-                    except (InvalidPath, OSError) as exc:
-                        log.warning("skipping %r in tier %s: %s", rel, self.name, exc)
-                        continue
-                    yield WalkEntry(rel, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+            if not entry.is_file(follow_symlinks=False) or is_temp_name(entry.name):
+                continue
+            try:
+                validate_relpath(rel)
+                st = entry.stat(follow_symlinks=False)
+            except (InvalidPath, OSError) as exc:
+                log.warning("skipping %r in tier %s: %s", rel, self.name, exc)
+                continue
+            yield WalkEntry(rel, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
     def temps(self) -> Iterator[tuple[str, str]]:
         """``(relpath, stem)`` of tierd's temp files under the root.

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Protocol, cast
 
-from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
+from tiering.errors import AlreadyExists, InsufficientSpace, IntegrityError, TierdError
 from tiering.tiers._base import Published, Stat, Tier, Writer
 from tiering.tiers._writeback import WRITEBACK_STEP, start_writeback
 from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
@@ -74,7 +74,9 @@ class DirectoryWriter(Writer):
     temp_stem:
         Distinguishes temp names (``.<stem>.tierd-tmp``); random when not given.
     checksum:
-        Not stored: a directory keeps no metadata, and the catalog holds the checksum.
+        The checksum the bytes must have: :meth:`publish` refuses others with
+        :class:`IntegrityError` and removes the temp. (A directory keeps no metadata to store
+        it in; the catalog holds it.)
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class DirectoryWriter(Writer):
         self.relpath = relpath
         self.overwrite = overwrite
         self.limit = limit
+        self.expected = checksum
         dirs, self.name = split_relpath(relpath)
         self.temp_name = f".{temp_stem or 'w-' + secrets.token_hex(8)}{TEMP_SUFFIX}"
         self.size = 0
@@ -200,6 +203,13 @@ class DirectoryWriter(Writer):
         """fsync, publish under the final name without clobbering, fsync the directory."""
         if self._fd is None:
             raise TierdError("publish after publish or abort")
+        if self.expected is not None and self.checksum != self.expected:
+            self.abort()
+            raise IntegrityError(
+                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
+                f"not {self.expected}; nothing was published",
+                path=self.relpath,
+            )
         st = self.sync()
         fd, self._fd = self._fd, None
         os.close(fd)

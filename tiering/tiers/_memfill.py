@@ -57,9 +57,10 @@ def read_whole(
     hasher = Hasher()
     view = out.data.cast("B")
     size = len(view)
-    if source.fd >= 0 and size >= PARALLEL_MIN and threads > 1:
+    local = source.local_file() is not None  # cheap positioned reads: no read-ahead needed
+    if local and size >= PARALLEL_MIN and threads > 1:
         _parallel(source, view, hasher, cancel, throttle, progress, chunk, threads)
-    elif source.fd >= 0:
+    elif local:
         pos = 0
         while pos < size:
             _check(cancel)

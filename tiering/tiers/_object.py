@@ -26,7 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.config import TierConfig
 from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
-from tiering.tiers._base import UNBOUNDED, Space, Stat, Tier, WalkEntry
+from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry
 from tiering.tiers._object_io import ObjectSource, ObjectWriter
 from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
 from tiering.tiers._store import MiB, S3Store
@@ -67,6 +67,7 @@ class ObjectTier(Tier):
     """
 
     kind = "object"
+    capabilities = Capabilities(shared=True, pinned_reads=True)
 
     def __init__(
         self,
@@ -185,7 +186,8 @@ class ObjectTier(Tier):
 
     def walk(self) -> Iterator[WalkEntry]:
         """Every object under the prefix, skipping directory markers, tierd's temp and probe
-        names, and keys that are not valid relpaths (with a warning)."""
+        names, and keys that are not valid relpaths (with a warning). A listing comes in UTF-8
+        byte order of the keys, a page at a time: relpath order, lazily, as walk promises."""
         pfx = self.store.key_prefix()
         pages = self.store.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=pfx

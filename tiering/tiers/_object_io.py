@@ -60,7 +60,6 @@ class ObjectSource(Source):
         self.relpath = relpath
         self.key = key
         self.stat = stat
-        self.fd = -1
         self._ranges = ObjectRanges(store, key, stat)
 
     @property
