@@ -66,11 +66,12 @@ _KEEP = 2
 class PeerReads:
     """This host's reads of its peers' bytes: the credential, one HTTP client and pool of
     connections, the peers avoided for bad pieces, and what was received (for metrics).
-    One per loader; thread-safe; :meth:`close` at the end."""
+    One per loader; thread-safe; :meth:`close` at the end. ``db()`` is the catalog's database
+    (asked at each read: an engine opens its catalog after its loader is made)."""
 
     def __init__(
         self,
-        db: Database,
+        db: Callable[[], Database],
         *,
         host_id: str,
         token: str,
@@ -100,13 +101,14 @@ class PeerReads:
     def sources(self, rec: FileRecord) -> list[tuple[str, str]]:
         """(host id, URL) of every up peer holding the whole of ``rec``'s generation, in the
         order this host asks them (see the module docstring); none avoided now."""
-        (located,) = locate(Hosts(self.db), Copies(self.db), [rec], timeout_s=self.host_timeout_s)
+        db = self.db()
+        (located,) = locate(Hosts(db), Copies(db), [rec], timeout_s=self.host_timeout_s)
         up = {p.host_id: p.address for p in located.places if p.state == UP and p.address}
         best: dict[str, int] = {}
         for p in located.places:
             if p.kind in _WARMTH and p.host_id in up:
                 best[p.host_id] = min(best.get(p.host_id, 9), _WARMTH[p.kind])
-        pieces = Pieces(self.db)
+        pieces = Pieces(db)
         digests = pieces.map(rec.id, rec.generation)
         if digests is not None:
             for h in pieces.holdings(rec.id, rec.generation):
@@ -125,7 +127,8 @@ class PeerReads:
         peers = self.sources(rec)
         if not peers:
             return None
-        return PeerRanges(self, rec, peers, Pieces(self.db).map(rec.id, rec.generation), fallback)
+        pieces = Pieces(self.db()).map(rec.id, rec.generation)
+        return PeerRanges(self, rec, peers, pieces, fallback)
 
     # -- bookkeeping (any thread) ---------------------------------------------------------------
     def _avoided(self, host: str, now: float) -> bool:

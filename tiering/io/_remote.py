@@ -261,9 +261,7 @@ class RemoteReads:
             ok = True
         finally:
             seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok, source)
-        return IoReport(
-            nbytes, file.io_path, file.tier_key, seconds, engine=engine, source=source
-        )
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine, source=source)
 
     def _by_kvikio(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int

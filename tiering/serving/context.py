@@ -63,7 +63,7 @@ class LoadContext:
         cfg = engine.config
         self.peers = (
             PeerReads(
-                engine.catalog.db,
+                lambda: engine.catalog.db,
                 host_id=cfg.host_id,
                 token=cfg.fleet_token,
                 host_timeout_s=cfg.host_timeout_s,
