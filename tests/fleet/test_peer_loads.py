@@ -101,8 +101,16 @@ def test_loads_read_a_peers_copy_even_with_the_bucket_down(
             rec["id"], generation=rec["generation"], size=len(data), piece_size=MiB,
             algorithm=ALGORITHM, digests=digests, host="host-0",
         )  # fmt: skip
+        # Host 2 is half way through a fill of it: locate shows how far.
+        Pieces(db).mark(rec["id"], host="host-2", generation=rec["generation"], verified=[0, 3])
     finally:
         db.dispose()
+    with h1.client() as c1:
+        [doc] = c1.get("/v1/fleet/locate", params={"path": "llm/a.bin"}).json()["files"]
+    assert doc["pieces"] == [
+        {"host_id": "host-2", "address": h2.url, "state": "up", "pieces": 2, "total": 4,
+         "complete": False}
+    ]  # fmt: skip
 
     # Host 1 holds nothing: it loads host 0's copy, and the bucket sends it nothing.
     origin = _metric(h1, ORIGIN)
