@@ -98,9 +98,10 @@ class PeerReads:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
 
-    def sources(self, rec: FileRecord) -> list[tuple[str, str]]:
-        """(host id, URL) of every up peer holding the whole of ``rec``'s generation, in the
-        order this host asks them (see the module docstring); none avoided now."""
+    def sources(self, rec: FileRecord, digests: PieceDigests | None) -> list[tuple[str, str]]:
+        """(host id, URL) of every up peer holding the whole of ``rec``'s generation (whose
+        piece map is ``digests``, if recorded), in the order this host asks them (see the
+        module docstring); none avoided now."""
         db = self.db()
         (located,) = locate(Hosts(db), Copies(db), [rec], timeout_s=self.host_timeout_s)
         up = {p.host_id: p.address for p in located.places if p.state == UP and p.address}
@@ -108,10 +109,8 @@ class PeerReads:
         for p in located.places:
             if p.kind in _WARMTH and p.host_id in up:
                 best[p.host_id] = min(best.get(p.host_id, 9), _WARMTH[p.kind])
-        pieces = Pieces(db)
-        digests = pieces.map(rec.id, rec.generation)
         if digests is not None:
-            for h in pieces.holdings(rec.id, rec.generation):
+            for h in Pieces(db).holdings(rec.id, rec.generation):
                 if h.pieces == digests.count and h.host in up:
                     best.setdefault(h.host, _WARMTH["pieces"])
         now = time.time()
@@ -124,10 +123,10 @@ class PeerReads:
     ) -> PeerRanges | None:
         """A reader of ``rec``'s generation from its peers, or None when no peer holds it.
         ``fallback`` opens the file on its bucket, for what no peer gives."""
-        peers = self.sources(rec)
+        pieces = Pieces(self.db()).map(rec.id, rec.generation)
+        peers = self.sources(rec, pieces)
         if not peers:
             return None
-        pieces = Pieces(self.db()).map(rec.id, rec.generation)
         return PeerRanges(self, rec, peers, pieces, fallback)
 
     # -- bookkeeping (any thread) ---------------------------------------------------------------
