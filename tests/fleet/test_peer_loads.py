@@ -20,8 +20,11 @@ from tests.conftest import wait_for
 from tests.fleet.procs import TierdProcess, fleet_of
 from tests.s3_faults import FaultProxy
 from tierd_client import Client
+from tiering.catalog import FileRecord
 from tiering.catalog.db import Database
 from tiering.catalog.pieces import Pieces
+from tiering.errors import FileChanged
+from tiering.fleet.peerreader import PeerRanges, PeerReads
 from tiering.fleet.pieces import ALGORITHM, digest, spans
 from tiering.tiers.paths import RESERVED_DIR
 
@@ -85,7 +88,11 @@ RECEIVED = 'tierd_peer_bytes_received_total{use="load"}'
 
 
 def test_loads_read_a_peers_copy_even_with_the_bucket_down(
-    three: list[TierdProcess], pg_url: str, fault_proxy: FaultProxy
+    three: list[TierdProcess],
+    pg_url: str,
+    fault_proxy: FaultProxy,
+    s3_client: Any,
+    s3_bucket: str,
 ) -> None:
     h0, h1, h2 = three
     _prefetch_on(h0, "host-0")
@@ -149,3 +156,24 @@ def test_loads_read_a_peers_copy_even_with_the_bucket_down(
     assert _load(h1, "llm/a.bin")[1] == data
     assert _metric(h1, "tierd_peer_bad_pieces_total") == 1
     assert _metric(h1, ORIGIN) - origin == MiB  # the bad piece alone came from the bucket
+
+    # b.bin is overwritten and rescanned: a reader opened at its old generation is refused by
+    # the peer that still has the old bytes (409), and raises FileChanged, never old bytes.
+    with h1.client() as c1:
+        old = c1.get("/v1/files/lookup", params={"path": "llm/b.bin"}).json()
+        s3_client.put_object(Bucket=s3_bucket, Key="models/llm/b.bin", Body=os.urandom(5000))
+        assert c1.post("/v1/scan").status_code == 200
+        now = c1.get("/v1/files/lookup", params={"path": "llm/b.bin"}).json()["generation"]
+        assert now > old["generation"]
+    stale = FileRecord(id=old["id"], relpath="llm/b.bin", size=5000, mtime_ns=0,
+                       generation=old["generation"])  # fmt: skip
+    db = Database(pg_url)
+    reads = PeerReads(lambda: db, host_id="host-1", token=TOKEN, host_timeout_s=30.0)
+    try:
+        reader = PeerRanges(reads, stale, [("host-2", h2.url)], None, None)
+        with pytest.raises(FileChanged):
+            reader.readinto(memoryview(bytearray(5000)), 0)
+        assert reads.bytes_received == 0
+    finally:
+        reads.close()
+        db.dispose()
