@@ -179,6 +179,7 @@ class _StateCollector(Collector):
             jobs.add_metric([target, state], n)
         yield jobs
         yield from self._memory()
+        yield from self._fleet()
         try:
             usage = self.engine.catalog.usage()
             phases = self.engine.journal.phase_counts()
@@ -250,6 +251,37 @@ class _StateCollector(Collector):
         for reason, n in sorted(memory.tier.drops.items()):
             drops.add_metric([memory.name, reason], n)
         yield drops
+
+    def _fleet(self) -> Iterator[Metric]:
+        # Bytes between this host and the fleet: what came from peers (tierd_peer_bytes_served
+        # counts what went to them), and what the shared tiers' origin (the bucket) sent this
+        # host, whatever read it: the number a fleet distribution is there to keep down.
+        origin = CounterMetricFamily(
+            "tierd_origin_bytes_read",
+            "Bytes this host read from a shared tier's origin (the bucket), by tier: loads, "
+            "promotions and copies alike",
+            labels=["tier"],
+        )
+        for tier in self.engine.tiers:
+            if tier.capabilities.shared:
+                origin.add_metric([tier.name], tier.origin_bytes_read())
+        yield origin
+        peers = self.loader.peers
+        if peers is None:
+            return
+        received = CounterMetricFamily(
+            "tierd_peer_bytes_received",
+            "Bytes this host received from other hosts of its fleet (GET /v1/peer/content), "
+            "checked against the piece digests where the catalog has them, by use (load)",
+            labels=["use"],
+        )
+        received.add_metric(["load"], peers.bytes_received)
+        yield received
+        yield CounterMetricFamily(
+            "tierd_peer_bad_pieces",
+            "Pieces from peers that failed their digest (dropped, the peer avoided a while)",
+            value=peers.bad_pieces,
+        )
 
     def _tier_limits(self) -> Iterator[Metric]:
         # The policy's quota and high watermark per tier, so alerts can compare them with

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.schemas import iso
-from tiering.fleet import FleetHost, HostPlace, Located
 from tiering.fleet.jobstate import JobInfo, TaskInfo
+from tiering.fleet.view import FleetHost, HostPieces, HostPlace, Located
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = [
@@ -129,6 +129,26 @@ class PlaceOut(BaseModel):
         )
 
 
+class HostPiecesOut(BaseModel):
+    host_id: str
+    address: str
+    state: State
+    pieces: int = Field(description="Pieces of the current generation this host has verified")
+    total: int = Field(description="Pieces of the current generation")
+    complete: bool = Field(description="The host has verified every piece")
+
+    @classmethod
+    def of(cls, h: HostPieces) -> HostPiecesOut:
+        return cls(
+            host_id=h.host_id,
+            address=h.address,
+            state="up" if h.state == "up" else "down",
+            pieces=h.pieces,
+            total=h.total,
+            complete=h.pieces >= h.total,
+        )
+
+
 class LocatedFileOut(BaseModel):
     id: int
     path: str
@@ -137,6 +157,12 @@ class LocatedFileOut(BaseModel):
     tier: str = Field(description="The tier of its authoritative bytes")
     host: str | None = Field(description="The host whose tier that is (None: a shared tier)")
     places: list[PlaceOut] = Field(description="Every place a host has it, warmest first")
+    pieces: list[HostPiecesOut] = Field(
+        default_factory=list,
+        description="During a fleet distribution: each host's verified pieces of the current "
+        "generation (partial while its fill runs), most first; empty when no host has recorded "
+        "the generation's piece map",
+    )
 
     @classmethod
     def of(cls, loc: Located) -> LocatedFileOut:
@@ -149,6 +175,7 @@ class LocatedFileOut(BaseModel):
             tier=r.tier,
             host=r.host,
             places=[PlaceOut.of(p) for p in loc.places],
+            pieces=[HostPiecesOut.of(h) for h in loc.pieces],
         )
 
 

@@ -292,7 +292,8 @@ class LeaseOut(BaseModel):
     gbps: float | None = Field(description="GB/s of the read (10**9 bytes per second)")
     source: str | None = Field(
         description="Where the bytes came from: gpu (a copy on this GPU; for cpu, on a GPU), "
-        "peer (another GPU), memory (host memory), page_cache, storage (cold) or object_store"
+        "peer (another GPU, or another host of the fleet), memory (host memory), page_cache, "
+        "storage (cold) or object_store"
     )
     read_only: bool = Field(
         description="Shared with other leases (shared=true loads, gpu prefetches): never write it"

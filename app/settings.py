@@ -373,6 +373,7 @@ class Settings(BaseSettings):
             advertise_url=self.advertise_url or f"http://{socket.gethostname()}:{self.port}",
             heartbeat_interval_s=self.heartbeat_interval_s,
             host_timeout_s=self.host_timeout_s,
+            fleet_token=self.fleet_token,
         )
 
     def fleet_worker_config(self) -> FleetWorkerConfig:

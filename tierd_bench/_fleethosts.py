@@ -47,12 +47,14 @@ class FleetBenchFailed(RuntimeError):
 
 @dataclass
 class Host:
-    """One started tierd: its host id, data directory, URL and a client of its API."""
+    """One started tierd: its host id, data directory, URL, a client of its API, and its
+    process id (for the fault run's kill)."""
 
     host_id: str
     root: Path
     url: str
     http: httpx.Client
+    pid: int = 0
 
     def ok(self, r: httpx.Response, *, want: int = 200) -> Any:
         """``r``'s JSON body, or :class:`FleetBenchFailed` naming the host if not ``want``."""
@@ -163,14 +165,14 @@ def started(
         hosts = []
         for h, cm, fut in zip(ids, servers, started, strict=True):
             try:
-                base, _pid = fut.result()
+                base, pid = fut.result()
             except BaseException as exc:  # the others were started: they are stopped below
                 failed = failed or exc
                 continue
             stack.push(cm)
             auth = {"Authorization": f"Bearer {token}"}
             http = stack.enter_context(httpx.Client(base_url=base, timeout=600, headers=auth))
-            hosts.append(Host(h, work / h, base, http))
+            hosts.append(Host(h, work / h, base, http, pid))
         if failed is not None:
             raise failed
         first = hosts[0]

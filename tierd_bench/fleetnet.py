@@ -16,7 +16,9 @@ origin's own access log (nginx's ``$bytes_sent``, headers included), not from ti
 Reported per count: the warm time, its ratio to one host's and to the origin-cap ceiling (the
 model's bytes at the origin's rate: what a fleet that read the bucket once could reach), the
 origin's bytes as a multiple of the model, and each host's GB/s. Targets are issue 26's (8
-hosts within 1.5x one host's time; the origin sending at most 1.1x the model).
+hosts within 1.5x one host's time; the origin sending at most 1.1x the model). Last, the
+largest count's distribution again with a serving peer killed -9 mid-transfer
+(:mod:`._fleetfault`): the others' warm time and the origin's bytes (at most 2x the model).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from tiering.serving.fleetjobs import FleetWorkerConfig
 
 from ._datafiles import workdir
+from ._fleetfault import ORIGIN_FAULT_TARGET, fault_run
 from ._fleethosts import (
     Fleet,
     FleetBenchFailed,
@@ -152,6 +155,8 @@ def run(
                 started(org, pg_url, work, counts[-1], poll, say, net.hosts if net else None)
             )
             _measure(fleet, size, shards, counts, runs, seconds, sent, say)
+            # Last: the killed host stays down.
+            fault = fault_run(fleet, size, shards, counts[-1], say) if counts[-1] > 1 else None
             desc = org.description
     except (NoScratchDatabase, OriginUnavailable) as exc:
         raise FleetBenchUnavailable(str(exc)) from exc
@@ -170,6 +175,7 @@ def run(
         "poll_interval_s": poll,
         "seconds": {str(n): v for n, v in seconds.items()},
         "origin_bytes": {str(n): v for n, v in sent.items()},
+        "fault": fault,
         "checked": fleet.checked,
     }
     return _report(setup, seconds, sent)
@@ -254,4 +260,29 @@ def _report(
             )
         )
         report.add(BenchRow(f"host_{n}_gbps", "  per host", size / t / 1e9, "GB/s"))
+    fault = setup["fault"]
+    if fault is not None:
+        n = fault["hosts"]
+        killed = f"{fault['killed']} killed -9" if fault["killed"] else "nobody killed"
+        report.add(
+            BenchRow(
+                "fault_warm_s",
+                f"{n} hosts, a serving peer killed mid-transfer ({killed}): the others, until done",
+                fault["seconds"],
+                "s",
+                note=fault["why"],
+            )
+        )
+        report.compare("fault_warm_s", f"warm_{n}_s")
+        ratio = fault["origin_bytes"] / size
+        report.add(
+            BenchRow(
+                "fault_origin_x",
+                "  origin bytes (its access log) / model bytes",
+                ratio,
+                "x",
+                target=f"<= {ORIGIN_FAULT_TARGET:g}x",
+                met=ratio <= ORIGIN_FAULT_TARGET,
+            )
+        )
     return report

@@ -87,6 +87,9 @@ class EngineConfig:
     advertise_url: str = ""
     heartbeat_interval_s: float = 5.0
     host_timeout_s: float = 30.0
+    # The fleet credential this host sends on peer reads (its loads and fills taking bytes from
+    # other hosts); None: it reads no peer's bytes (and, in the app, serves none).
+    fleet_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)

@@ -130,6 +130,8 @@ NET_ROWS = [
     "ceiling_s",
     *(f"{k}_{n}_{u}" for n in (1, 2) for k, u in
       (("warm", "s"), ("warm", "ceiling_x"), ("origin", "x"), ("host", "gbps"))),
+    "fault_warm_s",
+    "fault_origin_x",
 ]  # fmt: skip
 
 
@@ -187,8 +189,17 @@ def _network_doc(report: Any, counts: tuple[int, ...]) -> dict[str, Any]:
         assert doc["setup"]["origin_bytes"][str(n)][0] >= n * size
         assert doc["rows"][f"warm_{n}_s"]["value"] > 0
     assert doc["rows"]["warm_2_s"]["vs"] == "warm_1_s"
-    # The warm-up's one shard on both hosts, then both shards on 1 host and on 2.
-    assert doc["setup"]["checked"]["copies"] == 2 + (1 + 2) * 2
+    # The fault run: the same distribution to 2 hosts, the second killed once the job is a
+    # fifth done (or nobody, if it ended first); each host read from the bucket (today's
+    # baseline), so the origin sent the model once to the first host and up to once more.
+    fault = doc["setup"]["fault"]
+    assert fault["hosts"] == 2 and fault["killed"] in ("bench-host-1", None), fault
+    assert doc["rows"]["fault_warm_s"]["vs"] == "warm_2_s"
+    assert 1 <= doc["rows"]["fault_origin_x"]["value"] < 2.2
+    survivors = 1 if fault["killed"] else 2
+    # The warm-up's one shard on both hosts, then both shards on 1 host and on 2, then on the
+    # fault run's survivors.
+    assert doc["setup"]["checked"]["copies"] == 2 + (1 + 2) * 2 + 2 * survivors
     return doc
 
 

@@ -7,12 +7,21 @@ from tiering.fleet.heartbeat import (
     default_address,
     host_database,
 )
-from tiering.fleet.view import FleetHost, FleetTier, HostPlace, Located, fleet_hosts, locate
+from tiering.fleet.view import (
+    FleetHost,
+    FleetTier,
+    HostPieces,
+    HostPlace,
+    Located,
+    fleet_hosts,
+    locate,
+)
 
 __all__ = [
     "FleetHost",
     "FleetTier",
     "Heartbeat",
+    "HostPieces",
     "HostPlace",
     "Located",
     "adopt_local_records",

@@ -11,9 +11,7 @@ A peer answers with the piece, or says why not in a way the receiver acts on:
 - :class:`~tiering.fleet.pieces.BadPiece`: the bytes arrived but do not match the digest;
   drop them, avoid the peer a while (:class:`~tiering.fleet.pieces.Avoid`), fetch elsewhere.
 
-Not wired into fills or loads yet: a fill that takes pieces from several sources, and a peer
-range reader for loads, are built on this once the copies room and the one range-read
-interface settle.
+Loads read peers through :class:`tiering.fleet.peerreader.PeerRanges`, built on these.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from tiering.catalog.pieces import PieceDigests
 from tiering.errors import Conflict, Unavailable
 from tiering.fleet.pieces import piece_span, verify
 
-__all__ = ["NotHeld", "PeerFailed", "StaleGeneration", "fetch_piece"]
+__all__ = ["NotHeld", "PeerFailed", "StaleGeneration", "fetch_piece", "fetch_range"]
 
 ROUTE = "/v1/peer/content"
 GENERATION_HEADER = "x-tierd-generation"
@@ -63,15 +61,38 @@ def fetch_piece(
     """Piece ``index`` of ``pieces``' generation of ``path`` from the peer at URL ``peer``,
     verified against its digest (see the module docstring for what is raised)."""
     offset, length = piece_span(index, pieces.size, pieces.piece_size)
+    data = fetch_range(
+        client, peer, token, path, pieces.generation, offset, length, what=f"piece {index}"
+    )
+    verify(pieces, index, data)
+    return data
+
+
+def fetch_range(
+    client: httpx.Client,
+    peer: str,
+    token: str,
+    path: str,
+    generation: int,
+    offset: int,
+    length: int,
+    *,
+    what: str = "",
+) -> bytes:
+    """Bytes ``[offset, offset + length)`` of ``generation`` of ``path`` from the peer at URL
+    ``peer``, exactly ``length`` of them, as the peer vouches for them (its verified copy):
+    unchecked here, for a receiver with no piece map (see the module docstring for what is
+    raised)."""
     headers = {"Authorization": f"Bearer {token}"}
     if length:
         headers["Range"] = f"bytes={offset}-{offset + length - 1}"
-    params: dict[str, str | int] = {"path": path, "generation": pieces.generation}
+    params: dict[str, str | int] = {"path": path, "generation": generation}
     try:
         r = client.get(peer.rstrip("/") + ROUTE, params=params, headers=headers)
     except httpx.HTTPError as exc:
         raise PeerFailed(f"peer {peer}: {exc}", peer=peer) from exc
-    where = f"peer {peer}, {path!r} at generation {pieces.generation}, piece {index}"
+    what = what or f"bytes {offset}+{length}"
+    where = f"peer {peer}, {path!r} at generation {generation}, {what}"
     if r.status_code == 409:
         current = _error(r).get("generation")
         raise StaleGeneration(
@@ -81,13 +102,14 @@ def fetch_piece(
     if r.status_code == 404 and _error(r).get("code") == "not_held":
         raise NotHeld(f"{where}: not held there", peer=peer)
     want = 206 if length else 200
-    if r.status_code != want or r.headers.get(GENERATION_HEADER) != str(pieces.generation):
+    if r.status_code != want or r.headers.get(GENERATION_HEADER) != str(generation):
         raise PeerFailed(
             f"{where}: answered {r.status_code} ({_error(r).get('code', 'no error code')})",
             peer=peer,
             status=r.status_code,
         )
-    verify(pieces, index, r.content)
+    if len(r.content) != length:
+        raise PeerFailed(f"{where}: {len(r.content)} bytes, not {length}", peer=peer)
     return r.content
 
 

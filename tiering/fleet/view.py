@@ -5,7 +5,9 @@ What each host's tiers are comes from its own heartbeat report; where a file is 
 the file's record (its tier, and the host whose own tier that is when it is host-local) and
 from the copies table (cached copies in a host's memory tier, or on one of its directory
 tiers: a copy of a shared file, see :mod:`tiering.copies.hostcopies`). A file on a shared
-tier (an object store) is held by every host that has that tier, as its coldest place.
+tier (an object store) is held by every host that has that tier, as its coldest place. During
+a distribution, each host's verified pieces of the current generation (the piece holdings,
+see :mod:`tiering.catalog.pieces`) show how far it is.
 """
 
 from __future__ import annotations
@@ -16,13 +18,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 
 from tiering.catalog import Copies, FileRecord, FileState
 from tiering.catalog.hosts import HostInfo, Hosts
-from tiering.catalog.models import Copy
+from tiering.catalog.models import Copy, PieceHolding, PieceMap
 
-__all__ = ["FleetHost", "FleetTier", "HostPlace", "Located", "fleet_hosts", "locate"]
+__all__ = [
+    "FleetHost",
+    "FleetTier",
+    "HostPieces",
+    "HostPlace",
+    "Located",
+    "fleet_hosts",
+    "locate",
+]
 
 UP, DOWN = "up", "down"
 
@@ -70,11 +80,25 @@ class HostPlace:
 
 
 @dataclass(frozen=True)
+class HostPieces:
+    """How many of the ``total`` pieces of a file's current generation one host has verified
+    (its piece holding: whole once ``pieces == total``, partial while a fill runs)."""
+
+    host_id: str
+    address: str
+    state: str
+    pieces: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Located:
-    """Every place of one file, warmest first (up hosts before down ones at equal warmth)."""
+    """Every place of one file, warmest first (up hosts before down ones at equal warmth), and
+    every host's verified pieces of its current generation, most first."""
 
     record: FileRecord
     places: list[HostPlace] = field(default_factory=list)
+    pieces: list[HostPieces] = field(default_factory=list)
 
 
 def _report(h: HostInfo) -> dict[str, Any]:
@@ -138,6 +162,32 @@ def _copies_of(copies: Copies, file_ids: Sequence[int]) -> dict[int, list[Copy]]
     return out
 
 
+def _pieces_of(
+    copies: Copies, file_ids: Sequence[int]
+) -> dict[int, list[tuple[PieceHolding, int]]]:
+    """Every host's piece holding of these files with its generation's piece count, by file
+    (a query per 500 files)."""
+    out: dict[int, list[tuple[PieceHolding, int]]] = {}
+    with copies.db.read() as s:
+        for i in range(0, len(file_ids), 500):
+            q = (
+                select(PieceHolding, PieceMap.size, PieceMap.piece_size)
+                .join(
+                    PieceMap,
+                    and_(
+                        PieceMap.file_id == PieceHolding.file_id,
+                        PieceMap.generation == PieceHolding.generation,
+                    ),
+                )
+                .where(PieceHolding.file_id.in_(file_ids[i : i + 500]))
+                .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
+            )
+            for h, size, piece_size in s.execute(q):
+                total = max(1, -(-int(size) // int(piece_size)))
+                out.setdefault(h.file_id, []).append((h, total))
+    return out
+
+
 def locate(
     hosts: Hosts,
     copies: Copies,
@@ -150,12 +200,14 @@ def locate(
 
     A copy of another generation than the record's is stale and not counted; a host that has
     a copy is listed once per place (a memory copy and its own tier are both shown). A record
-    marked missing has no place on its tier. Reads only: a query for the hosts and one per
-    500 records for the copies.
+    marked missing has no place on its tier. Piece holdings of the current generation are
+    listed apart (``pieces``): a host with some pieces of a file has no place of it yet. Reads
+    only: a query for the hosts and two per 500 records (copies, piece holdings).
     """
     now = time.time() if now is None else now
     infos = {h.host_id: h for h in hosts.all()}
     held = _copies_of(copies, [r.id for r in records])
+    pieces = _pieces_of(copies, [r.id for r in records])
     ranks: dict[str, dict[str, tuple[int, bool]]] = {}
     for hid, h in infos.items():
         ranks[hid] = {
@@ -190,5 +242,13 @@ def locate(
                 if rank_shared is not None and rank_shared[1]:
                     places.append(add(hid, "object_store", rec.tier, rank_shared[0]))
         places.sort(key=lambda p: (p.warmth(), p.state != UP, p.host_id))
-        out.append(Located(rec, places))
+        counts = []
+        for holding, total in pieces.get(rec.id, []):
+            if holding.generation == rec.generation:  # an old generation's serve no one
+                info = infos.get(holding.host)
+                address, state = (
+                    ("", DOWN) if info is None else (info.address, _state(info, now, timeout_s))
+                )
+                counts.append(HostPieces(holding.host, address, state, holding.pieces, total))
+        out.append(Located(rec, places, counts))
     return out

@@ -245,7 +245,8 @@ class RemoteReads:
     def read(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> IoReport:
         """Read ``segments`` of ``file`` into flat uint8 ``dst``; counted as one operation."""
         nbytes = sum(n for _, n, _ in segments)
-        started = self._stats.begin(file.io_path, file.tier_key, "object_store")
+        source = file.ranges.source  # object_store, or peer: another host of the fleet
+        started = self._stats.begin(file.io_path, file.tier_key, source)
         ok = False
         engine = "python"
         try:
@@ -259,12 +260,8 @@ class RemoteReads:
                     self._to_device(file, dst, segments)
             ok = True
         finally:
-            seconds = self._stats.end(
-                file.io_path, file.tier_key, started, nbytes, ok, "object_store"
-            )
-        return IoReport(
-            nbytes, file.io_path, file.tier_key, seconds, engine=engine, source="object_store"
-        )
+            seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok, source)
+        return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine, source=source)
 
     def _by_kvikio(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int

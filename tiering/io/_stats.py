@@ -39,9 +39,10 @@ LoadSource = Literal["gpu", "peer", "memory", "page_cache", "storage", "object_s
 """Where a read's bytes came from, fastest first.
 
 ``gpu``: a copy already on the target GPU (or, for a ``cpu`` target, on a GPU). ``peer``: a
-copy on another GPU of the host, copied over NVLink or PCIe. ``memory``: a memory tier's
-pinned host copy. ``page_cache``: a local file whose pages were cached (reads of 1 MiB or less
-are not probed and count here). ``storage``: a local file read cold from its disk.
+copy held by a peer: another GPU of the host, copied over NVLink or PCIe (I/O path ``copy``),
+or another host of the fleet, read over its peer route (I/O path ``remote``). ``memory``: a
+memory tier's pinned host copy. ``page_cache``: a local file whose pages were cached (reads of
+1 MiB or less are not probed and count here). ``storage``: a local file read cold from its disk.
 ``object_store``: ranged GETs of an object-store tier.
 """
 

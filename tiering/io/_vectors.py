@@ -127,7 +127,7 @@ class Vectors:
         io_path: IoPath = "host"
         source: LoadSource = "page_cache"
         if isinstance(file, RemoteFile):
-            io_path, source = file.io_path, "object_store"
+            io_path, source = file.io_path, file.ranges.source
             fill = self._transfer.remote.row_filler(file, row)
         elif isinstance(file, CopyFile):
             io_path, source = file.io_path, file.source

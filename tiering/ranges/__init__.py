@@ -1,7 +1,8 @@
 """Ranges of remote bytes: the one interface the data path reads them through.
 
 :class:`RangeReader` is what a source of remote bytes implements (an object store's ranged
-GETs in :mod:`tiering.tiers`, and next a peer tierd host); :class:`KvikioRanges` reads any
+GETs in :mod:`tiering.tiers`, a peer tierd host's ``/v1/peer/content`` in
+:mod:`tiering.fleet.peerreader`); :class:`KvikioRanges` reads any
 reader that serves a URL through KvikIO's ``RemoteFile``, where :class:`KvikioReads` decides
 it wins. Tiers hand their reader out as ``Source.ranges``; ``tiering.io`` uses only this room.
 """

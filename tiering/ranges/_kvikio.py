@@ -190,7 +190,9 @@ class KvikioRanges(RangeReader):
     def pread(self, buf: Any, nbytes: int, offset: int) -> Any:
         """Start reading ``nbytes`` at ``offset`` into ``buf``: KvikIO's future (``get()``
         returns the bytes read, or raises)."""
-        return self.handle().pread(buf, nbytes, offset)
+        future = self.handle().pread(buf, nbytes, offset)
+        self.inner.read_by_url(nbytes)
+        return future
 
     def get(self, view: memoryview, offset: int) -> None:
         self.start(view, offset).result()

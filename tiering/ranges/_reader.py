@@ -15,12 +15,12 @@ everything else (a promotion's read-ahead, a load's parallel segments, KvikIO's
   bytes, so KvikIO's ``RemoteFile`` can read them (:mod:`tiering.ranges._kvikio`), and
   :meth:`~RangeReader.check_unchanged` for after such a read, which could not be pinned.
 
-**A peer source** fits without touching ``tiering.io``: its ``get`` is a ranged
-``GET /v1/files/{id}/content`` on the peer (206, with the version it serves checked against
-:attr:`version`), ``url`` that same address (KvikIO reads it as plain HTTP, so ``serves_url``
-is True), ``check_unchanged`` one request asking the peer whether it still holds that
-version. Its :class:`~tiering.tiers.Source` returns it from ``Source.ranges``; ``io`` then reads
-it as it reads an object.
+**A peer source** fits without touching ``tiering.io``
+(:class:`tiering.fleet.peerreader.PeerRanges`): its ``get`` is a ranged
+``GET /v1/peer/content`` on a peer, for the generation it was opened at, each piece checked
+against the catalog's piece digests; it serves no URL (KvikIO could not check the digests),
+and its :attr:`source` is ``peer``. Its :class:`~tiering.tiers.Source` returns it from
+``Source.ranges``; ``io`` then reads it as it reads an object.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 __all__ = ["Pending", "RangeReader", "settle"]
 
@@ -72,6 +72,9 @@ class RangeReader(abc.ABC):
 
     #: Whether :meth:`url` hands out a URL that KvikIO's ``RemoteFile`` can open.
     serves_url: ClassVar[bool] = False
+    #: Where a load of these bytes says they came from (its ``source``): a bucket's
+    #: ``object_store``, or ``peer`` for another host of the fleet.
+    source: ClassVar[Literal["object_store", "peer"]] = "object_store"
 
     def __init__(
         self, name: str, size: int, version: str, *, pool: Executor, part_size: int
@@ -112,6 +115,10 @@ class RangeReader(abc.ABC):
         """A plain HTTP URL that serves any ``Range`` of the bytes opened, valid for
         ``expires_s`` seconds (only where :attr:`serves_url`)."""
         raise NotImplementedError(f"{type(self).__name__} serves no URL")
+
+    def read_by_url(self, nbytes: int) -> None:  # noqa: B027 - a reader that counts nothing
+        """``nbytes`` of these bytes were read through :meth:`url` (KvikIO), not :meth:`get`:
+        for a reader that counts what it reads from its origin."""
 
     def check_unchanged(self) -> None:  # noqa: B027 - a reader whose every read is pinned
         """Raise :class:`~tiering.errors.FileChanged` unless the bytes opened are still

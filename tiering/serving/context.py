@@ -18,6 +18,7 @@ from typing import Any
 from tiering.catalog import FileRecord, FileState
 from tiering.engine import Engine
 from tiering.errors import BackendUnavailable, InvalidDevice, InvalidInput
+from tiering.fleet.peerreader import PeerReads, PeerSource
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
 from tiering.io._device import import_cupy
 from tiering.io.bufferpool import BufferPool
@@ -25,6 +26,7 @@ from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation
 from tiering.serving.residency import Residency
+from tiering.tiers import Stat
 
 __all__ = ["LoadContext", "fill", "flat"]
 
@@ -57,6 +59,18 @@ class LoadContext:
         #: Who may hold copies of files in memory, asked in order before a file is read from
         #: its tier (the GPU residency first, then the memory tier; see serving.held).
         self.holders: list[Holder] = [self.residency]
+        #: Reads of shared files from other hosts of the fleet (with the fleet credential).
+        cfg = engine.config
+        self.peers = (
+            PeerReads(
+                lambda: engine.catalog.db,
+                host_id=cfg.host_id,
+                token=cfg.fleet_token,
+                host_timeout_s=cfg.host_timeout_s,
+            )
+            if cfg.fleet_token
+            else None
+        )
 
     def _record_access(self, file_id: int) -> None:
         assert self.engine.access is not None
@@ -69,6 +83,8 @@ class LoadContext:
             self._storages.clear()
         for s in storages:
             s.close()
+        if self.peers is not None:
+            self.peers.close()
 
     # -- devices -----------------------------------------------------------------------------
     def device(self, spec: str | Device) -> Device:
@@ -129,8 +145,9 @@ class LoadContext:
 
         A copy held in memory (see :mod:`tiering.serving.held`) is read instead when one is
         current, else this host's current copy of a fleet's origin file on its own directory
-        tier: ``copies`` is ``"any"``, ``"host"`` (gathers, which need host rows) or
-        ``"none"``.
+        tier, else another host's verified copy of it (:mod:`tiering.fleet.peerreader`: the
+        bucket only for what no peer gives): ``copies`` is ``"any"``, ``"host"`` (gathers,
+        which need host rows) or ``"none"``.
 
         A source that is a local file is opened through the descriptor its tier opened beneath
         the root (its reads get the tier's I/O path: GDS, KvikIO, host). Any other source
@@ -152,6 +169,12 @@ class LoadContext:
                 return
         if copies != "none" and self.engine.host_copies is not None:
             opened = self._open_disk_copy(file_id, storage)
+            if opened is not None:
+                with opened:
+                    yield opened, file_id
+                return
+        if copies != "none" and self.peers is not None:
+            opened = self._open_peer(file_id, storage, self.peers)
             if opened is not None:
                 with opened:
                     yield opened, file_id
@@ -228,6 +251,38 @@ class LoadContext:
         else:
             with src:  # the file keeps a duplicate of the descriptor
                 f = storage.open_file(local.path, fd=local.fd)
+        assert self.engine.access is not None
+        self.engine.access.record(file_id)
+        return f
+
+    def _open_peer(
+        self, file_id: int, storage: GpuDirectStorage, peers: PeerReads
+    ) -> GdsFile | None:
+        """A fleet's shared file read from the peers that hold its current generation whole
+        (see :mod:`tiering.fleet.peerreader`), opened for ``storage`` as a remote file of its
+        tier; counts one access. None: not a shared file, or no peer holds it."""
+        rec = self.engine.catalog.get(file_id)  # not cached: a peer serves only the current
+        if rec.host is not None or rec.state not in (FileState.STABLE, FileState.MIGRATING):
+            return None
+        tier = self.engine.tiers.get(rec.tier)
+        if not tier.capabilities.shared:
+            return None
+        known = Stat(rec.size, rec.mtime_ns, rec.etag or "", checksum=rec.checksum)
+        try:
+            ranges = peers.open(
+                rec, fallback=lambda: tier.open(rec.relpath, etag=rec.etag, known=known)
+            )
+        except Exception as exc:  # peers are a faster way, never the only one: the bucket
+            log.warning("no peer read of %s: %s", rec.relpath, exc)
+            return None
+        if ranges is None:
+            return None
+        source = PeerSource(rec, ranges)
+        try:
+            f = storage.open_source(source, tier=tier.name, rank=tier.rank)  # it owns source
+        except BaseException:
+            source.close()
+            raise
         assert self.engine.access is not None
         self.engine.access.record(file_id)
         return f

@@ -28,6 +28,7 @@ import numpy as np
 
 from tiering.catalog import FileRecord
 from tiering.engine import Engine
+from tiering.fleet.peerreader import PeerReads
 from tiering.io import Device, GpuDirectStorage, IoReport
 from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef, LoaderConfig, Observer
@@ -84,6 +85,11 @@ class Loader:
     def residency(self) -> Residency:
         """The read-only copies of shared loads and GPU prefetches, by content."""
         return self._ctx.residency
+
+    @property
+    def peers(self) -> PeerReads | None:
+        """Loads' reads from other hosts of the fleet (None without a fleet credential)."""
+        return self._ctx.peers
 
     @property
     def observer(self) -> Observer | None:

@@ -306,6 +306,11 @@ class Tier(abc.ABC):
         """
         raise TierdError(f"tier {self.name} cannot hold copies of shared files")
 
+    def origin_bytes_read(self) -> int:
+        """Bytes this process read from the tier's remote origin (a bucket's ranged reads,
+        whatever read them); 0 for a tier of local files."""
+        return 0
+
     # -- life --------------------------------------------------------------------------------
     @abc.abstractmethod
     def check(self) -> None:

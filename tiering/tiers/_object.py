@@ -109,6 +109,9 @@ class ObjectTier(Tier):
         url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         return f"{url} at {self.endpoint_url}" if self.endpoint_url else url
 
+    def origin_bytes_read(self) -> int:
+        return self.store.bytes_read
+
     # -- life --------------------------------------------------------------------------------
     def check(self) -> None:
         """Write and delete a probe object under the prefix, so a bad configuration fails at

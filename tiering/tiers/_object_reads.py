@@ -37,6 +37,10 @@ class ObjectRanges(RangeReader):
 
     def get(self, view: memoryview, offset: int) -> None:
         self.store.get_into(self.key, self.version, view, offset)
+        self.store.count_read(len(view))
+
+    def read_by_url(self, nbytes: int) -> None:
+        self.store.count_read(nbytes)
 
     def url(self, expires_s: int) -> str:
         """A presigned GET URL of the object, valid for ``expires_s`` seconds.

@@ -109,6 +109,9 @@ class S3Store:
             read_timeout=read_timeout,
         )
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix=f"tierd-s3-{config.name}")
+        #: Bytes read from the bucket by ranged reads (loads, promotions, fills), for metrics.
+        self.bytes_read = 0
+        self._count_lock = threading.Lock()
         # Ranged GETs through obstore where it is installed (a third of botocore's CPU per
         # byte, see tiering.tiers._obstore), unless the tier asked for botocore by name.
         self._obstore = obstore_module() if read_engine != "boto3" else None
@@ -172,6 +175,11 @@ class S3Store:
             checksum=head.get("Metadata", {}).get(META_CHECKSUM),
             etag=etag,
         )
+
+    def count_read(self, nbytes: int) -> None:
+        """Add ``nbytes`` read from the bucket to :attr:`bytes_read`."""
+        with self._count_lock:
+            self.bytes_read += nbytes
 
     def get_into(self, key: str, version: str, view: memoryview, start: int) -> None:
         """Fill ``view`` with the bytes at ``start`` of ``key`` at ETag ``version``.
