@@ -87,6 +87,10 @@ class EngineConfig:
     advertise_url: str = ""
     heartbeat_interval_s: float = 5.0
     host_timeout_s: float = 30.0
+    # The fleet credential peer reads carry (None: fills read the bucket, nothing from peers),
+    # and K: the most hosts reading one file generation from the bucket at once.
+    fleet_token: str | None = None
+    origin_readers: int = 1
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)

@@ -6,7 +6,10 @@ file's authority elsewhere (the bucket, another host):
 
 - its copy in the memory tier (filled and checked against the catalog);
 - its copy on one of its directory tiers (a host copy, checked when filled);
-- the file itself, when the file lives on a tier of this host.
+- the file itself, when the file lives on a tier of this host;
+- the pieces its fill of a host copy has verified and written so far (relay: a chain or tree
+  of hosts streams at once), from the fill's temp, only of the generation being filled, and
+  only a range whose every piece is verified (else 404 ``not_held``: ask another source).
 
 The generation is the receiver's promise about which bytes it wants: a file at another
 generation in the catalog is refused with 409 ``generation_mismatch`` (the catalog's current
@@ -71,8 +74,9 @@ _HEADERS = {
     },
     SOURCE_HEADER: {
         "required": True,
-        "description": "Where on this host the bytes come from: memory, copy or tier",
-        "schema": {"type": "string", "enum": ["memory", "copy", "tier"]},
+        "description": "Where on this host the bytes come from: memory, copy, tier, or the "
+        "verified pieces of a fill in flight (filling)",
+        "schema": {"type": "string", "enum": ["memory", "copy", "tier", "filling"]},
     },
 }
 BYTES: Responses = {
@@ -166,6 +170,25 @@ def _held(engine: Engine, rec: FileRecord) -> _Held | None:
     return None
 
 
+def _filling(engine: Engine, rec: FileRecord, range_header: str | None) -> _Held | None:
+    """The asked range of ``rec``'s generation from this host's fill in flight, when every
+    piece it touches is verified (read now, so the fill may end while the body streams)."""
+    copies = engine.host_copies
+    fill = copies.filling(rec.id) if copies is not None else None
+    if fill is None or fill.generation != rec.generation or rec.size == 0:
+        return None
+    start, end = (0, rec.size) if range_header is None else parse_range(range_header, rec.size)
+    data = fill.read_range(start, end)
+    if data is None:
+        return None
+
+    def chunks(s: int, e: int) -> Iterator[bytes]:
+        yield data[s - start : e - start]
+
+    # The body is exactly the range read: the route below asks for that same range again.
+    return _Held("filling", rec.size, chunks, lambda: None)
+
+
 @router.get(
     "/content",
     dependencies=[require_fleet],
@@ -194,7 +217,7 @@ def peer_content(
             generation=rec.generation,
             asked=generation,
         )
-    held = _held(engine, rec)
+    held = _held(engine, rec) or _filling(engine, rec, request.headers.get("range"))
     if held is None:
         return error_response(
             404, "not_held", f"this host holds no verified bytes of {path!r} at {generation}"
