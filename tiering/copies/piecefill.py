@@ -46,7 +46,7 @@ from tiering.catalog.hosts import Hosts
 from tiering.catalog.pieces import PieceDigests, Pieces
 from tiering.config import EngineConfig
 from tiering.errors import FileChanged, IntegrityError
-from tiering.fleet.peerfetch import PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.peerfetch import NotHeld, PeerFailed, StaleGeneration, fetch_piece
 from tiering.fleet.pieces import (
     ALGORITHM,
     PIECE_SIZE,
@@ -62,8 +62,12 @@ __all__ = ["FleetFills", "PieceFill", "reset_holdings", "write_from_pieces"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds a peer that failed (down, refused, not holding) is skipped before it is asked again.
+#: Seconds a peer that failed (down, refused) is skipped before it is asked again; its pieces
+#: no other peer has go to the bucket meanwhile.
 PEER_RETRY_S = 1.0
+#: Seconds a peer that answered it does not hold a piece (yet: its catalog row ran ahead, or
+#: its copy is between publish and record) is skipped; its pieces wait for it.
+NOT_HELD_S = 0.2
 #: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
 POLL_S = 0.05
 
@@ -168,7 +172,9 @@ class PieceFill:
             raise FileChanged(f"{rec.relpath!r} changed before it was copied")
         self.map = m
         missing = set(range(m.count))
-        avoid, down = Avoid(), Avoid(base_s=PEER_RETRY_S, max_s=PEER_RETRY_S)
+        avoid = Avoid()
+        down = Avoid(base_s=PEER_RETRY_S, max_s=PEER_RETRY_S)
+        later = Avoid(base_s=NOT_HELD_S, max_s=NOT_HELD_S)
         inflight: dict[Future[None], tuple[int, str | None]] = {}
         limits = httpx.Limits(max_connections=f.workers, max_keepalive_connections=f.workers)
         with (
@@ -179,14 +185,14 @@ class PieceFill:
                 while missing:
                     if self._stop():
                         raise FillCancelled
-                    self._schedule(missing, inflight, pool, http, avoid, down)
+                    self._schedule(missing, inflight, pool, http, avoid, down, later)
                     if not inflight:
                         time.sleep(POLL_S)
                         continue
                     done, _ = wait(list(inflight), timeout=POLL_S * 4, return_when=FIRST_COMPLETED)
                     for fut in done:
                         index, peer = inflight.pop(fut)
-                        self._settle(fut, index, peer, missing, avoid, down)
+                        self._settle(fut, index, peer, missing, avoid, down, later)
             finally:
                 for fut in inflight:
                     fut.cancel()
@@ -200,6 +206,7 @@ class PieceFill:
         http: httpx.Client,
         avoid: Avoid,
         down: Avoid,
+        later: Avoid,
     ) -> None:
         f, rec, now = self.fleet, self.rec, time.time()
         room = f.workers - len(inflight)
@@ -219,9 +226,10 @@ class PieceFill:
         taken = {i for i, _ in inflight.values()}
         todo = [i for i in sorted(missing - taken) if m.has_digest(i)]
         up = [h for h in alive if not down.avoided(h, now)]
+        asked = [h for h in up if not later.avoided(h, now)]
         plan = plan_sources(
             todo, holdings, me=f.host, generation=self.generation, now=now, busy=busy,
-            avoid=avoid, per_peer=f.per_peer, up=up,
+            avoid=avoid, per_peer=f.per_peer, up=asked,
         )  # fmt: skip
         plan.update({i: None for i in sorted(missing - taken) if not m.has_digest(i)})
         claimers = [
@@ -240,24 +248,26 @@ class PieceFill:
             if peer is None and m.has_digest(index) and any(h.has(index) for h in able):
                 continue  # its holders are busy: wait for one rather than read the bucket
             if peer is None:
-                if not self._may_read_origin(claimers, now):
-                    continue  # a live claimer reads it: wait for it to land there
+                if not self.claimed:
+                    # Claim, then plan again from the catalog as it is now: pieces a claimer
+                    # that just finished released may be on peers already.
+                    self._claim(claimers, now)
+                    return
                 fut = pool.submit(self._from_origin, index)
             else:
                 fut = pool.submit(self._from_peer, http, peer, alive[peer], index)
             inflight[fut] = (index, peer)
             room -= 1
 
-    def _may_read_origin(self, claimers: list[str], now: float) -> bool:
-        """Whether this host reads from the bucket now: it holds a claim (renewed here), or
-        fewer than K live hosts do and it takes one."""
+    def _claim(self, claimers: list[str], now: float) -> None:
+        """Take a claim on reading the bucket when fewer than K live hosts hold one."""
         f = self.fleet
-        if not self.claimed and len(claimers) < f.origin_readers:
+        if len(claimers) < f.origin_readers:
             self.claimed = f.pieces.claim_origin(
                 self.rec.id, host=f.host, generation=self.generation, readers=f.origin_readers,
                 ttl_s=f.origin_ttl_s, now=now,
             )  # fmt: skip
-        return self.claimed
+            log.debug("fill of %r: bucket claimed: %s", self.rec.relpath, self.claimed)
 
     def _settle(
         self,
@@ -267,6 +277,7 @@ class PieceFill:
         missing: set[int],
         avoid: Avoid,
         down: Avoid,
+        later: Avoid,
     ) -> None:
         try:
             fut.result()
@@ -278,6 +289,9 @@ class PieceFill:
             if peer is None:
                 raise
             avoid.bad_piece(peer, time.time())  # dropped: fetched again elsewhere
+            return
+        except NotHeld:
+            later.bad_piece(peer or "", time.time())
             return
         except PeerFailed:
             down.bad_piece(peer or "", time.time())
@@ -321,6 +335,8 @@ class PieceFill:
         offset, _ = piece_span(index, m.size, m.piece_size)
         if data:
             self.writer.write_at(offset, memoryview(data))
+        with self._cond:  # servable here before the catalog tells anyone it is
+            self._verified.add(index)
         f = self.fleet
         after = f.pieces.land(
             self.rec.id, host=f.host, generation=self.generation, index=index, digest=d,
@@ -329,7 +345,6 @@ class PieceFill:
         if after is None:
             raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
         with self._cond:
-            self._verified.add(index)
             self.by_source[source] += len(data)
         if self._sources is not None:
             self._sources(source, len(data))
