@@ -17,6 +17,11 @@ generation in the catalog is refused with 409 ``generation_mismatch`` (the catal
 ones nor new ones to a receiver that checks them against an old piece map. A file this host
 holds no verified bytes of is a 404 ``not_held``, and the receiver asks another source.
 
+A host serves at most :data:`MAX_UPLOADS` peer bodies at once (the per-host cap on concurrent
+uploads): past it a 429 ``peer_busy`` sends the receiver to another holder, so a host that
+just got the only copy of a piece is not asked for it by the whole fleet at once, and
+receivers spread over the hosts that relay it.
+
 Peer reads need the fleet credential (``fleet_token``; the admin and data tokens do not
 serve): a receiver's host holds it, a person does not need it. Without it configured, this host
 serves no peer reads. A read of a copy counts no access here (it is the receiver's demand,
@@ -51,6 +56,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/peer", tags=["peer"])
 
 CHUNK = 1 << 20
+#: Peer bodies one host serves at once; past it, 429 peer_busy.
+MAX_UPLOADS = 4
 GENERATION_HEADER = "X-Tierd-Generation"
 SOURCE_HEADER = "X-Tierd-Source"
 
@@ -90,6 +97,36 @@ BYTES: Responses = {
 PEER: Responses = FLEET_AUTH | TOO_MANY | NOT_FOUND | STALE | RANGE
 
 
+class _Uploads:
+    """Peer bodies being served by this app, against :data:`MAX_UPLOADS`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.n = 0
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.n >= MAX_UPLOADS:
+                return False
+            self.n += 1
+            return True
+
+    def give(self) -> None:
+        with self.lock:
+            self.n -= 1
+
+
+_UPLOADS_LOCK = threading.Lock()
+
+
+def _uploads(request: Request) -> _Uploads:
+    with _UPLOADS_LOCK:
+        up = getattr(request.app.state, "peer_uploads", None)
+        if up is None:
+            up = request.app.state.peer_uploads = _Uploads()
+        return up
+
+
 class _Held:
     """This host's verified bytes of one generation of a file, from one source (``chunks``
     reads a range), held until :meth:`release`, which lets go of the source once however
@@ -110,13 +147,22 @@ class _Held:
         self._release = release
         self._lock = threading.Lock()
         self._released = False
+        self._after: list[Callable[[], None]] = []
+
+    def also(self, step: Callable[[], None]) -> None:
+        """Run ``step`` too at the release."""
+        self._after.append(step)
 
     def release(self) -> None:
         with self._lock:
             if self._released:
                 return
             self._released = True
-        self._release()
+        try:
+            self._release()
+        finally:
+            for step in self._after:
+                step()
 
     def body(self, start: int, end: int, count: Callable[[int], None]) -> Iterator[bytes]:
         """Bytes ``[start, end)``, each chunk counted as it is handed to the server."""
@@ -217,8 +263,18 @@ def peer_content(
             generation=rec.generation,
             asked=generation,
         )
-    held = _held(engine, rec) or _filling(engine, rec, request.headers.get("range"))
+    uploads = _uploads(request)
+    if not uploads.take():
+        return error_response(
+            429, "peer_busy", f"this host serves {MAX_UPLOADS} peer reads already; ask another"
+        )
+    try:
+        held = _held(engine, rec) or _filling(engine, rec, request.headers.get("range"))
+    except BaseException:
+        uploads.give()
+        raise
     if held is None:
+        uploads.give()
         return error_response(
             404, "not_held", f"this host holds no verified bytes of {path!r} at {generation}"
         )
@@ -241,7 +297,9 @@ def peer_content(
         headers["Content-Length"] = str(end - start)
     except BaseException:
         held.release()
+        uploads.give()
         raise
+    held.also(uploads.give)  # the upload ends when the source is let go of
     counter = request.app.state.metrics.peer_bytes_served.labels(held.source)
     body = held.body(start, end, counter.inc)
     return StreamingResponse(body, status_code=status, headers=headers)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -43,10 +44,10 @@ import httpx
 from tiering.catalog import FileRecord
 from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
-from tiering.catalog.pieces import PieceDigests, Pieces
+from tiering.catalog.pieces import Holding, PieceDigests, Pieces
 from tiering.config import EngineConfig
 from tiering.errors import FileChanged, IntegrityError
-from tiering.fleet.peerfetch import NotHeld, PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.peerfetch import NotHeld, PeerBusy, PeerFailed, StaleGeneration, fetch_piece
 from tiering.fleet.pieces import (
     ALGORITHM,
     PIECE_SIZE,
@@ -68,8 +69,11 @@ PEER_RETRY_S = 1.0
 #: Seconds a peer that answered it does not hold a piece (yet: its catalog row ran ahead, or
 #: its copy is between publish and record) is skipped; its pieces wait for it.
 NOT_HELD_S = 0.2
+#: Bucket reads one fill has in flight: pieces land one after another, so relays start early
+#: (a capped origin sends no faster for more of them).
+ORIGIN_READS = 2
 #: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
-POLL_S = 0.05
+POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,8 @@ class PieceFill:
         self.claimed = False
         self.by_source: Counter[str] = Counter()
         self.map: PieceDigests | None = None
+        self._peers: dict[str, str] = {}
+        self._alive_at = float("-inf")
 
     # -- relay ---------------------------------------------------------------------------------
     def read_range(self, start: int, end: int) -> bytes | None:
@@ -189,7 +195,7 @@ class PieceFill:
                     if not inflight:
                         time.sleep(POLL_S)
                         continue
-                    done, _ = wait(list(inflight), timeout=POLL_S * 4, return_when=FIRST_COMPLETED)
+                    done, _ = wait(list(inflight), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
                         index, peer = inflight.pop(fut)
                         self._settle(fut, index, peer, missing, avoid, down, later)
@@ -217,14 +223,11 @@ class PieceFill:
             raise FileChanged(f"{rec.relpath!r} changed while it was copied (its map is gone)")
         self.map = m
         holdings = f.pieces.holdings(rec.id, self.generation)
-        alive = {
-            h.host_id: h.address
-            for h in f.hosts.all()
-            if now - h.last_heartbeat <= f.host_timeout_s and h.host_id != f.host
-        }
+        alive = self._alive(now)
         busy = Counter(p for _, p in inflight.values() if p is not None)
         taken = {i for i, _ in inflight.values()}
-        todo = [i for i in sorted(missing - taken) if m.has_digest(i)]
+        todo = self._order(missing - taken, holdings)
+        todo = [i for i in todo if m.has_digest(i)]
         up = [h for h in alive if not down.avoided(h, now)]
         asked = [h for h in up if not later.avoided(h, now)]
         plan = plan_sources(
@@ -241,7 +244,8 @@ class PieceFill:
             h for h in holdings
             if h.host in up and h.host != f.host and not avoid.avoided(h.host, now)
         ]  # fmt: skip
-        for index in sorted(plan):
+        bucket = sum(1 for _, p in inflight.values() if p is None)
+        for index in self._order(set(plan), holdings):
             if room <= 0:
                 break
             peer = plan[index]
@@ -253,11 +257,38 @@ class PieceFill:
                     # that just finished released may be on peers already.
                     self._claim(claimers, now)
                     return
+                if bucket >= ORIGIN_READS:
+                    continue
+                bucket += 1
                 fut = pool.submit(self._from_origin, index)
             else:
                 fut = pool.submit(self._from_peer, http, peer, alive[peer], index)
             inflight[fut] = (index, peer)
             room -= 1
+
+    def _alive(self, now: float) -> dict[str, str]:
+        """Peers with a fresh heartbeat, by id, with their URLs (read at most once a second:
+        a heartbeat is seconds apart anyway)."""
+        if now - self._alive_at >= 1.0:
+            f = self.fleet
+            self._peers = {
+                h.host_id: h.address
+                for h in f.hosts.all()
+                if now - h.last_heartbeat <= f.host_timeout_s and h.host_id != f.host
+            }
+            self._alive_at = now
+        return self._peers
+
+    def _order(self, indices: set[int], holdings: list[Holding]) -> list[int]:
+        """Rarest first (fewest holders), ties in an order of this host's own, so receivers
+        take different pieces first and then swap them (BitTorrent's rarest first)."""
+        me = self.fleet.host
+
+        def key(i: int) -> tuple[int, int]:
+            holders = sum(1 for h in holdings if h.host != me and h.has(i))
+            return holders, zlib.crc32(f"{me}:{i}".encode())
+
+        return sorted(indices, key=key)
 
     def _claim(self, claimers: list[str], now: float) -> None:
         """Take a claim on reading the bucket when fewer than K live hosts hold one."""
@@ -290,7 +321,7 @@ class PieceFill:
                 raise
             avoid.bad_piece(peer, time.time())  # dropped: fetched again elsewhere
             return
-        except NotHeld:
+        except (NotHeld, PeerBusy):
             later.bad_piece(peer or "", time.time())
             return
         except PeerFailed:

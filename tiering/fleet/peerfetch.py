@@ -6,6 +6,8 @@ A peer answers with the piece, or says why not in a way the receiver acts on:
 - :class:`StaleGeneration` (409 ``generation_mismatch``): the catalog moved on; the receiver's
   map is stale and it must start over from the current generation, from no one's old bytes;
 - :class:`NotHeld` (404 ``not_held``): ask another source;
+- :class:`PeerBusy` (429 ``peer_busy``): the peer serves its most uploads; ask another, or it
+  again shortly;
 - :class:`PeerFailed`: the peer is down, refused the credential, cut the body short or
   answered something else; ask another source (and count it against the peer);
 - :class:`~tiering.fleet.pieces.BadPiece`: the bytes arrived but do not match the digest;
@@ -24,7 +26,7 @@ from tiering.catalog.pieces import PieceDigests
 from tiering.errors import Conflict, Unavailable
 from tiering.fleet.pieces import piece_span, verify
 
-__all__ = ["NotHeld", "PeerFailed", "StaleGeneration", "fetch_piece"]
+__all__ = ["NotHeld", "PeerBusy", "PeerFailed", "StaleGeneration", "fetch_piece"]
 
 ROUTE = "/v1/peer/content"
 GENERATION_HEADER = "x-tierd-generation"
@@ -40,6 +42,12 @@ class NotHeld(PeerFailed):
     """The peer holds no verified bytes of that generation."""
 
     code = "not_held"
+
+
+class PeerBusy(PeerFailed):
+    """The peer serves as many uploads as it will at once."""
+
+    code = "peer_busy"
 
 
 class StaleGeneration(Conflict):
@@ -80,6 +88,8 @@ def fetch_piece(
         )
     if r.status_code == 404 and _error(r).get("code") == "not_held":
         raise NotHeld(f"{where}: not held there", peer=peer)
+    if r.status_code == 429:
+        raise PeerBusy(f"{where}: busy", peer=peer)
     want = 206 if length else 200
     if r.status_code != want or r.headers.get(GENERATION_HEADER) != str(pieces.generation):
         raise PeerFailed(
