@@ -4,7 +4,8 @@ verified pieces; the bucket sends the model about once; every host ends with the
 bytes; the faults of issue 26 each complete: a serving peer killed -9, a peer whose copy rotted
 (caught by the digest), the object overwritten during a distribution (no host keeps or serves
 old bytes), the bucket down while peers hold the model (a host outside the first job warms
-from them), a receiver killed -9 (its temp swept, its holding reset at restart)."""
+from them), a receiver killed -9 (its temp swept, its holding reset at restart). The kill -9
+tests run with --runslow (about 50 s each on the 2-core CI box)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ def test_the_bucket_sends_the_model_about_once_and_a_host_warms_from_peers_while
         assert "bucket" not in got and sum(got.values()) == SIZE, got
 
 
+@pytest.mark.slow  # four and three processes killed and restarted: --runslow
 def test_a_rotten_peer_is_caught_and_killed_ones_replaced(
     tmp_path: Path, pg_url: str, origin: FaultProxy, s3_bucket: str
 ) -> None:
@@ -202,6 +204,7 @@ def test_an_object_overwritten_during_a_distribution_leaves_no_old_bytes(
             db.dispose()
 
 
+@pytest.mark.slow  # four and three processes killed and restarted: --runslow
 def test_a_receiver_killed_mid_fill_leaves_a_cache_recovery_sweeps(
     tmp_path: Path, pg_url: str, origin: FaultProxy, s3_bucket: str
 ) -> None:

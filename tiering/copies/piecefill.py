@@ -255,7 +255,8 @@ class PieceFill:
                 if not self.claimed:
                     # Claim, then plan again from the catalog as it is now: pieces a claimer
                     # that just finished released may be on peers already.
-                    self._claim(claimers, now)
+                    if self._claim(claimers, now):
+                        self._schedule(missing, inflight, pool, http, avoid, down, later)
                     return
                 if bucket >= ORIGIN_READS:
                     continue
@@ -290,8 +291,9 @@ class PieceFill:
 
         return sorted(indices, key=key)
 
-    def _claim(self, claimers: list[str], now: float) -> None:
-        """Take a claim on reading the bucket when fewer than K live hosts hold one."""
+    def _claim(self, claimers: list[str], now: float) -> bool:
+        """Take a claim on reading the bucket when fewer than K live hosts hold one; whether
+        this host holds one now."""
         f = self.fleet
         if len(claimers) < f.origin_readers:
             self.claimed = f.pieces.claim_origin(
@@ -299,6 +301,7 @@ class PieceFill:
                 ttl_s=f.origin_ttl_s, now=now,
             )  # fmt: skip
             log.debug("fill of %r: bucket claimed: %s", self.rec.relpath, self.claimed)
+        return self.claimed
 
     def _settle(
         self,
