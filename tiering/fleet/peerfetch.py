@@ -13,9 +13,7 @@ A peer answers with the piece, or says why not in a way the receiver acts on:
 - :class:`~tiering.fleet.pieces.BadPiece`: the bytes arrived but do not match the digest;
   drop them, avoid the peer a while (:class:`~tiering.fleet.pieces.Avoid`), fetch elsewhere.
 
-Not wired into fills or loads yet: a fill that takes pieces from several sources, and a peer
-range reader for loads, are built on this once the copies room and the one range-read
-interface settle.
+Fills of host copies take their pieces through it (:mod:`tiering.copies.piecefill`).
 """
 
 from __future__ import annotations
