@@ -309,6 +309,9 @@ class FleetTaskOut(BaseModel):
     progress: float = Field(description="bytes_done / bytes_total (1 when there are no bytes)")
     error: str | None = Field(description="Why the task failed, for a person")
     errors: list[dict[str, Any]] = Field(description="Files that failed on this host, and why")
+    sources: dict[str, int] = Field(
+        description="Bytes this host's copies took from each source: bucket, peer:<host>"
+    )
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
@@ -328,6 +331,7 @@ class FleetTaskOut(BaseModel):
             progress=_progress(t.bytes_done, t.bytes_total),
             error=t.error,
             errors=t.errors,
+            sources=t.sources,
             started_at=iso(t.started_at),
             finished_at=iso(t.finished_at),
             updated_at=iso(t.updated_at),  # type: ignore[arg-type]

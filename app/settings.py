@@ -238,6 +238,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Heartbeat age past which a host's open fleet tasks fail, with the reason",
     )
+    fleet_origin_readers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="The most hosts reading one file generation from the bucket at once; the "
+        "others take its pieces from peers",
+    )
     admin_token: str | None = Field(default=None, description="Bearer token for every route")
     data_token: str | None = Field(default=None, description="Bearer token for data routes")
     fleet_token: str | None = Field(
@@ -374,6 +381,7 @@ class Settings(BaseSettings):
             heartbeat_interval_s=self.heartbeat_interval_s,
             host_timeout_s=self.host_timeout_s,
             fleet_token=self.fleet_token,
+            origin_readers=self.fleet_origin_readers,
         )
 
     def fleet_worker_config(self) -> FleetWorkerConfig:

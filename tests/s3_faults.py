@@ -6,7 +6,9 @@ picks. Those it answers with an S3 error (``503 SlowDown``, ``500``, ``403``...:
 forwards and then drops (``drop_response``: the server did the work, the client never hears
 of it), or truncates (``truncate``: the response's headers and half its body, then a reset).
 So the object tier's retries are tested against real bytes on real sockets, request by
-request.
+request. It also keeps the origin's own account of what it sent (:attr:`FaultProxy.sent`: body
+bytes by request path), so a test counts the bucket's bytes from the bucket's side, not from
+tierd's counters.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class _State:
     upstream: tuple[str, int]
     rules: list[Rule] = field(default_factory=list)
     log: list[tuple[str, str, str]] = field(default_factory=list)
+    sent: dict[str, int] = field(default_factory=dict)  # body bytes sent, by path
     lock: threading.Lock = field(default_factory=threading.Lock)
     conns: set[socket.socket] = field(default_factory=set)
 
@@ -160,6 +163,10 @@ class _Handler(BaseHTTPRequestHandler):
             _reset(self.connection)
             return
         self.wfile.write(data)
+        if self.command == "GET":
+            key = urllib.parse.urlsplit(self.path).path
+            with self.server.state.lock:
+                self.server.state.sent[key] = self.server.state.sent.get(key, 0) + len(data)
 
     def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         for attempt in (1, 2):
@@ -216,6 +223,12 @@ class FaultProxy:
         with self.state.lock:
             self.state.rules.append(rule)
         return rule
+
+    @property
+    def sent(self) -> dict[str, int]:
+        """Body bytes of GETs answered in full, by request path (``/bucket/key``)."""
+        with self.state.lock:
+            return dict(self.state.sent)
 
     @property
     def log(self) -> list[tuple[str, str, str]]:

@@ -90,6 +90,8 @@ class EngineConfig:
     # The fleet credential this host sends on peer reads (its loads and fills taking bytes from
     # other hosts); None: it reads no peer's bytes (and, in the app, serves none).
     fleet_token: str | None = field(default=None, repr=False)
+    # K: the most hosts reading one file generation from the bucket at once.
+    origin_readers: int = 1
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)

@@ -148,7 +148,7 @@ class Engine:
             self.memory.open(self._catalog, Copies(self.db), self._files)
         self.host_copies = HostCopies.build(
             self.db, self._catalog, self._files, self.tiers,
-            policy=self.policy, quota=self._policy.quota, limiter=self.limiter,
+            policy=self.policy, quota=self._policy.quota, limiter=self.limiter, config=self.config,
         )  # fmt: skip
         wakes = [c.wake for c in (self.memory, self.host_copies) if c is not None]
         self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves, wakes)

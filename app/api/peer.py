@@ -6,13 +6,21 @@ file's authority elsewhere (the bucket, another host):
 
 - its copy in the memory tier (filled and checked against the catalog);
 - its copy on one of its directory tiers (a host copy, checked when filled);
-- the file itself, when the file lives on a tier of this host.
+- the file itself, when the file lives on a tier of this host;
+- the pieces its fill of a host copy has verified and written so far (relay: a chain or tree
+  of hosts streams at once), from the fill's temp, only of the generation being filled, and
+  only a range whose every piece is verified (else 404 ``not_held``: ask another source).
 
 The generation is the receiver's promise about which bytes it wants: a file at another
 generation in the catalog is refused with 409 ``generation_mismatch`` (the catalog's current
 ``generation`` in the body), whatever this host holds, so a peer never serves old bytes as new
 ones nor new ones to a receiver that checks them against an old piece map. A file this host
 holds no verified bytes of is a 404 ``not_held``, and the receiver asks another source.
+
+A host serves at most :data:`MAX_UPLOADS` peer bodies at once (the per-host cap on concurrent
+uploads): past it a 429 ``peer_busy`` sends the receiver to another holder, so a host that
+just got the only copy of a piece is not asked for it by the whole fleet at once, and
+receivers spread over the hosts that relay it.
 
 Peer reads need the fleet credential (``fleet_token``; the admin and data tokens do not
 serve): a receiver's host holds it, a person does not need it. Without it configured, this host
@@ -48,6 +56,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/peer", tags=["peer"])
 
 CHUNK = 1 << 20
+#: Peer bodies one host serves at once; past it, 429 peer_busy.
+MAX_UPLOADS = 4
 GENERATION_HEADER = "X-Tierd-Generation"
 SOURCE_HEADER = "X-Tierd-Source"
 
@@ -71,8 +81,9 @@ _HEADERS = {
     },
     SOURCE_HEADER: {
         "required": True,
-        "description": "Where on this host the bytes come from: memory, copy or tier",
-        "schema": {"type": "string", "enum": ["memory", "copy", "tier"]},
+        "description": "Where on this host the bytes come from: memory, copy, tier, or the "
+        "verified pieces of a fill in flight (filling)",
+        "schema": {"type": "string", "enum": ["memory", "copy", "tier", "filling"]},
     },
 }
 BYTES: Responses = {
@@ -84,6 +95,36 @@ BYTES: Responses = {
     },
 }
 PEER: Responses = FLEET_AUTH | TOO_MANY | NOT_FOUND | STALE | RANGE
+
+
+class _Uploads:
+    """Peer bodies being served by this app, against :data:`MAX_UPLOADS`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.n = 0
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.n >= MAX_UPLOADS:
+                return False
+            self.n += 1
+            return True
+
+    def give(self) -> None:
+        with self.lock:
+            self.n -= 1
+
+
+_UPLOADS_LOCK = threading.Lock()
+
+
+def _uploads(request: Request) -> _Uploads:
+    with _UPLOADS_LOCK:
+        up = getattr(request.app.state, "peer_uploads", None)
+        if up is None:
+            up = request.app.state.peer_uploads = _Uploads()
+        return up
 
 
 class _Held:
@@ -106,13 +147,22 @@ class _Held:
         self._release = release
         self._lock = threading.Lock()
         self._released = False
+        self._after: list[Callable[[], None]] = []
+
+    def also(self, step: Callable[[], None]) -> None:
+        """Run ``step`` too at the release."""
+        self._after.append(step)
 
     def release(self) -> None:
         with self._lock:
             if self._released:
                 return
             self._released = True
-        self._release()
+        try:
+            self._release()
+        finally:
+            for step in self._after:
+                step()
 
     def body(self, start: int, end: int, count: Callable[[int], None]) -> Iterator[bytes]:
         """Bytes ``[start, end)``, each chunk counted as it is handed to the server."""
@@ -166,6 +216,25 @@ def _held(engine: Engine, rec: FileRecord) -> _Held | None:
     return None
 
 
+def _filling(engine: Engine, rec: FileRecord, range_header: str | None) -> _Held | None:
+    """The asked range of ``rec``'s generation from this host's fill in flight, when every
+    piece it touches is verified (read now, so the fill may end while the body streams)."""
+    copies = engine.host_copies
+    fill = copies.filling(rec.id) if copies is not None else None
+    if fill is None or fill.generation != rec.generation or rec.size == 0:
+        return None
+    start, end = (0, rec.size) if range_header is None else parse_range(range_header, rec.size)
+    data = fill.read_range(start, end)
+    if data is None:
+        return None
+
+    def chunks(s: int, e: int) -> Iterator[bytes]:
+        yield data[s - start : e - start]
+
+    # The body is exactly the range read: the route below asks for that same range again.
+    return _Held("filling", rec.size, chunks, lambda: None)
+
+
 @router.get(
     "/content",
     dependencies=[require_fleet],
@@ -194,8 +263,18 @@ def peer_content(
             generation=rec.generation,
             asked=generation,
         )
-    held = _held(engine, rec)
+    uploads = _uploads(request)
+    if not uploads.take():
+        return error_response(
+            429, "peer_busy", f"this host serves {MAX_UPLOADS} peer reads already; ask another"
+        )
+    try:
+        held = _held(engine, rec) or _filling(engine, rec, request.headers.get("range"))
+    except BaseException:
+        uploads.give()
+        raise
     if held is None:
+        uploads.give()
         return error_response(
             404, "not_held", f"this host holds no verified bytes of {path!r} at {generation}"
         )
@@ -218,7 +297,9 @@ def peer_content(
         headers["Content-Length"] = str(end - start)
     except BaseException:
         held.release()
+        uploads.give()
         raise
+    held.also(uploads.give)  # the upload ends when the source is let go of
     counter = request.app.state.metrics.peer_bytes_served.labels(held.source)
     body = held.body(start, end, counter.inc)
     return StreamingResponse(body, status_code=status, headers=headers)

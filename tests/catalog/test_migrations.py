@@ -56,7 +56,15 @@ def _type(t: Any) -> tuple[str, int | None]:
     # The generic kind of a reflected type: SQLite says FLOAT where PostgreSQL says DOUBLE
     # PRECISION for the same Float column, and both are 8-byte floats; BLOB and BYTEA are the
     # same LargeBinary.
-    for kind in (sa.BigInteger, sa.Integer, sa.Float, sa.Text, sa.String, sa.LargeBinary):
+    for kind in (
+        sa.BigInteger,
+        sa.Integer,
+        sa.Float,
+        sa.Text,
+        sa.String,
+        sa.LargeBinary,
+        sa.Boolean,
+    ):
         if isinstance(t, kind):
             return kind.__name__, getattr(t, "length", None)
     raise AssertionError(f"unexpected column type {t!r}")

@@ -14,6 +14,7 @@ from tests.catalog.conftest import run_sql
 from tests.catalog.test_copies import _FILE, _downgrade, _tables
 from tiering.catalog.db import Database, upgrade
 from tiering.catalog.pieces import Pieces, bitmap, bits_of
+from tiering.errors import IntegrityError
 from tiering.fleet.pieces import ALGORITHM, PIECE_SIZE, digest
 
 SIZE = 2 * PIECE_SIZE + 5  # three pieces, the last of 5 bytes
@@ -159,3 +160,70 @@ def test_bitmaps() -> None:
     assert bits_of(bitmap([0, 7, 8, 15], 16), 16) == [0, 7, 8, 15]
     with pytest.raises(ValueError):
         bitmap([10], 10)
+
+
+def _open(pieces: Pieces, generation: int = 0, file_id: int = 1) -> object:
+    return pieces.open_map(
+        file_id, generation=generation, size=SIZE, piece_size=PIECE_SIZE, algorithm=ALGORITHM,
+        host="h1",
+    )  # fmt: skip
+
+
+def test_a_map_grows_as_pieces_land_and_is_final_once_whole(db: Database) -> None:
+    pieces = Pieces(db)
+    opened = _open(pieces)
+    assert opened is not None and not pieces.map(1, 0).final  # type: ignore[union-attr]
+    assert not any(pieces.map(1, 0).has_digest(i) for i in range(3))  # type: ignore[union-attr]
+    assert not pieces.finalize(1, 0)  # digests missing: not final
+    m = pieces.land(1, host="h1", generation=0, index=1, digest=DIGESTS[1])
+    assert m is not None and m.has_digest(1) and not m.has_digest(0)
+    assert m.digests[1] == DIGESTS[1]
+    # A piece from a peer adds to the holding, not to the map.
+    m = pieces.land(1, host="h2", generation=0, index=1)
+    assert m is not None and not m.has_digest(0)
+    # Another digest for a known piece: someone read other bytes; refused, nothing written.
+    with pytest.raises(IntegrityError):
+        pieces.land(1, host="h2", generation=0, index=1, digest=DIGESTS[0])
+    for i in (0, 2):
+        pieces.land(1, host="h1", generation=0, index=i, digest=DIGESTS[i])
+    assert pieces.finalize(1, 0)
+    final = pieces.map(1, 0)
+    assert final is not None and final.final and list(final.digests) == DIGESTS
+    holding = {h.host: h.pieces for h in pieces.holdings(1, 0)}
+    assert holding == {"h1": 3, "h2": 1}
+    # Another generation: nothing lands, and opening it drops this one's map and holdings.
+    assert pieces.land(1, host="h1", generation=1, index=0, digest=DIGESTS[0]) is None
+    run_sql(db.url, "UPDATE files SET generation = 1 WHERE id = 1")
+    assert _open(pieces, generation=1) is not None
+    assert pieces.map(1, 0) is None and pieces.holdings(1, 0) == []
+
+
+def test_at_most_k_hosts_claim_the_bucket_and_a_dead_claim_expires(db: Database) -> None:
+    pieces = Pieces(db)
+    assert not pieces.claim_origin(1, host="h1", generation=0, readers=1, ttl_s=10)  # no map
+    _open(pieces)
+    claim = {"generation": 0, "readers": 1, "ttl_s": 10.0, "now": 100.0}
+    assert pieces.claim_origin(1, host="h1", **claim)  # type: ignore[arg-type]
+    assert pieces.claim_origin(1, host="h1", **claim)  # type: ignore[arg-type]  # its own
+    assert not pieces.claim_origin(1, host="h2", **claim)  # type: ignore[arg-type]
+    two = claim | {"readers": 2}
+    assert pieces.claim_origin(1, host="h2", **two)  # type: ignore[arg-type]
+    assert not pieces.claim_origin(1, host="h3", **two)  # type: ignore[arg-type]
+    # Claims expire unrenewed; a piece landed from the bucket renews its host's.
+    pieces.land(1, host="h1", generation=0, index=0, digest=DIGESTS[0], origin_ttl_s=10, now=105)
+    later = claim | {"now": 112.0}
+    assert not pieces.claim_origin(1, host="h3", **later)  # type: ignore[arg-type]  # h1's
+    pieces.release_origin(1, host="h1")
+    assert pieces.claim_origin(1, host="h3", **later)  # type: ignore[arg-type]
+
+
+def test_a_failed_fill_drops_its_unfinished_map(db: Database) -> None:
+    pieces = Pieces(db)
+    _open(pieces)
+    pieces.land(1, host="h1", generation=0, index=0, digest=DIGESTS[0])
+    pieces.land(1, host="h2", generation=0, index=0)
+    pieces.drop_unfinished(1, 0)
+    assert pieces.map(1, 0) is None and pieces.holdings(1, 0) == []
+    _map(pieces)  # a whole map is final: never dropped so
+    pieces.drop_unfinished(1, 0)
+    assert pieces.map(1, 0) is not None

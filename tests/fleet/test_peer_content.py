@@ -149,17 +149,19 @@ def test_a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(
     data = MODEL["llm/a.bin"]
     with h0.client() as c0:
         rec = _record(c0, "llm/a.bin")
-    # The piece map, as the first filling host records it (1 MiB pieces: four, the last short).
+    # The fill recorded the generation's map from the bucket's bytes, final once it matched.
     db = Database(pg_url)
     try:
-        digests = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
-        pieces = Pieces(db).record_map(
-            rec["id"], generation=rec["generation"], size=len(data), piece_size=MiB,
-            algorithm=ALGORITHM, digests=digests, host="host-0",
-        )  # fmt: skip
+        recorded = Pieces(db).map(rec["id"], rec["generation"])
     finally:
         db.dispose()
-    assert pieces is not None and pieces.count == 4
+    assert recorded is not None and recorded.final and recorded.recorded_by == "host-0"
+    assert recorded.digests == (digest(data),)  # one 8 MiB piece
+    # Smaller pieces make the test's point (1 MiB: four, the last short).
+    digests = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
+    pieces = PieceDigests(
+        rec["id"], rec["generation"], len(data), MiB, ALGORITHM, tuple(digests), "host-0", 0.0
+    )
     with httpx.Client(timeout=30) as http:
         for i, (o, n) in enumerate(spans(len(data), MiB)):
             assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, i) == data[o : o + n]

@@ -317,3 +317,29 @@ def test_copies_area_of_a_tier_that_holds_copies(tier: Any) -> None:
     # A copy is never a file of the tier, nor one of its temps.
     assert list(tier.walk()) == [] and list(tier.temps()) == []
     assert area.remove("7.1") and list(area.walk()) == []
+
+
+def test_positional_writes_where_copies_are_filled(tier: Any) -> None:
+    """A fill lands pieces out of order (write_at), relays them from the temp (read_at), and
+    publishes only bytes of the checksum given; a backend that writes in order refuses."""
+    data = os.urandom(3 * 100 * KiB + 9)
+    pieces = [(o, data[o : o + 100 * KiB]) for o in range(0, len(data), 100 * KiB)]
+    if not tier.capabilities.holds_copies:
+        with tier.writer("p.bin") as w, pytest.raises(TierdError):
+            w.write_at(0, b"x")
+        return
+    area = tier.copies()
+    area.check()
+    with area.writer("9.1", checksum=checksum(data)) as w:
+        for offset, piece in reversed(pieces):
+            w.write_at(offset, piece)
+        assert w.read_at(100 * KiB, 10) == data[100 * KiB : 100 * KiB + 10]
+        with pytest.raises(TierdError):
+            w.write(b"in order after positional writes")
+        assert w.publish().checksum == checksum(data)
+    assert area.read_bytes("9.1") == data
+    with area.writer("9.2", checksum=checksum(data)) as w:
+        w.write_at(0, data[:-1] + b"\0")
+        with pytest.raises(IntegrityError):
+            w.publish()
+    assert [e.relpath for e in area.walk()] == ["9.1"] and list(area.temps()) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -230,6 +231,7 @@ class FleetTask(Base):
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
     error: Mapped[str | None] = mapped_column(Text)  # why the task failed, for a person
     errors: Mapped[str | None] = mapped_column(Text)  # JSON: per-file errors
+    sources: Mapped[str | None] = mapped_column(Text)  # JSON: bytes by source (bucket, peers)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
@@ -253,9 +255,10 @@ class HostHeat(Base):
 
 class PieceMap(Base):
     """The pieces of one generation of a file: each ``piece_size`` bytes (the last shorter),
-    ``digests`` their digests (``algorithm``) concatenated in order. Written once, whole, by
-    the first host that filled the generation from its authority; a map of an older generation
-    is stale and is deleted when a newer one is recorded."""
+    ``digests`` their digests (``algorithm``) concatenated in order, ``known`` a bitmap of
+    those recorded so far (a piece's digest is written once, by the host that read it from the
+    authority, as it lands), ``final`` once that host's whole-file checksum matched. A map of
+    an older generation is stale and is deleted when a newer one is opened."""
 
     __tablename__ = "piece_maps"
 
@@ -267,6 +270,8 @@ class PieceMap(Base):
     piece_size: Mapped[int] = mapped_column(Integer)
     algorithm: Mapped[str] = mapped_column(String(32))
     digests: Mapped[bytes] = mapped_column(LargeBinary)
+    known: Mapped[bytes] = mapped_column(LargeBinary)
+    final: Mapped[bool] = mapped_column(Boolean)
     recorded_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[float] = mapped_column(Float)
 
@@ -285,6 +290,8 @@ class PieceHolding(Base):
     generation: Mapped[int] = mapped_column(Integer)
     have: Mapped[bytes] = mapped_column(LargeBinary)
     pieces: Mapped[int] = mapped_column(Integer)
+    # The host's claim on reading this generation from the bucket, until then (None: none).
+    origin_until: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
 

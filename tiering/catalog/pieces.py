@@ -5,13 +5,22 @@ which pieces of it (see :class:`~tiering.catalog.models.PieceMap` and
 The promises:
 
 - a map is tied to one generation of one file, and is written only while the file is at that
-  generation; the first host to record it wins, and a second recorder gets the first's map
-  back (its own digests are of the same bytes, or it read something else and must not
-  distribute it);
-- recording a map deletes the maps and holdings of the file's other generations, so no host
+  generation; it is opened empty (:meth:`Pieces.open_map`) and grows a digest at a time as
+  the host reading the generation from the bucket lands each piece (:meth:`Pieces.land`), so
+  receivers check and relay pieces while that fill runs. A piece's digest is written once:
+  the first recorder wins, and a second recorder with other bytes is refused (it read
+  something else and must not distribute it). The map is ``final`` once the bucket reader's
+  whole-file checksum matched; a fill whose checksum failed deletes the unfinished map
+  (:meth:`Pieces.drop_unfinished`). One row a generation, grown in place, rather than a row a
+  piece: a receiver reads every digest it needs in one primary-key look-up, and a 70 GB
+  model's map stays one 134 KB row;
+- opening a map deletes the maps and holdings of the file's other generations, so no host
   picks a source, or checks a piece, by an old generation's digests;
 - a holding grows only while the file is at its generation; a holding of another generation
-  is never returned as a source.
+  is never returned as a source;
+- at most K hosts read a generation from the bucket at once: a claim (``origin_until``) in
+  the host's holding row, taken under the map's row lock (:meth:`Pieces.claim_origin`),
+  renewed as the claimer's pieces land, and dead once it expires.
 
 These writes change no file's place or content (``changes_files=False``).
 """
@@ -28,6 +37,7 @@ from sqlalchemy.orm import Session
 from tiering.catalog.backends import FOR_KEY_SHARE
 from tiering.catalog.db import Database
 from tiering.catalog.models import FileRecord, PieceHolding, PieceMap
+from tiering.errors import IntegrityError
 
 __all__ = ["Holding", "PieceDigests", "Pieces", "bitmap", "bits_of"]
 
@@ -59,10 +69,19 @@ class PieceDigests:
     digests: tuple[bytes, ...]
     recorded_by: str
     created_at: float
+    known: bytes = b""  # bitmap of the digests recorded; b"" with ``final``: all of them
+    final: bool = True
 
     @property
     def count(self) -> int:
         return len(self.digests)
+
+    def has_digest(self, index: int) -> bool:
+        """Whether piece ``index``'s digest is recorded (a receiver may check it)."""
+        if self.final and not self.known:
+            return 0 <= index < self.count
+        byte = index // 8
+        return byte < len(self.known) and bool(self.known[byte] >> (index % 8) & 1)
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ class Holding:
     have: bytes
     pieces: int
     updated_at: float
+    origin_until: float | None = None
 
     def has(self, index: int) -> bool:
         byte = index // 8
@@ -87,12 +107,43 @@ def _digests(m: PieceMap) -> PieceDigests:
     parts = tuple(blob[i : i + width] for i in range(0, len(blob), width))
     return PieceDigests(
         m.file_id, m.generation, m.size, m.piece_size, m.algorithm, parts, m.recorded_by,
-        m.created_at,
+        m.created_at, bytes(m.known), bool(m.final),
     )  # fmt: skip
 
 
 def _holding(h: PieceHolding) -> Holding:
-    return Holding(h.file_id, h.host, h.generation, bytes(h.have), h.pieces, h.updated_at)
+    return Holding(
+        h.file_id, h.host, h.generation, bytes(h.have), h.pieces, h.updated_at, h.origin_until
+    )
+
+
+def _count(size: int, piece_size: int) -> int:
+    return max(1, -(-size // piece_size))
+
+
+def _drop_others(s: Session, file_id: int, generation: int) -> None:
+    q = delete(PieceMap).where(PieceMap.file_id == file_id, PieceMap.generation != generation)
+    s.execute(q)
+    s.execute(
+        delete(PieceHolding).where(
+            PieceHolding.file_id == file_id, PieceHolding.generation != generation
+        )
+    )
+
+
+def _my_row(s: Session, file_id: int, host: str, generation: int, count: int) -> PieceHolding:
+    """``host``'s holding row of the file, locked, reset if it was of another generation."""
+    row = s.get(PieceHolding, (file_id, host), with_for_update=True)
+    if row is None:
+        row = PieceHolding(
+            file_id=file_id, host=host, generation=generation, have=bytes((count + 7) // 8),
+            pieces=0, origin_until=None, updated_at=time.time(),
+        )  # fmt: skip
+        s.add(row)
+    elif row.generation != generation:
+        row.generation, row.have, row.pieces = generation, bytes((count + 7) // 8), 0
+        row.origin_until = None
+    return row
 
 
 #: Bytes of one digest, by algorithm.
@@ -134,7 +185,7 @@ class Pieces:
         width = _WIDTH.get(algorithm)
         if width is None:
             raise ValueError(f"unknown piece digest algorithm {algorithm!r}")
-        if piece_size <= 0 or size < 0 or len(digests) != max(1, -(-size // piece_size)):
+        if piece_size <= 0 or size < 0 or len(digests) != _count(size, piece_size):
             raise ValueError(f"{len(digests)} digests do not cover {size} bytes by {piece_size}")
         if any(len(d) != width for d in digests):
             raise ValueError(f"{algorithm} digests are {width} bytes each")
@@ -142,16 +193,7 @@ class Pieces:
         def body(s: Session) -> PieceDigests | None:
             if not _at(s, file_id, generation, states):
                 return None
-            s.execute(
-                delete(PieceMap).where(
-                    PieceMap.file_id == file_id, PieceMap.generation != generation
-                )
-            )
-            s.execute(
-                delete(PieceHolding).where(
-                    PieceHolding.file_id == file_id, PieceHolding.generation != generation
-                )
-            )
+            _drop_others(s, file_id, generation)
             found = s.get(PieceMap, (file_id, generation))
             if found is None:
                 found = PieceMap(
@@ -161,6 +203,8 @@ class Pieces:
                     piece_size=piece_size,
                     algorithm=algorithm,
                     digests=b"".join(digests),
+                    known=bitmap(range(len(digests)), len(digests)),
+                    final=True,
                     recorded_by=host,
                     created_at=time.time() if now is None else now,
                 )
@@ -170,6 +214,184 @@ class Pieces:
 
         # Two hosts recording the first map at once: the loser finds the winner's on retry.
         return self.db.transact(body, changes_files=False, retry_unique=True)
+
+    def open_map(
+        self,
+        file_id: int,
+        *,
+        generation: int,
+        size: int,
+        piece_size: int,
+        algorithm: str,
+        host: str,
+        now: float | None = None,
+    ) -> PieceDigests | None:
+        """The map of ``generation``, opened empty (no digest known, not final) unless one
+        exists; None (nothing written) when the file is gone or at another generation.
+        Deletes the other generations' maps and holdings."""
+        width = _WIDTH.get(algorithm)
+        if width is None:
+            raise ValueError(f"unknown piece digest algorithm {algorithm!r}")
+        count = _count(size, piece_size)
+
+        def body(s: Session) -> PieceDigests | None:
+            if not _at(s, file_id, generation, None):
+                return None
+            found = s.get(PieceMap, (file_id, generation))
+            if found is None:
+                _drop_others(s, file_id, generation)
+                found = PieceMap(
+                    file_id=file_id, generation=generation, size=size, piece_size=piece_size,
+                    algorithm=algorithm, digests=bytes(count * width),
+                    known=bytes((count + 7) // 8), final=False, recorded_by=host,
+                    created_at=time.time() if now is None else now,
+                )  # fmt: skip
+                s.add(found)
+                s.flush()
+            return _digests(found)
+
+        return self.db.transact(body, changes_files=False, retry_unique=True)
+
+    def land(
+        self,
+        file_id: int,
+        *,
+        host: str,
+        generation: int,
+        index: int,
+        digest: bytes | None = None,
+        origin_ttl_s: float | None = None,
+        now: float | None = None,
+    ) -> PieceDigests | None:
+        """``host`` verified piece ``index`` of ``generation`` and can serve it: its holding
+        gains the piece, and, with ``digest`` (the piece was read from the authority), the map
+        gains its digest unless it has one. ``origin_ttl_s`` renews ``host``'s claim on the
+        bucket. Returns the map as it is now, or None (nothing written) when the file is gone,
+        at another generation, or has no map of ``generation``.
+
+        Raises :class:`~tiering.errors.IntegrityError` when the map has another digest for
+        the piece: ``host`` read other bytes than the first recorder (nothing written)."""
+        stamp = time.time() if now is None else now
+
+        def body(s: Session) -> PieceDigests | None:
+            if not _at(s, file_id, generation, None):
+                return None
+            m = s.get(PieceMap, (file_id, generation), with_for_update=digest is not None)
+            if m is None:
+                return None
+            width, count = _WIDTH[m.algorithm], _count(m.size, m.piece_size)
+            if not 0 <= index < count:
+                raise ValueError(f"piece {index} is outside 0..{count - 1}")
+            if digest is not None:
+                known = bytearray(m.known)
+                at = slice(index * width, (index + 1) * width)
+                if known[index // 8] >> (index % 8) & 1:
+                    if bytes(m.digests)[at] != digest:
+                        raise IntegrityError(
+                            f"piece {index} of file {file_id} at generation {generation} was "
+                            "read with other bytes than its recorded digest's",
+                            file_id=file_id,
+                            piece=index,
+                        )
+                else:
+                    digests = bytearray(m.digests)
+                    digests[at] = digest
+                    known[index // 8] |= 1 << (index % 8)
+                    m.digests, m.known = bytes(digests), bytes(known)
+            row = _my_row(s, file_id, host, generation, count)
+            have = bytearray(row.have)
+            if not have[index // 8] >> (index % 8) & 1:
+                have[index // 8] |= 1 << (index % 8)
+                row.have, row.pieces = bytes(have), row.pieces + 1
+            if origin_ttl_s is not None and row.origin_until is not None:
+                row.origin_until = stamp + origin_ttl_s
+            row.updated_at = stamp
+            s.flush()
+            return _digests(m)
+
+        return self.db.transact(body, changes_files=False, retry_unique=True)
+
+    def finalize(self, file_id: int, generation: int) -> bool:
+        """Mark ``generation``'s map final (its bucket reader's whole-file checksum matched):
+        True when it is, False when it is gone or still lacks digests."""
+
+        def body(s: Session) -> bool:
+            m = s.get(PieceMap, (file_id, generation), with_for_update=True)
+            if m is None:
+                return False
+            count = _count(m.size, m.piece_size)
+            if len(bits_of(bytes(m.known), count)) != count:
+                return False
+            m.final = True
+            return True
+
+        return self.db.transact(body, changes_files=False)
+
+    def drop_unfinished(self, file_id: int, generation: int) -> None:
+        """The bytes read for ``generation`` failed its whole-file checksum: delete its map,
+        unless final, and every holding of it (pieces verified against that map)."""
+
+        def body(s: Session) -> None:
+            m = s.get(PieceMap, (file_id, generation), with_for_update=True)
+            if m is None or m.final:
+                return
+            s.delete(m)
+            s.execute(
+                delete(PieceHolding).where(
+                    PieceHolding.file_id == file_id, PieceHolding.generation == generation
+                )
+            )
+
+        self.db.transact(body, changes_files=False)
+
+    def claim_origin(
+        self,
+        file_id: int,
+        *,
+        host: str,
+        generation: int,
+        readers: int,
+        ttl_s: float,
+        now: float | None = None,
+    ) -> bool:
+        """Claim a place among the at most ``readers`` hosts reading ``generation`` from the
+        bucket (claims expire ``ttl_s`` after their last renewal); True when ``host`` holds
+        one (taken now or already), False when they are all taken or the map is gone. The
+        map's row lock orders claimers, on PostgreSQL and SQLite alike."""
+        stamp = time.time() if now is None else now
+
+        def body(s: Session) -> bool:
+            if not _at(s, file_id, generation, None):
+                return False
+            m = s.get(PieceMap, (file_id, generation), with_for_update=True)
+            if m is None:
+                return False
+            others = s.scalars(
+                select(PieceHolding.host).where(
+                    PieceHolding.file_id == file_id,
+                    PieceHolding.generation == generation,
+                    PieceHolding.host != host,
+                    PieceHolding.origin_until > stamp,
+                )
+            ).all()
+            if len(others) >= readers:
+                return False
+            row = _my_row(s, file_id, host, generation, _count(m.size, m.piece_size))
+            row.origin_until = stamp + ttl_s
+            row.updated_at = stamp
+            return True
+
+        return self.db.transact(body, changes_files=False, retry_unique=True)
+
+    def release_origin(self, file_id: int, *, host: str) -> None:
+        """``host`` stopped reading the file from the bucket."""
+
+        def body(s: Session) -> None:
+            row = s.get(PieceHolding, (file_id, host), with_for_update=True)
+            if row is not None:
+                row.origin_until = None
+
+        self.db.transact(body, changes_files=False)
 
     def map(self, file_id: int, generation: int) -> PieceDigests | None:
         """The digests of ``generation`` of the file, if recorded."""

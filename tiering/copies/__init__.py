@@ -8,5 +8,6 @@ is decided in :mod:`tiering.placement`; this room carries the decisions out.
 
 from tiering.copies.hostcopies import HostCopies
 from tiering.copies.memory import CachePassReport, MemoryCache
+from tiering.copies.piecefill import FleetFills, PieceFill
 
-__all__ = ["CachePassReport", "HostCopies", "MemoryCache"]
+__all__ = ["CachePassReport", "FleetFills", "HostCopies", "MemoryCache", "PieceFill"]

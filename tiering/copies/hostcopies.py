@@ -46,6 +46,7 @@ from collections.abc import Callable
 
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
 from tiering.catalog.db import Database
+from tiering.config import EngineConfig
 from tiering.copies.copyfiles import (
     CopyEntry,
     CopyPassReport,
@@ -56,6 +57,7 @@ from tiering.copies.copyfiles import (
     write_copy,
 )
 from tiering.copies.copyplan import CopyPasses
+from tiering.copies.piecefill import FleetFills, PieceFill, reset_holdings, write_from_pieces
 from tiering.errors import (
     Conflict,
     FileBusy,
@@ -97,6 +99,8 @@ class HostCopies(CopyPasses):
         A tier's quota in force (None: none).
     limiter:
         The migrations' bandwidth cap: the planner's fills count against it.
+    fleet:
+        With a fleet credential, fills take pieces from peers (:mod:`~tiering.copies.piecefill`).
     """
 
     def __init__(
@@ -110,8 +114,11 @@ class HostCopies(CopyPasses):
         policy: Callable[[], Policy],
         quota: Callable[[Tier], int | None],
         limiter: RateLimiter | None = None,
+        fleet: FleetFills | None = None,
     ) -> None:
         self.catalog, self.copies, self.files, self.tiers = catalog, copies, files, tiers
+        self.fleet = fleet
+        self._fills: dict[int, PieceFill] = {}  # fills from pieces in flight, relaying
         self.host = host
         self._policy = policy
         self._quota = quota
@@ -138,6 +145,7 @@ class HostCopies(CopyPasses):
         policy: Callable[[], Policy],
         quota: Callable[[Tier], int | None],
         limiter: RateLimiter,
+        config: EngineConfig | None = None,
     ) -> HostCopies | None:
         """The copy cache, on a catalog several hosts write that has a shared tier and a tier
         that can hold copies; None otherwise (one host: promotions stay moves)."""
@@ -148,7 +156,7 @@ class HostCopies(CopyPasses):
             return None
         return cls(
             catalog, Copies(db), files, tiers, host=db.host, policy=policy, quota=quota,
-            limiter=limiter,
+            limiter=limiter, fleet=None if config is None else FleetFills.of(db, db.host, config),
         )  # fmt: skip
 
     # -- where ---------------------------------------------------------------------------------
@@ -170,6 +178,11 @@ class HostCopies(CopyPasses):
                 file_id=file_id,
                 tier=rec.tier,
             )
+
+    def filling(self, file_id: int) -> PieceFill | None:
+        """The fill from pieces of the file in flight here, relaying its verified pieces."""
+        with self._lock:
+            return self._fills.get(file_id)
 
     def entries(self) -> list[CopyEntry]:
         with self._lock:
@@ -235,6 +248,8 @@ class HostCopies(CopyPasses):
                 report.files += 1
         with self._lock:
             self._index = index
+        if self.fleet is not None:
+            reset_holdings(self.fleet, [(e.file_id, e.generation) for e in index.values()])
         report.kept = len(index)
         if report.temps or report.files or report.rows:
             log.info(
@@ -288,11 +303,13 @@ class HostCopies(CopyPasses):
         progress: Callable[[int], None] | None = None,
         throttle: bool = False,
         keep_s: float = 0.0,
+        sources: Callable[[str, int], None] | None = None,
     ) -> CopyEntry:
         """Copy an origin file to directory tier ``tier`` (or find its current copy there).
 
         ``keep_s`` keeps the copy that long whatever its heat (a prefetch). Colder copies on
-        the tier are dropped for room.
+        the tier are dropped for room. ``sources`` is told the bytes taken from each source
+        (``bucket``, ``peer:<host>``).
 
         Raises
         ------
@@ -335,7 +352,7 @@ class HostCopies(CopyPasses):
                     raise FillCancelled
         try:
             self._make_room(dest, rec)
-            return self._fill(rec, dest, cancel, progress, throttle, keep_s)
+            return self._fill(rec, dest, cancel, progress, throttle, keep_s, sources)
         finally:
             with self._lock:
                 del self._filling[file_id]
@@ -349,24 +366,43 @@ class HostCopies(CopyPasses):
         progress: Callable[[int], None] | None,
         throttle: bool,
         keep_s: float,
+        sources: Callable[[str, int], None] | None,
     ) -> CopyEntry:
         area = self._area(dest)
         name = copy_name(rec.id, rec.generation)
+
+        def stop() -> bool:
+            return (cancel is not None and cancel.is_set()) or self._stopped.is_set()
+
+        def origin() -> Source:
+            content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
+            if content.record.generation != rec.generation:
+                content.close()
+                raise FileChanged(f"{rec.relpath!r} changed before it was copied")
+            return content.source
+
+        def serving(fill: PieceFill | None) -> None:
+            with self._lock:
+                self._fills.pop(rec.id, None)
+                if fill is not None:
+                    self._fills[rec.id] = fill
+
+        limit = (lambda k: self.limiter.acquire(k, cancel)) if throttle else None
         try:
             area.check()  # the copies directory, made durably on the first fill
-            content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
-            with content.source as src:
-                if content.record.generation != rec.generation:
-                    raise FileChanged(f"{rec.relpath!r} changed before it was copied")
-
-                def stop() -> bool:
-                    return (cancel is not None and cancel.is_set()) or self._stopped.is_set()
-
-                limit = (lambda k: self.limiter.acquire(k, cancel)) if throttle else None
-                write_copy(
-                    src, area, name, size=rec.size, checksum=rec.checksum, stop=stop,
-                    throttle=limit, progress=progress,
+            if self.fleet is not None:
+                write_from_pieces(
+                    self.fleet, rec, area, name, open_origin=origin, stop=stop, throttle=limit,
+                    progress=progress, sources=sources, serving=serving,
                 )  # fmt: skip
+            else:
+                with origin() as src:
+                    write_copy(
+                        src, area, name, size=rec.size, checksum=rec.checksum, stop=stop,
+                        throttle=limit, progress=progress,
+                    )  # fmt: skip
+                if sources is not None:
+                    sources("bucket", rec.size)
         except IntegrityError as exc:
             raise IntegrityError(
                 f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum "
@@ -441,6 +477,8 @@ class HostCopies(CopyPasses):
         if e is None:
             return False
         self.copies.forget(file_id, host=self.host, location=e.tier)
+        if self.fleet is not None:  # its pieces are served from here no more
+            self.fleet.pieces.forget(file_id, host=self.host)
         self._remove(e)
         log.debug("host copies: dropped file %d from %s (%s)", file_id, e.tier, reason)
         return True

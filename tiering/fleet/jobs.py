@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +52,10 @@ __all__ = ["FleetJobs"]
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+def _sources_json(sources: Mapping[str, int] | None) -> str | None:
+    return json.dumps(dict(sources), sort_keys=True) if sources else None
 
 
 def _errors_json(errors: Sequence[dict[str, Any]]) -> str | None:
@@ -258,6 +262,7 @@ class FleetJobs:
         files_done: int,
         bytes_done: int,
         errors: Sequence[dict[str, Any]] = (),
+        sources: Mapping[str, int] | None = None,
         now: float | None = None,
     ) -> bool:
         """Write progress and extend the claim; False when the claim was lost (the task was
@@ -270,6 +275,7 @@ class FleetJobs:
                 files_done=files_done,
                 bytes_done=bytes_done,
                 errors=_errors_json(errors),
+                sources=_sources_json(sources),
                 claim_expires=now + self.claim_ttl_s,
                 updated_at=now,
             )
@@ -284,6 +290,7 @@ class FleetJobs:
         bytes_done: int,
         errors: Sequence[dict[str, Any]] = (),
         error: str | None = None,
+        sources: Mapping[str, int] | None = None,
         now: float | None = None,
     ) -> str | None:
         """End a claimed task; returns its state, or None when the claim was lost.
@@ -305,6 +312,7 @@ class FleetJobs:
                 bytes_done=bytes_done,
                 errors=_errors_json(errors),
                 error=error,
+                sources=_sources_json(sources),
                 claim_expires=None,
                 finished_at=now,
                 updated_at=now,

@@ -69,6 +69,8 @@ class TaskInfo:
     started_at: float | None
     finished_at: float | None
     updated_at: float
+    #: Bytes by source of the host's fills: ``bucket`` and ``peer:<host>``.
+    sources: dict[str, int] = field(default_factory=dict)
 
 
 def job_state(states: Sequence[str]) -> str:
@@ -154,7 +156,14 @@ def _task(t: FleetTask) -> TaskInfo:
         started_at=t.started_at,
         finished_at=t.finished_at,
         updated_at=t.updated_at,
+        sources=_sources(loads(t.sources, {})),
     )
+
+
+def _sources(doc: Any) -> dict[str, int]:
+    if not isinstance(doc, dict):
+        return {}
+    return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}
 
 
 def job_info(j: FleetJob, tasks: Sequence[FleetTask]) -> JobInfo:

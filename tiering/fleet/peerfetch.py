@@ -6,12 +6,16 @@ A peer answers with the piece, or says why not in a way the receiver acts on:
 - :class:`StaleGeneration` (409 ``generation_mismatch``): the catalog moved on; the receiver's
   map is stale and it must start over from the current generation, from no one's old bytes;
 - :class:`NotHeld` (404 ``not_held``): ask another source;
+- :class:`PeerBusy` (429 ``peer_busy``): the peer serves its most uploads; ask another, or it
+  again shortly;
 - :class:`PeerFailed`: the peer is down, refused the credential, cut the body short or
   answered something else; ask another source (and count it against the peer);
 - :class:`~tiering.fleet.pieces.BadPiece`: the bytes arrived but do not match the digest;
   drop them, avoid the peer a while (:class:`~tiering.fleet.pieces.Avoid`), fetch elsewhere.
 
-Loads read peers through :class:`tiering.fleet.peerreader.PeerRanges`, built on these.
+Loads read peers through :class:`tiering.fleet.peerreader.PeerRanges`, built on these, and
+fills of host copies take their pieces through :func:`fetch_piece`
+(:mod:`tiering.copies.piecefill`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from tiering.catalog.pieces import PieceDigests
 from tiering.errors import Conflict, Unavailable
 from tiering.fleet.pieces import piece_span, verify
 
-__all__ = ["NotHeld", "PeerFailed", "StaleGeneration", "fetch_piece", "fetch_range"]
+__all__ = ["NotHeld", "PeerBusy", "PeerFailed", "StaleGeneration", "fetch_piece", "fetch_range"]
 
 ROUTE = "/v1/peer/content"
 GENERATION_HEADER = "x-tierd-generation"
@@ -38,6 +42,12 @@ class NotHeld(PeerFailed):
     """The peer holds no verified bytes of that generation."""
 
     code = "not_held"
+
+
+class PeerBusy(PeerFailed):
+    """The peer serves as many uploads as it will at once."""
+
+    code = "peer_busy"
 
 
 class StaleGeneration(Conflict):
@@ -101,6 +111,8 @@ def fetch_range(
         )
     if r.status_code == 404 and _error(r).get("code") == "not_held":
         raise NotHeld(f"{where}: not held there", peer=peer)
+    if r.status_code == 429:
+        raise PeerBusy(f"{where}: busy", peer=peer)
     want = 206 if length else 200
     if r.status_code != want or r.headers.get(GENERATION_HEADER) != str(generation):
         raise PeerFailed(

@@ -124,6 +124,10 @@ class PeerReads:
         """A reader of ``rec``'s generation from its peers, or None when no peer holds it.
         ``fallback`` opens the file on its bucket, for what no peer gives."""
         pieces = Pieces(self.db()).map(rec.id, rec.generation)
+        if pieces is not None and not pieces.final:
+            # A map still growing (a fill from the bucket is under way) lacks some digests: a
+            # load reads whole copies only, trusting their whole-file checksum, until it is final.
+            pieces = None
         peers = self.sources(rec, pieces)
         if not peers:
             return None

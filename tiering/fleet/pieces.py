@@ -153,7 +153,7 @@ def plan_sources(
     up: Iterable[str] | None = None,
 ) -> dict[int, str | None]:
     """Which peer sends each ``missing`` piece (None: the bucket), from the peers'
-    ``holdings`` of ``generation`` (see the module docstring).
+    ``holdings`` of ``generation`` (see the module docstring), planned in the order given.
 
     ``busy`` is each peer's uploads in flight, ``per_peer`` the most any peer is given (its
     busy count included), ``up`` the peers alive now (None: every holder), ``avoid`` the
@@ -170,7 +170,7 @@ def plan_sources(
     ]
     load = {h.host: (busy or {}).get(h.host, 0) for h in peers}
     plan: dict[int, str | None] = {}
-    for index in sorted(set(missing)):
+    for index in dict.fromkeys(missing):  # in the caller's order (a receiver's: rarest first)
         able = [h for h in peers if h.has(index) and (per_peer is None or load[h.host] < per_peer)]
         if not able:
             plan[index] = None

@@ -228,7 +228,7 @@ class FleetWorker:
                     error = f"the local prefetch job {job.id} on host {self.host} was cancelled"
                 elif job.state == "failed" and job.error and not job.errors:
                     error = f"host {self.host}: {job.error}"
-        self._finish(claim, files, nbytes, errors, error)
+        self._finish(claim, files, nbytes, errors, error, _sources(job))
 
     def _follow(self, claim: Claim, job: Job, skipped: list[dict[str, Any]], sb: int) -> bool:
         """Copy ``job``'s progress into the task until it ends; False when it was stopped
@@ -243,7 +243,10 @@ class FleetWorker:
                 break
             files, nbytes, errors = _progress(job, skipped, sb)
             try:
-                held = self.jobs.renew(claim, files_done=files, bytes_done=nbytes, errors=errors)
+                held = self.jobs.renew(
+                    claim, files_done=files, bytes_done=nbytes, errors=errors,
+                    sources=_sources(job),
+                )  # fmt: skip
             except Unavailable as exc:
                 # The local job goes on: its end is written once the catalog is back.
                 self._backoff(0.0, exc)
@@ -264,7 +267,10 @@ class FleetWorker:
         while True:
             files, nbytes, errors = _progress(job, skipped, sb)
             try:
-                held = self.jobs.renew(claim, files_done=files, bytes_done=nbytes, errors=errors)
+                held = self.jobs.renew(
+                    claim, files_done=files, bytes_done=nbytes, errors=errors,
+                    sources=_sources(job),
+                )  # fmt: skip
             except Unavailable as exc:
                 delay = self._backoff(delay, exc)
                 if self._stopped.wait(delay):
@@ -287,6 +293,7 @@ class FleetWorker:
         nbytes: int,
         errors: list[dict[str, Any]],
         error: str | None,
+        sources: dict[str, int] | None = None,
     ) -> None:
         """Write the task's end, trying again while the catalog cannot be reached; if this
         worker stops first, the claim stays and the task runs again at the next start."""
@@ -294,8 +301,9 @@ class FleetWorker:
         while True:
             try:
                 state = self.jobs.finish(
-                    claim, files_done=files, bytes_done=nbytes, errors=errors, error=error
-                )
+                    claim, files_done=files, bytes_done=nbytes, errors=errors, error=error,
+                    sources=sources,
+                )  # fmt: skip
             except Unavailable as exc:
                 delay = self._backoff(delay, exc)
                 if self._stopped.wait(delay):
@@ -309,6 +317,14 @@ class FleetWorker:
 def _transient(job: Job) -> bool:
     with job.lock:
         return job.state != "cancelled" and any(e.get("code") in TRANSIENT for e in job.errors)
+
+
+def _sources(job: Job | None) -> dict[str, int]:
+    """Bytes by source of the job's fills so far (``bucket``, ``peer:<host>``)."""
+    if job is None:
+        return {}
+    with job.lock:
+        return dict(job.sources)
 
 
 def _file_error(file_id: int, path: str, code: str, message: str) -> dict[str, Any]:

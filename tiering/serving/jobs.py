@@ -39,6 +39,8 @@ class Job:
     bytes_done: int = 0
     error: str | None = None
     errors: list[dict[str, object]] = field(default_factory=list)
+    #: Bytes by where they came from (``bucket``, ``peer:<host>``), for fills of host copies.
+    sources: dict[str, int] = field(default_factory=dict)
     lease_ids: list[str] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
@@ -63,6 +65,10 @@ class Job:
         with self.lock:
             self.bytes_done += nbytes
             self.files_done += files
+
+    def add_source(self, source: str, nbytes: int) -> None:
+        with self.lock:
+            self.sources[source] = self.sources.get(source, 0) + nbytes
 
 
 class JobTable:

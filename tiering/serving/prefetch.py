@@ -191,7 +191,10 @@ def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
             def added(n: int) -> None:
                 job.add(nbytes=n)
 
-            hc.fill(rec.id, to_tier, cancel=job.cancel, progress=added, keep_s=ctx.leases.ttl(None))
+            hc.fill(
+                rec.id, to_tier, cancel=job.cancel, progress=added, keep_s=ctx.leases.ttl(None),
+                sources=job.add_source,
+            )  # fmt: skip
         elif cur.tier != to_tier:
 
             def progress(done: int, _total: int, base: int = base) -> None:

@@ -241,6 +241,19 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def write(self, data: bytes | memoryview) -> None: ...
 
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` of the unpublished file (pieces landing out of order,
+        from several threads); the checksum is then of the whole file as it is at
+        :meth:`publish`. A writer takes either :meth:`write` or this, not both. Backends that
+        cannot (an object store's upload is in order) raise
+        :class:`~tiering.errors.TierdError`."""
+        raise TierdError(f"tier {self.tier.name} takes no positional writes")
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Bytes already written at ``offset`` of the unpublished file (a fill relays the
+        pieces it verified before it publishes); see :meth:`write_at`."""
+        raise TierdError(f"tier {self.tier.name} cannot read an unpublished file")
+
     @abc.abstractmethod
     def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
         """Make the written bytes durable (still unpublished); idempotent.

@@ -14,6 +14,7 @@ import errno
 import os
 import secrets
 import stat
+import threading
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -101,6 +102,9 @@ class DirectoryWriter(Writer):
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
         self._hasher = Hasher()
+        # write_at: pieces land out of order, so the checksum is of the file at the end.
+        self._positional = False
+        self._at_lock = threading.Lock()
         # The directories made for this file: an abort removes them again (when still empty),
         # so a failed or cut-short upload leaves nothing on the tier.
         self._made: list[str] = []
@@ -122,7 +126,8 @@ class DirectoryWriter(Writer):
                 )
             self._fd = os.open(
                 self.temp_name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                # Read too: a fill relays pieces from its temp (read_at) before it publishes.
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o644,
                 dir_fd=self._dirfd,
             )
@@ -141,6 +146,10 @@ class DirectoryWriter(Writer):
     @property
     def checksum(self) -> str:
         """Checksum of the bytes written so far."""
+        if self._positional and self._fd is not None:
+            from tiering.checksum import hash_fd
+
+            return hash_fd(self._fd, self.size)
         return self._hasher.value()
 
     @property
@@ -155,6 +164,8 @@ class DirectoryWriter(Writer):
     def write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
             raise TierdError("write after publish or abort")
+        if self._positional:
+            raise TierdError("write after write_at: a writer takes one or the other")
         if self.limit is not None and self.size + len(data) > self.limit:
             raise InsufficientSpace(
                 f"tier {self.tier.name} has room for {self.limit} more bytes only",
@@ -174,6 +185,48 @@ class DirectoryWriter(Writer):
         if self.size - self._written_back >= WRITEBACK_STEP:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        """``pwrite`` at ``offset`` (thread-safe); see :meth:`Writer.write_at`."""
+        fd = self._fd
+        if fd is None:
+            raise TierdError("write after publish or abort")
+        with self._at_lock:
+            if self.size and not self._positional:
+                raise TierdError("write_at after write: a writer takes one or the other")
+            self._positional = True
+        end = offset + len(data)
+        if self.limit is not None and end > self.limit:
+            raise InsufficientSpace(
+                f"tier {self.tier.name} has room for {self.limit} more bytes only",
+                tier=self.tier.name,
+                limit=self.limit,
+            )
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise InsufficientSpace(
+                    f"tier {self.tier.name} is out of space", tier=self.tier.name
+                ) from exc
+            raise
+        with self._at_lock:
+            self.size = max(self.size, end)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        fd = self._fd
+        if fd is None:
+            raise TierdError("read after publish or abort")
+        out = bytearray()
+        while len(out) < length:
+            chunk = os.pread(fd, length - len(out), offset + len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
 
     def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
         """fsync the temp file (after setting its mode and times, when given); idempotent.
@@ -203,10 +256,11 @@ class DirectoryWriter(Writer):
         """fsync, publish under the final name without clobbering, fsync the directory."""
         if self._fd is None:
             raise TierdError("publish after publish or abort")
-        if self.expected is not None and self.checksum != self.expected:
+        value = self.checksum
+        if self.expected is not None and value != self.expected:
             self.abort()
             raise IntegrityError(
-                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
+                f"{self.relpath!r}: the bytes written hash to {value}, "
                 f"not {self.expected}; nothing was published",
                 path=self.relpath,
             )
@@ -238,7 +292,7 @@ class DirectoryWriter(Writer):
         finally:
             self._close_dir()
         self._made = []  # they hold the file now
-        return Published(self.relpath, self.size, st.mtime_ns, self._hasher.value(), st)
+        return Published(self.relpath, self.size, st.mtime_ns, value, st)
 
     def abort(self) -> None:
         """Discard the temp file (idempotent)."""

@@ -1,0 +1,456 @@
+"""A host copy filled from pieces: several sources at once, every piece checked before it is
+written, the bucket read about once per fleet.
+
+A fill of a shared file's copy (a fleet prefetch, the copy planner) on a fleet with a credential
+(:class:`FleetFills`) takes the file's 8 MiB pieces (:mod:`tiering.fleet.pieces`) from:
+
+- peers holding verified pieces of the generation (the catalog's holdings; a peer still filling
+  serves the pieces it verified so far, so hosts relay to each other as a chain or tree), chosen
+  least busy first, then most complete, at most :attr:`FleetFills.per_peer` pieces in flight to
+  one peer from this host;
+- the bucket, only for pieces no live peer can give, and only while this host holds one of the
+  at most K claims on reading the generation from the bucket
+  (:meth:`~tiering.catalog.pieces.Pieces.claim_origin`). A host without a claim waits for the
+  pieces no peer has yet while a live claimer (its claim renewed as its pieces land, its
+  heartbeat fresh) makes progress; once no live claimer is left, it claims the bucket itself.
+
+A piece from a peer is checked against the map's digest before it is written; a bad one is
+dropped, fetched elsewhere, and the peer avoided a while (:class:`~tiering.fleet.pieces.Avoid`);
+a peer that fails (killed, refused, 404) is skipped for :data:`PEER_RETRY_S`, and only the
+pieces still missing are fetched again. A piece read from the bucket (at the ETag of the
+record's generation) records its digest in the map as it lands, unless the map has one, which
+it must then match. Each piece is written at its offset into the copy writer's temp
+(:meth:`~tiering.tiers.Writer.write_at`), and marked held in the catalog once written, so others
+take it from here while the fill runs. The whole-file checksum still ends the fill, in the
+writer's publish; a mismatch drops the unfinished map (its digests came from those bytes).
+
+A generation change anywhere (a peer's 409, the map gone, the catalog refusing a mark) ends
+the fill with :class:`~tiering.errors.FileChanged`: nothing of the old bytes is kept or served.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import httpx
+
+from tiering.catalog import FileRecord
+from tiering.catalog.db import Database
+from tiering.catalog.hosts import Hosts
+from tiering.catalog.pieces import Holding, PieceDigests, Pieces
+from tiering.config import EngineConfig
+from tiering.errors import FileChanged, IntegrityError
+from tiering.fleet.peerfetch import NotHeld, PeerBusy, PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.pieces import (
+    ALGORITHM,
+    PIECE_SIZE,
+    Avoid,
+    BadPiece,
+    digest,
+    piece_span,
+    plan_sources,
+)
+from tiering.tiers import FillCancelled, Published, Source, Tier, Writer
+
+__all__ = ["FleetFills", "PieceFill", "reset_holdings", "write_from_pieces"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a peer that failed (down, refused) is skipped before it is asked again; its pieces
+#: no other peer has go to the bucket meanwhile.
+PEER_RETRY_S = 1.0
+#: Seconds a peer that answered it does not hold a piece (yet: its catalog row ran ahead, or
+#: its copy is between publish and record) is skipped; its pieces wait for it.
+NOT_HELD_S = 0.2
+#: Bucket reads one fill has in flight: pieces land one after another, so relays start early
+#: (a capped origin sends no faster for more of them).
+ORIGIN_READS = 2
+#: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class FleetFills:
+    """What a fill from pieces needs: the catalog's pieces and hosts, this host's id and the
+    fleet credential, ``origin_readers`` (K, the most hosts reading one generation from the
+    bucket at once), ``origin_ttl_s`` (how long a claim holds unrenewed), ``host_timeout_s``
+    (heartbeat age past which a peer is down), ``workers`` (pieces in flight) and
+    ``per_peer`` (the most of them on one peer)."""
+
+    pieces: Pieces
+    hosts: Hosts
+    host: str
+    token: str
+    origin_readers: int = 1
+    origin_ttl_s: float = 10.0
+    host_timeout_s: float = 30.0
+    workers: int = 8
+    per_peer: int = 4
+
+    @classmethod
+    def of(cls, db: Database, host: str, config: EngineConfig) -> FleetFills | None:
+        """A host's fills from pieces, given a fleet credential (None without one)."""
+        if not config.fleet_token:
+            return None
+        return cls(
+            Pieces(db), Hosts(db), host, config.fleet_token,
+            origin_readers=config.origin_readers, host_timeout_s=config.host_timeout_s,
+        )  # fmt: skip
+
+
+class PieceFill:
+    """One fill of ``rec``'s copy into ``writer``; :meth:`run` it once. :meth:`read_range`
+    serves the verified pieces to peers while it runs (until :meth:`close`)."""
+
+    def __init__(
+        self,
+        fleet: FleetFills,
+        rec: FileRecord,
+        writer: Writer,
+        open_origin: Callable[[], Source],
+        *,
+        stop: Callable[[], bool],
+        throttle: Callable[[int], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+        sources: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.fleet, self.rec, self.writer = fleet, rec, writer
+        self.generation = rec.generation
+        self._open_origin = open_origin
+        self._stop, self._throttle, self._progress = stop, throttle, progress
+        self._sources = sources
+        self._cond = threading.Condition()
+        self._verified: set[int] = set()
+        self._readers = 0
+        self._closed = False
+        self._origin: Source | None = None
+        self._origin_lock = threading.Lock()
+        self.claimed = False
+        self.by_source: Counter[str] = Counter()
+        self.map: PieceDigests | None = None
+        self._peers: dict[str, str] = {}
+        self._alive_at = float("-inf")
+
+    # -- relay ---------------------------------------------------------------------------------
+    def read_range(self, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` when every piece they touch is verified and written, else
+        None (the fill ended, or the pieces are not here yet)."""
+        m = self.map
+        if m is None or not 0 <= start < end <= m.size:
+            return None
+        first, last = start // m.piece_size, (end - 1) // m.piece_size
+        with self._cond:
+            if self._closed or not all(i in self._verified for i in range(first, last + 1)):
+                return None
+            self._readers += 1
+        try:
+            return self.writer.read_at(start, end - start)
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Serve no more (before the writer publishes or aborts): waits for reads in flight."""
+        with self._cond:
+            self._closed = True
+            while self._readers:
+                self._cond.wait()
+        if self._origin is not None:
+            self._origin.close()
+
+    # -- the fill ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Fetch every piece into the writer (see the module docstring)."""
+        f, rec = self.fleet, self.rec
+        m = f.pieces.map(rec.id, self.generation) or f.pieces.open_map(
+            rec.id, generation=self.generation, size=rec.size, piece_size=PIECE_SIZE,
+            algorithm=ALGORITHM, host=f.host,
+        )  # fmt: skip
+        if m is None or m.size != rec.size:
+            raise FileChanged(f"{rec.relpath!r} changed before it was copied")
+        self.map = m
+        missing = set(range(m.count))
+        avoid = Avoid()
+        down = Avoid(base_s=PEER_RETRY_S, max_s=PEER_RETRY_S)
+        later = Avoid(base_s=NOT_HELD_S, max_s=NOT_HELD_S)
+        inflight: dict[Future[None], tuple[int, str | None]] = {}
+        limits = httpx.Limits(max_connections=f.workers, max_keepalive_connections=f.workers)
+        with (
+            httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0), limits=limits) as http,
+            ThreadPoolExecutor(f.workers, thread_name_prefix="tierd-piece") as pool,
+        ):
+            try:
+                while missing:
+                    if self._stop():
+                        raise FillCancelled
+                    self._schedule(missing, inflight, pool, http, avoid, down, later)
+                    if not inflight:
+                        time.sleep(POLL_S)
+                        continue
+                    done, _ = wait(list(inflight), timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        index, peer = inflight.pop(fut)
+                        self._settle(fut, index, peer, missing, avoid, down, later)
+            finally:
+                for fut in inflight:
+                    fut.cancel()
+                wait(list(inflight))
+
+    def _schedule(
+        self,
+        missing: set[int],
+        inflight: dict[Future[None], tuple[int, str | None]],
+        pool: ThreadPoolExecutor,
+        http: httpx.Client,
+        avoid: Avoid,
+        down: Avoid,
+        later: Avoid,
+    ) -> None:
+        f, rec, now = self.fleet, self.rec, time.time()
+        room = f.workers - len(inflight)
+        if room <= 0:
+            return
+        m = f.pieces.map(rec.id, self.generation)
+        if m is None:
+            raise FileChanged(f"{rec.relpath!r} changed while it was copied (its map is gone)")
+        self.map = m
+        holdings = f.pieces.holdings(rec.id, self.generation)
+        alive = self._alive(now)
+        busy = Counter(p for _, p in inflight.values() if p is not None)
+        taken = {i for i, _ in inflight.values()}
+        todo = self._order(missing - taken, holdings)
+        todo = [i for i in todo if m.has_digest(i)]
+        up = [h for h in alive if not down.avoided(h, now)]
+        asked = [h for h in up if not later.avoided(h, now)]
+        plan = plan_sources(
+            todo, holdings, me=f.host, generation=self.generation, now=now, busy=busy,
+            avoid=avoid, per_peer=f.per_peer, up=asked,
+        )  # fmt: skip
+        plan.update({i: None for i in sorted(missing - taken) if not m.has_digest(i)})
+        claimers = [
+            h.host
+            for h in holdings
+            if h.host != f.host and (h.origin_until or 0) > now and h.host in alive
+        ]
+        able = [
+            h for h in holdings
+            if h.host in up and h.host != f.host and not avoid.avoided(h.host, now)
+        ]  # fmt: skip
+        bucket = sum(1 for _, p in inflight.values() if p is None)
+        for index in self._order(set(plan), holdings):
+            if room <= 0:
+                break
+            peer = plan[index]
+            if peer is None and m.has_digest(index) and any(h.has(index) for h in able):
+                continue  # its holders are busy: wait for one rather than read the bucket
+            if peer is None:
+                if not self.claimed:
+                    # Claim, then plan again from the catalog as it is now: pieces a claimer
+                    # that just finished released may be on peers already.
+                    if self._claim(claimers, now):
+                        self._schedule(missing, inflight, pool, http, avoid, down, later)
+                    return
+                if bucket >= ORIGIN_READS:
+                    continue
+                bucket += 1
+                fut = pool.submit(self._from_origin, index)
+            else:
+                fut = pool.submit(self._from_peer, http, peer, alive[peer], index)
+            inflight[fut] = (index, peer)
+            room -= 1
+
+    def _alive(self, now: float) -> dict[str, str]:
+        """Peers with a fresh heartbeat, by id, with their URLs (read at most once a second:
+        a heartbeat is seconds apart anyway)."""
+        if now - self._alive_at >= 1.0:
+            f = self.fleet
+            self._peers = {
+                h.host_id: h.address
+                for h in f.hosts.all()
+                if now - h.last_heartbeat <= f.host_timeout_s and h.host_id != f.host
+            }
+            self._alive_at = now
+        return self._peers
+
+    def _order(self, indices: set[int], holdings: list[Holding]) -> list[int]:
+        """Rarest first (fewest holders), ties in an order of this host's own, so receivers
+        take different pieces first and then swap them (BitTorrent's rarest first)."""
+        me = self.fleet.host
+
+        def key(i: int) -> tuple[int, int]:
+            holders = sum(1 for h in holdings if h.host != me and h.has(i))
+            return holders, zlib.crc32(f"{me}:{i}".encode())
+
+        return sorted(indices, key=key)
+
+    def _claim(self, claimers: list[str], now: float) -> bool:
+        """Take a claim on reading the bucket when fewer than K live hosts hold one; whether
+        this host holds one now."""
+        f = self.fleet
+        if len(claimers) < f.origin_readers:
+            self.claimed = f.pieces.claim_origin(
+                self.rec.id, host=f.host, generation=self.generation, readers=f.origin_readers,
+                ttl_s=f.origin_ttl_s, now=now,
+            )  # fmt: skip
+            log.debug("fill of %r: bucket claimed: %s", self.rec.relpath, self.claimed)
+        return self.claimed
+
+    def _settle(
+        self,
+        fut: Future[None],
+        index: int,
+        peer: str | None,
+        missing: set[int],
+        avoid: Avoid,
+        down: Avoid,
+        later: Avoid,
+    ) -> None:
+        try:
+            fut.result()
+        except StaleGeneration as exc:
+            raise FileChanged(
+                f"{self.rec.relpath!r} changed while it was copied (generation {exc.current})"
+            ) from exc
+        except BadPiece:
+            if peer is None:
+                raise
+            avoid.bad_piece(peer, time.time())  # dropped: fetched again elsewhere
+            return
+        except (NotHeld, PeerBusy):
+            later.bad_piece(peer or "", time.time())
+            return
+        except PeerFailed:
+            down.bad_piece(peer or "", time.time())
+            return
+        missing.discard(index)
+
+    # -- one piece -----------------------------------------------------------------------------
+    def _from_peer(self, http: httpx.Client, peer: str, url: str, index: int) -> None:
+        m = self.map
+        assert m is not None
+        data = fetch_piece(http, url, self.fleet.token, self.rec.relpath, m, index)
+        self._land(index, data, f"peer:{peer}", None)
+
+    def _from_origin(self, index: int) -> None:
+        m = self.map
+        assert m is not None
+        offset, length = piece_span(index, m.size, m.piece_size)
+        with self._origin_lock:
+            if self._origin is None:
+                self._origin = self._open_origin()
+            src = self._origin
+        buf = bytearray(length)
+        got = src.readinto(memoryview(buf), offset) if length else 0
+        if got != length:
+            raise FileChanged(f"{self.rec.relpath!r} ended at {offset + got}, not {m.size}")
+        d = digest(buf)
+        if m.has_digest(index) and m.digests[index] != d:
+            raise IntegrityError(
+                f"piece {index} of {self.rec.relpath!r} read from its origin does not match "
+                "the digest recorded for its generation",
+                file_id=self.rec.id,
+                piece=index,
+            )
+        self._land(index, buf, "bucket", d)
+
+    def _land(self, index: int, data: bytes | bytearray, source: str, d: bytes | None) -> None:
+        if self._throttle is not None:
+            self._throttle(len(data))
+        m = self.map
+        assert m is not None
+        offset, _ = piece_span(index, m.size, m.piece_size)
+        if data:
+            self.writer.write_at(offset, memoryview(data))
+        with self._cond:  # servable here before the catalog tells anyone it is
+            self._verified.add(index)
+        f = self.fleet
+        after = f.pieces.land(
+            self.rec.id, host=f.host, generation=self.generation, index=index, digest=d,
+            origin_ttl_s=f.origin_ttl_s if d is not None else None,
+        )  # fmt: skip
+        if after is None:
+            raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
+        with self._cond:
+            self.by_source[source] += len(data)
+        if self._sources is not None:
+            self._sources(source, len(data))
+        if self._progress is not None:
+            self._progress(len(data))
+
+
+def write_from_pieces(
+    fleet: FleetFills,
+    rec: FileRecord,
+    area: Tier,
+    name: str,
+    *,
+    open_origin: Callable[[], Source],
+    stop: Callable[[], bool],
+    throttle: Callable[[int], None] | None,
+    progress: Callable[[int], None] | None,
+    sources: Callable[[str, int], None] | None,
+    serving: Callable[[PieceFill | None], None],
+) -> Published:
+    """Write ``rec``'s copy ``name`` into copies area ``area`` from pieces (a
+    :class:`PieceFill`, handed to ``serving`` while it may relay, and ``serving(None)`` after),
+    ended by the writer's checked publish, as :func:`~tiering.copies.copyfiles.write_copy`
+    does. On failure this host's holding and bucket claim go; a whole-file checksum that
+    failed also drops the unfinished map whose digests came from those bytes."""
+    pieces = fleet.pieces
+    fill: PieceFill | None = None
+    try:
+        with area.writer(name, overwrite=True, checksum=rec.checksum) as w:
+            fill = PieceFill(
+                fleet, rec, w, open_origin, stop=stop, throttle=throttle, progress=progress,
+                sources=sources,
+            )  # fmt: skip
+            serving(fill)
+            try:
+                fill.run()
+            finally:
+                serving(None)
+                fill.close()
+            if w.size != rec.size:
+                raise FileChanged(f"{rec.relpath!r} is {w.size} bytes, the catalog says {rec.size}")
+            try:
+                published = w.publish()
+            except IntegrityError:
+                _quietly(lambda: pieces.drop_unfinished(rec.id, rec.generation))
+                raise
+    except BaseException:
+        _quietly(lambda: pieces.forget(rec.id, host=fleet.host))
+        raise
+    finally:
+        if fill is not None and fill.claimed:
+            _quietly(lambda: pieces.release_origin(rec.id, host=fleet.host))
+    _quietly(lambda: pieces.finalize(rec.id, rec.generation))
+    return published
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    """A catalog step whose failure (an outage) must not hide the fill's own outcome: a
+    holding left behind names a host that no longer answers for it (receivers skip it after a
+    404), and an unreleased claim expires."""
+    try:
+        step()
+    except Exception as exc:  # noqa: BLE001 - logged; the fill's own result stands
+        log.warning("piece bookkeeping failed: %s", exc)
+
+
+def reset_holdings(fleet: FleetFills, kept: Iterable[tuple[int, int]]) -> None:
+    """At start: this host's holdings are exactly its ``kept`` copies' (file id, generation),
+    each whole (a fill cut short by a crash left a holding of a temp that recovery swept)."""
+    pieces = fleet.pieces
+    pieces.forget_host(fleet.host)
+    for file_id, generation in kept:
+        m = pieces.map(file_id, generation)
+        if m is not None:
+            pieces.mark(file_id, host=fleet.host, generation=generation, verified=range(m.count))
