@@ -316,6 +316,13 @@ def _populate(srv: LiveServer) -> dict[str, Any]:
         json={"path": "models/llama-3-8b/model-00001-of-00002.safetensors", "device": "cpu"},
     )
     assert live.status_code == 200, live.text
+    # A lease whose file was deleted since: it lives on (the client's), shown as on a gone file.
+    orphan = data.post(
+        "/v1/load", json={"path": "datasets/eval/shard-000.parquet", "device": "cpu"}
+    )
+    assert orphan.status_code == 200, orphan.text
+    gone = ids["datasets/eval/shard-000.parquet"]
+    assert admin.delete(f"/v1/files/{gone}").status_code == 200
     # A slow move in flight: 12 MiB at 0.5 MiB/s, cancelled when the server stops.
     policy = admin.get("/v1/policy").json()["policy"]
     policy.update(bandwidth_bytes_per_s=MiB // 2, min_age_s=86400, interval_s=3600)
@@ -330,7 +337,12 @@ def _populate(srv: LiveServer) -> dict[str, Any]:
     )
     admin.close()
     data.close()
-    return {"lease": live.json()["buffer_id"], "move": move_id, "hot": ids}
+    return {
+        "lease": live.json()["buffer_id"],
+        "orphan": orphan.json()["buffer_id"],
+        "move": move_id,
+        "hot": ids,
+    }
 
 
 def _save_screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
@@ -425,7 +437,11 @@ def test_dashboard_in_a_real_browser(
         assert "done" in text("moves-recent")
         # The live lease against the cpu budget.
         lease = driver.find_element(By.CSS_SELECTOR, f'[data-buffer-id="{seen["lease"]}"]')
-        assert "cpu" in lease.text
+        assert "cpu" in lease.text and not lease.find_elements(By.CSS_SELECTOR, "[data-deleted]")
+        orphan = driver.find_element(By.CSS_SELECTOR, f'[data-buffer-id="{seen["orphan"]}"]')
+        gone = seen["hot"]["datasets/eval/shard-000.parquet"]
+        deleted = orphan.find_element(By.CSS_SELECTOR, "[data-deleted]")
+        assert deleted.text == f"#{gone} deleted"
         assert "of 256 MiB budget" in text("budgets")
         # The charts drew the loads made a moment ago.
         assert driver.find_elements(By.CSS_SELECTOR, "#chart-throughput svg rect")
