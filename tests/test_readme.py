@@ -82,6 +82,9 @@ def snippets(text: str) -> list[Snippet]:
 
 SNIPPETS = snippets(README.read_text())
 
+# In order, on one server: pytest-xdist's workers take these together (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("readme")
+
 
 def test_the_readme_has_runnable_snippets_of_both_kinds() -> None:
     runnable = {s.lang for s in SNIPPETS if s.mark is None or not s.mark.startswith("skip:")}
