@@ -12,10 +12,10 @@ others, so every test keeps to these rules:
   a fixed path in /tmp or the repository, nor the home directory (a browser's profile
   included: ``--user-data-dir`` under ``tmp_path``). Names in shared places (/dev/shm) carry
   the process id or a random part, and a test counts only its own (``tierd-{pid}-`` segments).
-- **Session and module fixtures** run once per worker, not once per run: they must not write
-  one shared place (``tmp_path_factory`` gives each worker its own), and a test must not rely
-  on another test of its module having run before it on the same worker. Tests that must run
-  in order in one process (the README's snippets) share an ``xdist_group`` mark.
+- **Session fixtures** run once per worker, not once per run: they must not write one shared
+  place (``tmp_path_factory`` gives each worker its own). A file's tests run on one worker, in
+  order (``--dist loadfile``), so a module fixture starts once; tests that depend on the order
+  (the README's snippets) stay in one file. A test never relies on another file's tests.
 - **PostgreSQL**: ``pg_url`` is a fresh database on the worker's own server; a test that stops
   its server takes ``private_pg`` (its own copy of the worker's migrated cluster). Never stop
   or reconfigure the shared one.

@@ -82,9 +82,6 @@ def snippets(text: str) -> list[Snippet]:
 
 SNIPPETS = snippets(README.read_text())
 
-# In order, on one server: pytest-xdist's workers take these together (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("readme")
-
 
 def test_the_readme_has_runnable_snippets_of_both_kinds() -> None:
     runnable = {s.lang for s in SNIPPETS if s.mark is None or not s.mark.startswith("skip:")}
@@ -100,7 +97,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """``tierd serve`` with no configuration, in a directory of its own (./tierd-data)."""
+    """``tierd serve`` with no configuration, in a directory of its own (./tierd-data), for the
+    snippets in order (pytest-xdist's ``--dist loadfile`` runs a file's tests on one worker)."""
     cwd = tmp_path_factory.mktemp("readme")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}

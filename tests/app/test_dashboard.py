@@ -191,8 +191,14 @@ def test_history_shows_a_load_at_once_and_stops_its_thread(data_dir: Path) -> No
     if not SHM.is_dir() or not os.access(SHM, os.W_OK):
         pytest.skip("/dev/shm is not writable here (cpu loads need it)")
     settings = make_settings(data_dir, watch=False)
+    before = set(threading.enumerate())  # only this app's sampler counts (not another's)
+
+    def samplers() -> list[threading.Thread]:
+        new = set(threading.enumerate()) - before
+        return [t for t in new if t.name == "tierd-stats-history" and t.is_alive()]
+
     with TestClient(create_app(settings)) as c:
-        assert any(t.name == "tierd-stats-history" for t in threading.enumerate())
+        assert samplers()
         fid = _put(c, "a/b.bin", os.urandom(3 * MiB + 5), "ssd")
         lease = c.post("/v1/load", json={"file_id": fid, "device": "cpu"})
         assert lease.status_code == 200, lease.text
@@ -206,7 +212,7 @@ def test_history_shows_a_load_at_once_and_stops_its_thread(data_dir: Path) -> No
         assert c.get("/v1/stats/history", params={"minutes": 0}).status_code == 422
         assert c.delete(f"/v1/buffers/{lease.json()['buffer_id']}").status_code == 200
     # The lifespan stopped the sampler (the autouse fixture fails a leaked thread, too).
-    assert not any(t.name == "tierd-stats-history" for t in threading.enumerate())
+    assert not samplers()
 
 
 # -- /v1/heat ------------------------------------------------------------------------------------
