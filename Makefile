@@ -33,8 +33,13 @@ $(BIN)/tierd: pyproject.toml
 serve: $(BIN)/tierd
 	$(BIN)/tierd serve $(ARGS)
 
+# -n 4: pytest-xdist's workers, more than a 2-core machine's cores, as the tests mostly wait on
+# servers, subprocesses and TTLs (tests/conftest.py says what makes a test safe beside the
+# others). loadfile: a file's tests run on one worker, in order, so a module's fixtures start
+# once (the README's snippets run in order on one server); xdist_group marks would not do:
+# pytest 9.2 ignores the node ids xdist 3.8 rewrites for them. ARGS=-n0 runs in one process.
 test: $(BIN)/tierd
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile $(ARGS)
 
 lint: $(BIN)/tierd
 	$(BIN)/ruff check app tiering tierd_client tierd_bench tests migrations

@@ -18,6 +18,7 @@ __all__ = [
     "BatchOut",
     "BatchRequest",
     "BufferList",
+    "BufferOut",
     "GatherRequest",
     "JobOut",
     "LeaseOut",
@@ -370,8 +371,25 @@ class BatchOut(BaseModel):
     buffers: list[LeaseOut] = Field(description="One per item, in request order")
 
 
+class BufferOut(LeaseOut):
+    """A lease as the buffer list shows it: whether its files are still there."""
+
+    deleted_file_ids: list[int] | None = Field(
+        description="Those of file_ids deleted since the load. The buffer still holds their "
+        "bytes and stays the client's until released or expired (a client may be using it). "
+        "null while the catalog cannot be reached"
+    )
+
+    @classmethod
+    def of_lease(cls, lease: Lease, existing: set[int] | None) -> BufferOut:
+        """``existing``: the ids among the lease's files that still have a record (None:
+        unknown)."""
+        deleted = None if existing is None else [i for i in lease.file_ids if i not in existing]
+        return cls(**LeaseOut.of(lease).model_dump(), deleted_file_ids=deleted)
+
+
 class BufferList(BaseModel):
-    items: list[LeaseOut]
+    items: list[BufferOut]
     leased_bytes: dict[str, int] = Field(description="Allocated bytes leased, per device")
     budget_bytes: dict[str, int] = Field(description="Lease budget, per device used so far")
 

@@ -1,5 +1,30 @@
 """Shared fixtures: real temp tiers, an Alembic-built SQLite catalog, the real app in-process,
-and a real uvicorn server on a free loopback port."""
+and a real uvicorn server on a free loopback port.
+
+The suite runs in parallel (pytest-xdist: `make test` passes ``-n 4 --dist loadfile``; a plain ``pytest`` runs it in one
+process). Each worker is a process of its own, running tests in no fixed order beside the
+others, so every test keeps to these rules:
+
+- **Ports**: bind port 0 or take :func:`free_port`; never a fixed one (8470, 5432, 9000, ...).
+  A server that may lose its free port to another process before binding retries with a new one
+  (``tierd_bench._postgres.PgServer`` does).
+- **Files**: write under ``tmp_path`` / ``tmp_path_factory`` (a base directory per worker), never
+  a fixed path in /tmp or the repository, nor the home directory (a browser's profile
+  included: ``--user-data-dir`` under ``tmp_path``). Names in shared places (/dev/shm) carry
+  the process id or a random part, and a test counts only its own (``tierd-{pid}-`` segments).
+- **Session fixtures** run once per worker, not once per run: they must not write one shared
+  place (``tmp_path_factory`` gives each worker its own). A file's tests run on one worker, in
+  order (``--dist loadfile``), so a module fixture starts once; tests that depend on the order
+  (the README's snippets) stay in one file. A test never relies on another file's tests.
+- **PostgreSQL**: ``pg_url`` is a fresh database on the worker's own server; a test that stops
+  its server takes ``private_pg`` (its own copy of the worker's migrated cluster). Never stop
+  or reconfigure the shared one.
+- **Not alone on the machine**: other workers load the cores. Wait for conditions
+  (:func:`wait_for`), never for a time; a TTL or timeout that a test must outlive leaves
+  seconds of slack; never assert on machine-wide counts (processes, open files, /dev/shm
+  usage, the load), only on what the test itself made.
+- **Environment**: ``os.environ`` and cwd are per worker; change them with ``monkeypatch``.
+"""
 
 from __future__ import annotations
 

@@ -97,7 +97,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """``tierd serve`` with no configuration, in a directory of its own (./tierd-data)."""
+    """``tierd serve`` with no configuration, in a directory of its own (./tierd-data), for the
+    snippets in order (pytest-xdist's ``--dist loadfile`` runs a file's tests on one worker)."""
     cwd = tmp_path_factory.mktemp("readme")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}

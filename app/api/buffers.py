@@ -1,31 +1,52 @@
-"""Buffer leases: list, show, renew, release."""
+"""Buffer leases: list, show, renew, release.
+
+A lease outlives the deletion of its file: its buffer is the client's (mapped, perhaps in use),
+so deleting a file never frees it under the client. The list and a lease's own view say which
+of its files were deleted since (``deleted_file_ids``), asked of the catalog each time, so a
+deletion by any path (REST, CLI, a scan finding the file gone) shows.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import LoaderDep
+from app.api.deps import EngineDep, LoaderDep
 from app.api.responses import DATA, JSON_BODY, NOT_FOUND
 from app.auth import require_data
-from app.schemas_loads import BufferList, LeaseOut, RenewRequest, lease_json
+from app.schemas_loads import BufferList, BufferOut, LeaseOut, RenewRequest, lease_json
+from tiering.engine import Engine
+from tiering.errors import CatalogUnreachable
+from tiering.serving import Lease
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"], dependencies=[require_data])
 
 
+def _existing(engine: Engine, leases: list[Lease]) -> set[int] | None:
+    """The ids among the leases' files that still have a record; None while the catalog
+    cannot be reached (the list still answers: it is what a degraded host is asked for)."""
+    try:
+        return engine.catalog.existing_ids(i for lease in leases for i in lease.file_ids)
+    except CatalogUnreachable:
+        return None
+
+
 @router.get("", responses=DATA)
-def list_buffers(loader: LoaderDep) -> BufferList:
+def list_buffers(loader: LoaderDep, engine: EngineDep) -> BufferList:
     """Every live lease, oldest first, with the bytes leased and the budget per device."""
+    leases = loader.leases.all()
+    existing = _existing(engine, leases)
     return BufferList(
-        items=[LeaseOut.of(lease) for lease in loader.leases.all()],
+        items=[BufferOut.of_lease(lease, existing) for lease in leases],
         leased_bytes=loader.leases.leased_bytes(),
         budget_bytes=loader.leases.budgets(),
     )
 
 
 @router.get("/{buffer_id}", responses=DATA | NOT_FOUND)
-def get_buffer(buffer_id: str, loader: LoaderDep) -> LeaseOut:
+def get_buffer(buffer_id: str, loader: LoaderDep, engine: EngineDep) -> BufferOut:
     """One lease, with its handle."""
-    return LeaseOut.of(loader.leases.get(buffer_id))
+    lease = loader.leases.get(buffer_id)
+    return BufferOut.of_lease(lease, _existing(engine, [lease]))
 
 
 @router.post("/{buffer_id}/renew", response_model=LeaseOut, responses=DATA | NOT_FOUND | JSON_BODY)

@@ -191,8 +191,14 @@ def test_history_shows_a_load_at_once_and_stops_its_thread(data_dir: Path) -> No
     if not SHM.is_dir() or not os.access(SHM, os.W_OK):
         pytest.skip("/dev/shm is not writable here (cpu loads need it)")
     settings = make_settings(data_dir, watch=False)
+    before = set(threading.enumerate())  # only this app's sampler counts (not another's)
+
+    def samplers() -> list[threading.Thread]:
+        new = set(threading.enumerate()) - before
+        return [t for t in new if t.name == "tierd-stats-history" and t.is_alive()]
+
     with TestClient(create_app(settings)) as c:
-        assert any(t.name == "tierd-stats-history" for t in threading.enumerate())
+        assert samplers()
         fid = _put(c, "a/b.bin", os.urandom(3 * MiB + 5), "ssd")
         lease = c.post("/v1/load", json={"file_id": fid, "device": "cpu"})
         assert lease.status_code == 200, lease.text
@@ -206,7 +212,7 @@ def test_history_shows_a_load_at_once_and_stops_its_thread(data_dir: Path) -> No
         assert c.get("/v1/stats/history", params={"minutes": 0}).status_code == 422
         assert c.delete(f"/v1/buffers/{lease.json()['buffer_id']}").status_code == 200
     # The lifespan stopped the sampler (the autouse fixture fails a leaked thread, too).
-    assert not any(t.name == "tierd-stats-history" for t in threading.enumerate())
+    assert not samplers()
 
 
 # -- /v1/heat ------------------------------------------------------------------------------------
@@ -316,6 +322,13 @@ def _populate(srv: LiveServer) -> dict[str, Any]:
         json={"path": "models/llama-3-8b/model-00001-of-00002.safetensors", "device": "cpu"},
     )
     assert live.status_code == 200, live.text
+    # A lease whose file was deleted since: it lives on (the client's), shown as on a gone file.
+    orphan = data.post(
+        "/v1/load", json={"path": "datasets/eval/shard-000.parquet", "device": "cpu"}
+    )
+    assert orphan.status_code == 200, orphan.text
+    gone = ids["datasets/eval/shard-000.parquet"]
+    assert admin.delete(f"/v1/files/{gone}").status_code == 200
     # A slow move in flight: 12 MiB at 0.5 MiB/s, cancelled when the server stops.
     policy = admin.get("/v1/policy").json()["policy"]
     policy.update(bandwidth_bytes_per_s=MiB // 2, min_age_s=86400, interval_s=3600)
@@ -330,7 +343,12 @@ def _populate(srv: LiveServer) -> dict[str, Any]:
     )
     admin.close()
     data.close()
-    return {"lease": live.json()["buffer_id"], "move": move_id, "hot": ids}
+    return {
+        "lease": live.json()["buffer_id"],
+        "orphan": orphan.json()["buffer_id"],
+        "move": move_id,
+        "hot": ids,
+    }
 
 
 def _save_screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
@@ -425,7 +443,11 @@ def test_dashboard_in_a_real_browser(
         assert "done" in text("moves-recent")
         # The live lease against the cpu budget.
         lease = driver.find_element(By.CSS_SELECTOR, f'[data-buffer-id="{seen["lease"]}"]')
-        assert "cpu" in lease.text
+        assert "cpu" in lease.text and not lease.find_elements(By.CSS_SELECTOR, "[data-deleted]")
+        orphan = driver.find_element(By.CSS_SELECTOR, f'[data-buffer-id="{seen["orphan"]}"]')
+        gone = seen["hot"]["datasets/eval/shard-000.parquet"]
+        deleted = orphan.find_element(By.CSS_SELECTOR, "[data-deleted]")
+        assert deleted.text == f"#{gone} deleted"
         assert "of 256 MiB budget" in text("budgets")
         # The charts drew the loads made a moment ago.
         assert driver.find_elements(By.CSS_SELECTOR, "#chart-throughput svg rect")

@@ -326,8 +326,11 @@ def test_a_write_that_lost_a_deadlock_runs_again(eng: Engine, databases: list[Da
     for t in threads:
         t.join()
     assert errors == []
-    # PostgreSQL aborted one of the two; it ran again after the other committed.
-    assert sorted(runs) in (["x", "x", "y"], ["x", "y", "y"])
+    # PostgreSQL aborted one of the two; it ran again after the other committed. On a loaded
+    # machine the retry may take its first row back before the winner gets it, and deadlock
+    # once more (the other one loses then): each write ran at most RETRIES + 1 times.
+    assert len(runs) >= 3 and set(runs) == {"x", "y"}
+    assert max(runs.count("x"), runs.count("y")) <= Database.RETRIES + 1
     # ...and both committed, each its own write.
     assert (eng.catalog.get(a.id).detail, eng.catalog.get(b.id).detail) == ("y", "x")
 

@@ -66,6 +66,23 @@ def test_release_frees_at_once(api, upload):
     b.close()
 
 
+def test_a_lease_outlives_its_deleted_file_and_the_list_says_it_is_gone(api, upload, server):
+    kept, gone = upload("kept.bin", b"k" * 4096), upload("gone.bin", b"g" * 4096)
+    with api.load(kept) as k, api.load(gone) as g:
+        r = httpx.delete(f"{server.url}/v1/files/{gone}", timeout=30)
+        assert r.status_code == 200, r.text
+        # The buffer is the client's: deleting its file neither frees nor changes it...
+        assert np.asarray(g).tobytes() == b"g" * 4096
+        # ...and the list, the dashboard's source, no longer shows it as a live file's.
+        items = {i["buffer_id"]: i for i in api.buffers()["items"]}
+        assert items[g.id]["file_ids"] == [gone] and items[g.id]["deleted_file_ids"] == [gone]
+        assert items[k.id]["deleted_file_ids"] == []
+        one = httpx.get(f"{server.url}/v1/buffers/{g.id}", timeout=30).json()
+        assert one["deleted_file_ids"] == [gone]
+        assert api.renew(g.id)["buffer_id"] == g.id  # still the client's to keep
+    assert leased(api) == 0
+
+
 def test_released_segments_wait_renamed_and_serve_the_next_lease(api, upload, server):
     data = os.urandom(3 * MiB + 5)
     fid = upload("p.bin", data)

@@ -5,6 +5,7 @@ per file, cancellation, and a clear error where no memory tier is configured."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,13 +78,19 @@ def test_cancel_stops_the_copy(ld: Loader, monkeypatch: pytest.MonkeyPatch) -> N
     rec = put(eng, "c.bin", os.urandom(2 * MiB - 1))
     real = os.preadv
 
+    asked = threading.Event()
+
     def slow(fd: int, buffers: list[memoryview], offset: int) -> int:
+        # Every read waits for the cancel: on a loaded machine (the suite's other workers) a
+        # read that only slept could finish the copy before the cancel came.
+        asked.wait(10)
         time.sleep(0.05)
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", slow)
     job = ld.prefetch([rec.id], target="memory")
     ld.jobs.cancel(job.id)
+    asked.set()
     assert finished(job).state == "cancelled"
     assert cached_ids(eng) == [] and copy_rows(eng) == []
     assert eng.memory is not None and eng.memory.tier.used_bytes == 0

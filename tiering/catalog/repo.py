@@ -301,6 +301,16 @@ class Catalog:
         # updates its record instead.
         return self.db.transact(body, retry_unique=True)
 
+    def existing_ids(self, file_ids: Iterable[int]) -> set[int]:
+        """Those of ``file_ids`` that still have a record (ids are never reused: 0003)."""
+        wanted = sorted(set(file_ids))
+        found: set[int] = set()
+        with self.db.read() as s:
+            for i in range(0, len(wanted), 500):
+                q = select(FileRecord.id).where(FileRecord.id.in_(wanted[i : i + 500]))
+                found.update(s.scalars(q))
+        return found
+
     def find_many(self, relpaths: Sequence[str]) -> dict[str, FileRecord]:
         out: dict[str, FileRecord] = {}
         with self.db.read() as s:

@@ -436,7 +436,10 @@
         h("span", { class: "muted small", text: ` ${l.kind}` })),
       h("td", { text: l.device }),
       h("td", { class: "num", title: `${l.nbytes} bytes of data`, text: fmtBytes(l.alloc_bytes) }),
-      h("td", { class: "mono", text: l.file_ids.map((i) => `#${i}`).join(" ") }),
+      // A deleted file's lease lives on (its buffer is the client's): say the file is gone.
+      h("td", { class: "mono" }, l.file_ids.map((i) => (l.deleted_file_ids || []).includes(i)
+        ? h("span", { class: "deleted", "data-deleted": "true", title: `file #${i} was deleted; this buffer still holds its bytes`, text: `#${i} deleted ` })
+        : `#${i} `)),
       h("td", { class: "nowrap" }, l.tier ? tierBadge(l.tier) : "—",
         h("span", { class: "muted small", text: [l.io_path, l.gbps ? `${sig(l.gbps)} GB/s` : null].filter(Boolean).map((x) => ` ${x}`).join(" ·") })),
       h("td", { class: "num", title: l.expires_at, text: `in ${fmtDur(Math.max(0, (Date.parse(l.expires_at) - now) / 1000))}` })));
