@@ -1,9 +1,9 @@
 """Shared fixtures: real temp tiers, an Alembic-built SQLite catalog, the real app in-process,
 and a real uvicorn server on a free loopback port.
 
-The suite runs in parallel (pytest-xdist: `make test` passes ``-n 4 --dist loadfile``; a plain ``pytest`` runs it in one
-process). Each worker is a process of its own, running tests in no fixed order beside the
-others, so every test keeps to these rules:
+The suite runs in parallel (pytest-xdist: `make test` passes ``-n 4 --dist loadfile``; a
+plain ``pytest`` runs it in one process). Each worker is a process of its own, running tests in
+no fixed order beside the others, so every test keeps to these rules:
 
 - **Ports**: bind port 0 or take :func:`free_port`; never a fixed one (8470, 5432, 9000, ...).
   A server that may lose its free port to another process before binding retries with a new one
