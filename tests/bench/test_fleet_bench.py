@@ -184,14 +184,15 @@ def _network_doc(report: Any, counts: tuple[int, ...]) -> dict[str, Any]:
     assert list(doc["rows"]) == [r for r in NET_ROWS if doc["setup"]["netns"] or "ceil" not in r]
     size = doc["setup"]["size_bytes"]
     for n in counts:
-        # Every host read the whole model from the origin (today's baseline), plus headers.
-        assert n <= doc["rows"][f"origin_{n}_x"]["value"] < n * 1.1
-        assert doc["setup"]["origin_bytes"][str(n)][0] >= n * size
+        # The bucket sends the model about once however many hosts warm (the others take its
+        # pieces from peers), plus headers; the bound on loopback is 1.3x.
+        assert 1 <= doc["rows"][f"origin_{n}_x"]["value"] < 1.3
+        assert doc["setup"]["origin_bytes"][str(n)][0] >= size
         assert doc["rows"][f"warm_{n}_s"]["value"] > 0
     assert doc["rows"]["warm_2_s"]["vs"] == "warm_1_s"
     # The fault run: the same distribution to 2 hosts, the second killed once the job is a
-    # fifth done (or nobody, if it ended first); each host read from the bucket (today's
-    # baseline), so the origin sent the model once to the first host and up to once more.
+    # fifth done (or nobody, if it ended first): the origin sent the model once, and at most
+    # once more for pieces the killed host had not passed on.
     fault = doc["setup"]["fault"]
     assert fault["hosts"] == 2 and fault["killed"] in ("bench-host-1", None), fault
     assert doc["rows"]["fault_warm_s"]["vs"] == "warm_2_s"
