@@ -6,7 +6,7 @@ import re
 
 from tiering.errors import InvalidRange
 
-__all__ = ["parse_range"]
+__all__ = ["parse_range", "reply_range"]
 
 _RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 
@@ -44,3 +44,17 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
             f"Range starts at {start}, past the end of a {size}-byte file", size=size
         )
     return start, end
+
+
+def reply_range(header: str | None, size: int, headers: dict[str, str]) -> tuple[int, int, int]:
+    """``[start, end)`` and the status of a reply to ``Range`` ``header`` (None: the whole file,
+    200; one range: 206 with its ``Content-Range``), with ``Content-Length`` set in ``headers``.
+    Raises :class:`InvalidRange` as :func:`parse_range` does."""
+    if header is None:
+        start, end, status = 0, size, 200
+    else:
+        start, end = parse_range(header, size)
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    headers["Content-Length"] = str(end - start)
+    return start, end, status

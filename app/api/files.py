@@ -26,7 +26,7 @@ from app.api.responses import (
 )
 from app.auth import require_admin, require_data
 from app.errors import HttpError
-from app.ranges import parse_range
+from app.ranges import reply_range
 from app.schemas import FileList, FileOut
 from tiering.catalog import FileState
 from tiering.checksum import hex_digest
@@ -259,13 +259,7 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
             if_range = request.headers.get("if-range")
             if if_range is not None and if_range != headers.get("ETag"):
                 range_header = None  # the client's copy is stale: send it all
-        if range_header is None:
-            start, end, status = 0, size, 200
-        else:
-            start, end = parse_range(range_header, size)
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        headers["Content-Length"] = str(end - start)
+        start, end, status = reply_range(range_header, size, headers)
     except BaseException:
         content.close()
         raise

@@ -43,7 +43,7 @@ from app.api.deps import EngineDep
 from app.api.responses import MAX_ID, NOT_FOUND, RANGE, TOO_MANY, Responses, _err
 from app.auth import require_fleet
 from app.errors import error_response
-from app.ranges import parse_range
+from app.ranges import parse_range, reply_range
 from tiering.catalog import FileRecord
 from tiering.checksum import hex_digest
 from tiering.engine import Engine
@@ -287,14 +287,7 @@ def peer_content(
         }
         if rec.checksum:
             headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
-        range_header = request.headers.get("range")
-        if range_header is None:
-            start, end, status = 0, held.size, 200
-        else:
-            start, end = parse_range(range_header, held.size)
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{held.size}"
-        headers["Content-Length"] = str(end - start)
+        start, end, status = reply_range(request.headers.get("range"), held.size, headers)
     except BaseException:
         held.release()
         uploads.give()

@@ -159,6 +159,31 @@ def _at(s: Session, file_id: int, generation: int, states: Collection[str] | Non
     )
 
 
+def _new_map(
+    s: Session,
+    file_id: int,
+    generation: int,
+    size: int,
+    piece_size: int,
+    algorithm: str,
+    host: str,
+    now: float | None,
+    *,
+    digests: bytes,
+    known: bytes,
+    final: bool,
+) -> PieceMap:
+    """A new map row of ``generation``, flushed (a second recorder's insert then conflicts)."""
+    row = PieceMap(
+        file_id=file_id, generation=generation, size=size, piece_size=piece_size,
+        algorithm=algorithm, digests=digests, known=known, final=final, recorded_by=host,
+        created_at=time.time() if now is None else now,
+    )  # fmt: skip
+    s.add(row)
+    s.flush()
+    return row
+
+
 class Pieces:
     """Piece maps and holdings over one :class:`Database`."""
 
@@ -194,22 +219,11 @@ class Pieces:
             if not _at(s, file_id, generation, states):
                 return None
             _drop_others(s, file_id, generation)
-            found = s.get(PieceMap, (file_id, generation))
-            if found is None:
-                found = PieceMap(
-                    file_id=file_id,
-                    generation=generation,
-                    size=size,
-                    piece_size=piece_size,
-                    algorithm=algorithm,
-                    digests=b"".join(digests),
-                    known=bitmap(range(len(digests)), len(digests)),
-                    final=True,
-                    recorded_by=host,
-                    created_at=time.time() if now is None else now,
-                )
-                s.add(found)
-                s.flush()
+            found = s.get(PieceMap, (file_id, generation)) or _new_map(
+                s, file_id, generation, size, piece_size, algorithm, host, now,
+                digests=b"".join(digests), known=bitmap(range(len(digests)), len(digests)),
+                final=True,
+            )  # fmt: skip
             return _digests(found)
 
         # Two hosts recording the first map at once: the loser finds the winner's on retry.
@@ -240,14 +254,10 @@ class Pieces:
             found = s.get(PieceMap, (file_id, generation))
             if found is None:
                 _drop_others(s, file_id, generation)
-                found = PieceMap(
-                    file_id=file_id, generation=generation, size=size, piece_size=piece_size,
-                    algorithm=algorithm, digests=bytes(count * width),
-                    known=bytes((count + 7) // 8), final=False, recorded_by=host,
-                    created_at=time.time() if now is None else now,
+                found = _new_map(
+                    s, file_id, generation, size, piece_size, algorithm, host, now,
+                    digests=bytes(count * width), known=bytes((count + 7) // 8), final=False,
                 )  # fmt: skip
-                s.add(found)
-                s.flush()
             return _digests(found)
 
         return self.db.transact(body, changes_files=False, retry_unique=True)

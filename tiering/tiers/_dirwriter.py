@@ -15,6 +15,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -161,25 +162,35 @@ class DirectoryWriter(Writer):
         """
         return None if self._synced is None else stat_of(self._synced)
 
-    def write(self, data: bytes | memoryview) -> None:
-        if self._fd is None:
-            raise TierdError("write after publish or abort")
-        if self._positional:
-            raise TierdError("write after write_at: a writer takes one or the other")
-        if self.limit is not None and self.size + len(data) > self.limit:
+    def _check_room(self, end: int) -> None:
+        """Refuse a write that would take the file past ``limit`` bytes."""
+        if self.limit is not None and end > self.limit:
             raise InsufficientSpace(
                 f"tier {self.tier.name} has room for {self.limit} more bytes only",
                 tier=self.tier.name,
                 limit=self.limit,
             )
+
+    @contextlib.contextmanager
+    def _space(self) -> Iterator[None]:
+        """A full disk (ENOSPC, EDQUOT) as :class:`InsufficientSpace` naming the tier."""
         try:
-            write_all(self._fd, data)
+            yield
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise InsufficientSpace(
                     f"tier {self.tier.name} is out of space", tier=self.tier.name
                 ) from exc
             raise
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._fd is None:
+            raise TierdError("write after publish or abort")
+        if self._positional:
+            raise TierdError("write after write_at: a writer takes one or the other")
+        self._check_room(self.size + len(data))
+        with self._space():
+            write_all(self._fd, data)
         self._hasher.update(data)
         self.size += len(data)
         if self.size - self._written_back >= WRITEBACK_STEP:
@@ -196,23 +207,12 @@ class DirectoryWriter(Writer):
                 raise TierdError("write_at after write: a writer takes one or the other")
             self._positional = True
         end = offset + len(data)
-        if self.limit is not None and end > self.limit:
-            raise InsufficientSpace(
-                f"tier {self.tier.name} has room for {self.limit} more bytes only",
-                tier=self.tier.name,
-                limit=self.limit,
-            )
+        self._check_room(end)
         view = memoryview(data)
-        try:
+        with self._space():
             while view:
                 n = os.pwrite(fd, view, offset)
                 view, offset = view[n:], offset + n
-        except OSError as exc:
-            if exc.errno in _NO_SPACE:
-                raise InsufficientSpace(
-                    f"tier {self.tier.name} is out of space", tier=self.tier.name
-                ) from exc
-            raise
         with self._at_lock:
             self.size = max(self.size, end)
 
