@@ -122,11 +122,21 @@ def test_a_body_not_sent_as_json_is_a_415_that_says_why(http: httpx.Client) -> N
     assert with_body and all("415" in doc["paths"][p][m]["responses"] for p, m in with_body)
 
 
-def test_a_path_that_is_not_utf8_is_a_422(http: httpx.Client) -> None:
+def test_a_path_that_is_not_utf8_is_a_422(server: LiveServer, http: httpx.Client) -> None:
+    def on_disk() -> list[Path]:
+        return sorted(
+            p
+            for p in _root(server).rglob("*")
+            if p.is_file() and not p.name.startswith("catalog.db")
+        )
+
+    disk, catalog = on_disk(), http.get("/v1/files").json()["items"]
     for raw in ("%ff%fe", "%ff%fd", "ok/%c3"):
         r = http.put(f"/v1/files/content?path={raw}", content=b"x")
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_path", raw
         assert "UTF-8" in r.json()["error"]["message"]
+    # Refused before anything was written: no file on a tier, no record in the catalog.
+    assert on_disk() == disk and http.get("/v1/files").json()["items"] == catalog
     # Real non-ASCII names are fine.
     r = http.put("/v1/files/content?path=utf8/%C3%A9t%C3%A9.bin", content=b"x")
     assert r.status_code == 201 and r.json()["path"] == "utf8/été.bin"
