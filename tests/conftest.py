@@ -28,6 +28,7 @@ no fixed order beside the others, so every test keeps to these rules:
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -207,6 +208,22 @@ class LiveServer:
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def host_network() -> Iterator[None]:
+    """The host's network interfaces, held alone for the test: the fleet bench's namespace tests
+    add and remove a bridge and veths in this namespace, and Chromium fails requests in flight
+    (``ERR_NETWORK_CHANGED``) when an interface comes or goes. A lock file, because pytest-xdist
+    runs those tests in other processes."""
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "tierd-tests-host-network.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture

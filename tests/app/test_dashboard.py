@@ -377,6 +377,7 @@ def browser() -> tuple[Any, str, str]:
 
 def test_dashboard_in_a_real_browser(
     browser: tuple[Any, str, str],
+    host_network: None,
     dash_server: LiveServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -214,7 +214,9 @@ def test_network_mode_on_loopback(tmp_path: Path, pg_url: str) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_network_mode_in_namespaces(tmp_path: Path, pg_server: PgServer, pg_url: str) -> None:
+def test_network_mode_in_namespaces(
+    tmp_path: Path, pg_server: PgServer, pg_url: str, host_network: None
+) -> None:
     reason = why_no_netns()
     if reason is not None:
         pytest.skip(reason)
@@ -233,7 +235,7 @@ def test_network_mode_in_namespaces(tmp_path: Path, pg_server: PgServer, pg_url:
     assert _leftovers() == [] and list(tmp_path.iterdir()) == []
 
 
-def test_the_namespaces_are_removed_when_the_run_fails() -> None:
+def test_the_namespaces_are_removed_when_the_run_fails(host_network: None) -> None:
     reason = why_no_netns()
     if reason is not None:
         pytest.skip(reason)
@@ -243,7 +245,7 @@ def test_the_namespaces_are_removed_when_the_run_fails() -> None:
     assert _leftovers() == []
 
 
-def test_leftovers_of_a_dead_run_are_swept() -> None:
+def test_leftovers_of_a_dead_run_are_swept(host_network: None) -> None:
     reason = why_no_netns()
     if reason is not None:
         pytest.skip(reason)

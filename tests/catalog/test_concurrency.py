@@ -355,7 +355,8 @@ def test_hosts_recording_the_same_new_file_at_once_make_one_record(
 
     def record(i: int) -> None:
         try:
-            news = [NewFile("new.bin", "nvme", 5, 5, "c" * 16)]
+            # Each host's own write (its own mtime): two changes of content, not one twice.
+            news = [NewFile("new.bin", "nvme", 5, 5 + i, "c" * 16)]
             got.extend(Catalog(databases[i + 1]).upsert_many(news))
         except BaseException as exc:
             errors.append(exc)

@@ -34,6 +34,16 @@ class NewFile:
     etag: str | None = None
 
 
+def _same_content(rec: FileRecord, new: NewFile) -> bool:
+    """``new`` describes exactly the bytes ``rec`` already records, as a stable file."""
+    return (
+        rec.state == FileState.STABLE
+        and (rec.tier, rec.size, rec.mtime_ns, rec.checksum, rec.etag)
+        == (new.tier, new.size, new.mtime_ns, new.checksum, new.etag)
+        and (new.checksum is not None or new.etag is not None)
+    )
+
+
 @dataclass(frozen=True)
 class TierUsage:
     files: int
@@ -282,6 +292,12 @@ class Catalog:
                     )
                     s.add(rec)
                     existing[new.relpath] = rec
+                elif _same_content(rec, new):
+                    # The same published bytes recorded twice (a scan that listed a file just
+                    # before its upload committed): the content has not changed, so neither
+                    # does the generation that peers, leases and copies are keyed on.
+                    out.append(rec)
+                    continue
                 else:
                     rec.generation += 1
                 rec.tier = new.tier
