@@ -47,7 +47,14 @@ from tiering.catalog.hosts import Hosts
 from tiering.catalog.pieces import Holding, PieceDigests, Pieces
 from tiering.config import EngineConfig
 from tiering.errors import FileChanged, IntegrityError
-from tiering.fleet.peerfetch import NotHeld, PeerBusy, PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.peerfetch import (
+    NotHeld,
+    PeerBusy,
+    PeerFailed,
+    StaleGeneration,
+    fetch_piece,
+    peer_client,
+)
 from tiering.fleet.pieces import (
     ALGORITHM,
     PIECE_SIZE,
@@ -182,9 +189,8 @@ class PieceFill:
         down = Avoid(base_s=PEER_RETRY_S, max_s=PEER_RETRY_S)
         later = Avoid(base_s=NOT_HELD_S, max_s=NOT_HELD_S)
         inflight: dict[Future[None], tuple[int, str | None]] = {}
-        limits = httpx.Limits(max_connections=f.workers, max_keepalive_connections=f.workers)
         with (
-            httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0), limits=limits) as http,
+            peer_client(httpx.Timeout(30.0, connect=5.0), f.workers) as http,
             ThreadPoolExecutor(f.workers, thread_name_prefix="tierd-piece") as pool,
         ):
             try:

@@ -46,7 +46,13 @@ from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
 from tiering.catalog.pieces import PieceDigests, Pieces
 from tiering.errors import FileChanged
-from tiering.fleet.peerfetch import PeerFailed, StaleGeneration, fetch_piece, fetch_range
+from tiering.fleet.peerfetch import (
+    PeerFailed,
+    StaleGeneration,
+    fetch_piece,
+    fetch_range,
+    peer_client,
+)
 from tiering.fleet.pieces import PIECE_SIZE, Avoid, BadPiece, piece_span
 from tiering.fleet.view import UP, locate
 from tiering.ranges import RangeReader, flat
@@ -82,10 +88,7 @@ class PeerReads:
         self.host_id = host_id
         self.token = token
         self.host_timeout_s = host_timeout_s
-        self.client = httpx.Client(
-            timeout=httpx.Timeout(60.0, connect=3.0),
-            limits=httpx.Limits(max_connections=connections),
-        )
+        self.client = peer_client(httpx.Timeout(60.0, connect=3.0), connections)
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="tierd-peer")
         self._lock = threading.Lock()
         self._avoid = Avoid()
