@@ -144,6 +144,8 @@ class PieceFill:
         self.map: PieceDigests | None = None
         self._peers: dict[str, str] = {}
         self._alive_at = float("-inf")
+        self._holdings: list[Holding] = []
+        self._read_at = float("-inf")
 
     # -- relay ---------------------------------------------------------------------------------
     def read_range(self, start: int, end: int) -> bytes | None:
@@ -219,16 +221,14 @@ class PieceFill:
         avoid: Avoid,
         down: Avoid,
         later: Avoid,
+        *,
+        fresh: bool = False,
     ) -> None:
-        f, rec, now = self.fleet, self.rec, time.time()
+        f, now = self.fleet, time.time()
         room = f.workers - len(inflight)
         if room <= 0:
             return
-        m = f.pieces.map(rec.id, self.generation)
-        if m is None:
-            raise FileChanged(f"{rec.relpath!r} changed while it was copied (its map is gone)")
-        self.map = m
-        holdings = f.pieces.holdings(rec.id, self.generation)
+        m, holdings = self._catalog(now, fresh)
         alive = self._alive(now)
         busy = Counter(p for _, p in inflight.values() if p is not None)
         taken = {i for i, _ in inflight.values()}
@@ -262,7 +262,9 @@ class PieceFill:
                     # Claim, then plan again from the catalog as it is now: pieces a claimer
                     # that just finished released may be on peers already.
                     if self._claim(claimers, now):
-                        self._schedule(missing, inflight, pool, http, avoid, down, later)
+                        self._schedule(
+                            missing, inflight, pool, http, avoid, down, later, fresh=True
+                        )
                     return
                 if bucket >= ORIGIN_READS:
                     continue
@@ -272,6 +274,22 @@ class PieceFill:
                 fut = pool.submit(self._from_peer, http, peer, alive[peer], index)
             inflight[fut] = (index, peer)
             room -= 1
+
+    def _catalog(self, now: float, fresh: bool) -> tuple[PieceDigests, list[Holding]]:
+        """The generation's map and every host's holding, read again at most every
+        :data:`POLL_S` (or when ``fresh``): a fill schedules its next piece as each one lands,
+        and 32 fills on 8 hosts asking the catalog at each landing kept two cores busy with
+        queries whose answer had barely changed. Holdings only grow while a generation lasts,
+        and a peer that lost a piece answers ``not_held``, so a tenth of a second's lag costs
+        nothing but that lag."""
+        if fresh or self.map is None or now - self._read_at >= POLL_S:
+            rec, pieces = self.rec, self.fleet.pieces
+            m = pieces.map(rec.id, self.generation)
+            if m is None:
+                raise FileChanged(f"{rec.relpath!r} changed while it was copied (its map is gone)")
+            self.map, self._holdings = m, pieces.holdings(rec.id, self.generation)
+            self._read_at = now
+        return self.map, self._holdings
 
     def _alive(self, now: float) -> dict[str, str]:
         """Peers with a fresh heartbeat, by id, with their URLs (read at most once a second:
