@@ -18,6 +18,7 @@ from tiering.fleet.pieces import (
     PIECE_SIZE,
     Avoid,
     BadPiece,
+    Speeds,
     digest,
     digests_of_fd,
     piece_count,
@@ -100,6 +101,27 @@ def test_the_plan_spreads_pieces_least_busy_then_most_complete() -> None:
     assert plan == {0: "full", 1: "half", 2: "full", 3: "full"}
     busy = plan_sources(range(2), holdings, me="me", generation=0, now=0.0, busy={"full": 5})
     assert busy == {0: "half", 1: "half"}
+
+
+def test_the_plan_gives_a_faster_peer_more_pieces() -> None:
+    holdings = [_holding("fast", [0, 1, 2, 3]), _holding("slow", [0, 1, 2, 3])]
+    speeds = Speeds(weight=1.0)  # the last measure only, to keep the arithmetic plain
+    speeds.record("fast", 300, 1.0)
+    speeds.record("slow", 100, 1.0)
+    speeds.record("idle", 0, 1.0)  # nothing delivered: no measure
+    assert speeds.rates() == {"fast": 300.0, "slow": 100.0}
+    plan = plan_sources(range(4), holdings, me="me", generation=0, now=0.0, speed=speeds.rates())
+    # "fast" delivers its third piece (3/300) as soon as "slow" its first (1/100).
+    assert plan == {0: "fast", 1: "fast", 2: "fast", 3: "slow"}
+    # A peer not measured yet counts as the median of the measured: it is tried.
+    new = [*holdings, _holding("new", [0, 1, 2, 3])]
+    plan = plan_sources(range(4), new, me="me", generation=0, now=0.0, speed=speeds.rates())
+    assert "new" in plan.values()
+    # The measure follows a peer that slows down.
+    speeds = Speeds(weight=0.5)
+    speeds.record("p", 100, 1.0)
+    speeds.record("p", 50, 1.0)
+    assert speeds.rates() == {"p": 75.0}
 
 
 def test_the_plan_falls_back_to_the_bucket() -> None:

@@ -6,7 +6,8 @@ A fill of a shared file's copy (a fleet prefetch, the copy planner) on a fleet w
 
 - peers holding verified pieces of the generation (the catalog's holdings; a peer still filling
   serves the pieces it verified so far, so hosts relay to each other as a chain or tree), chosen
-  least busy first, then most complete, at most :attr:`FleetFills.per_peer` pieces in flight to
+  soonest to deliver first (pieces in flight there over its measured rate), then most
+  complete, at most :attr:`FleetFills.per_peer` pieces in flight to
   one peer from this host;
 - the bucket, only for pieces no live peer can give, and only while this host holds one of the
   at most K claims on reading the generation from the bucket
@@ -37,7 +38,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -60,6 +61,7 @@ from tiering.fleet.pieces import (
     PIECE_SIZE,
     Avoid,
     BadPiece,
+    Speeds,
     digest,
     piece_span,
     plan_sources,
@@ -89,7 +91,8 @@ class FleetFills:
     fleet credential, ``origin_readers`` (K, the most hosts reading one generation from the
     bucket at once), ``origin_ttl_s`` (how long a claim holds unrenewed), ``host_timeout_s``
     (heartbeat age past which a peer is down), ``workers`` (pieces in flight) and
-    ``per_peer`` (the most of them on one peer)."""
+    ``per_peer`` (the most of them on one peer); ``speeds``, what this host measured each peer
+    deliver, shared by its fills."""
 
     pieces: Pieces
     hosts: Hosts
@@ -100,6 +103,7 @@ class FleetFills:
     host_timeout_s: float = 30.0
     workers: int = 8
     per_peer: int = 4
+    speeds: Speeds = field(default_factory=Speeds, compare=False)
 
     @classmethod
     def of(cls, db: Database, host: str, config: EngineConfig) -> FleetFills | None:
@@ -238,7 +242,7 @@ class PieceFill:
         asked = [h for h in up if not later.avoided(h, now)]
         plan = plan_sources(
             todo, holdings, me=f.host, generation=self.generation, now=now, busy=busy,
-            avoid=avoid, per_peer=f.per_peer, up=asked,
+            avoid=avoid, per_peer=f.per_peer, up=asked, speed=f.speeds.rates(),
         )  # fmt: skip
         plan.update({i: None for i in sorted(missing - taken) if not m.has_digest(i)})
         claimers = [
@@ -360,7 +364,9 @@ class PieceFill:
     def _from_peer(self, http: httpx.Client, peer: str, url: str, index: int) -> None:
         m = self.map
         assert m is not None
+        t0 = time.perf_counter()
         data = fetch_piece(http, url, self.fleet.token, self.rec.relpath, m, index)
+        self.fleet.speeds.record(peer, len(data), time.perf_counter() - t0)
         self._land(index, data, f"peer:{peer}", None)
 
     def _from_origin(self, index: int) -> None:

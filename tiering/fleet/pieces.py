@@ -17,15 +17,19 @@ It catches corruption and mistakes (a peer serving other bytes), not a malicious
 forges collisions; peers are trusted members of the fleet holding the fleet credential.
 
 **Choosing sources.** Every missing piece goes to a peer that has verified it, preferring the
-least busy (uploads it is already serving, plus what this plan gave it), then the most
-complete (a host with all pieces is likely to stay a good source), then the host id (stable
-plans). A peer at ``per_peer`` uploads gets nothing more; a peer that sent a bad piece is
-avoided for a while (:class:`Avoid`). A piece no peer can give goes to the bucket (``None``).
+one that would deliver it soonest: its uploads in flight (already serving, plus what this plan
+gave it) over its measured rate (:class:`Speeds`: what this host got from it lately; a peer not
+measured yet counts as the median of those that were, so it is tried), then the most complete
+(a host with all pieces is likely to stay a good source), then the host id (stable plans). A
+peer at ``per_peer`` uploads gets nothing more; a peer that sent a bad piece is avoided for a
+while (:class:`Avoid`). A piece no peer can give goes to the bucket (``None``).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +43,7 @@ __all__ = [
     "PIECE_SIZE",
     "Avoid",
     "BadPiece",
+    "Speeds",
     "digest",
     "digests_of_fd",
     "piece_count",
@@ -140,6 +145,31 @@ class Avoid:
         return self._until.get(host, float("-inf")) > now
 
 
+class Speeds:
+    """Each peer's delivery rate as this host measured it: bytes a second over its recent
+    pieces (an exponentially weighted mean, so a peer that slows down, a busy or far one, is
+    soon ranked by what it gives now). Thread-safe: a host's fills all share one."""
+
+    def __init__(self, weight: float = 0.3) -> None:
+        self.weight = weight
+        self._rates: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def record(self, host: str, nbytes: int, seconds: float) -> None:
+        """``host`` delivered ``nbytes`` in ``seconds`` (one request, start to last byte)."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        with self._lock:
+            old = self._rates.get(host)
+            self._rates[host] = rate if old is None else old + self.weight * (rate - old)
+
+    def rates(self) -> dict[str, float]:
+        """Every measured peer's rate, bytes a second."""
+        with self._lock:
+            return dict(self._rates)
+
+
 def plan_sources(
     missing: Iterable[int],
     holdings: Sequence[Holding],
@@ -151,13 +181,15 @@ def plan_sources(
     avoid: Avoid | None = None,
     per_peer: int | None = None,
     up: Iterable[str] | None = None,
+    speed: Mapping[str, float] | None = None,
 ) -> dict[int, str | None]:
     """Which peer sends each ``missing`` piece (None: the bucket), from the peers'
     ``holdings`` of ``generation`` (see the module docstring), planned in the order given.
 
     ``busy`` is each peer's uploads in flight, ``per_peer`` the most any peer is given (its
     busy count included), ``up`` the peers alive now (None: every holder), ``avoid`` the
-    peers to skip. This host (``me``) and holdings of another generation are never sources.
+    peers to skip, ``speed`` each measured peer's rate (:meth:`Speeds.rates`). This host
+    (``me``) and holdings of another generation are never sources.
     """
     alive = None if up is None else set(up)
     peers = [
@@ -169,13 +201,17 @@ def plan_sources(
         and not (avoid is not None and avoid.avoided(h.host, now))
     ]
     load = {h.host: (busy or {}).get(h.host, 0) for h in peers}
+    measured = {k: v for k, v in (speed or {}).items() if v > 0}
+    usual = statistics.median(measured.values()) if measured else 1.0
+    rate = {h.host: measured.get(h.host, usual) for h in peers}
     plan: dict[int, str | None] = {}
     for index in dict.fromkeys(missing):  # in the caller's order (a receiver's: rarest first)
         able = [h for h in peers if h.has(index) and (per_peer is None or load[h.host] < per_peer)]
         if not able:
             plan[index] = None
             continue
-        best = min(able, key=lambda h: (load[h.host], -h.pieces, h.host))
+        # When it would arrive: the pieces ahead of it at that peer, one after another.
+        best = min(able, key=lambda h: ((load[h.host] + 1) / rate[h.host], -h.pieces, h.host))
         load[best.host] += 1
         plan[index] = best.host
     return plan
