@@ -24,10 +24,21 @@ The residency serves loads two ways:
   GPU (source ``gpu``), over NVLink/PCIe from another GPU where peer access is possible
   (``peer``), or device → host for a ``cpu`` target; the load's own buffer stays its own.
 
-An entry lives exactly as long as its buffer: the lease table calls back when the last lease
-(or copy in flight) lets go, and the entry is dropped before the buffer can be reused. A
-stale entry (its file changed) is forgotten at once; its buffer stays with the leases that
-hold it, which keep the bytes they were given.
+**A copy outlives its last lease.** The residency keeps each entry's buffer itself
+(:meth:`~tiering.serving.leases.LeaseTable.keep`), so a serving process that restarts, the
+most common cold start, finds its weights still on the GPU. A kept copy no lease holds is
+tierd's own (never written, never pooled) and goes:
+
+- least recently used first, when the kept copies of a device pass its budget (``keep``:
+  ``gpu_resident_bytes``, by default the lease budget itself; 0 keeps nothing, as before);
+- at once when a lease needs the room: a reservation that would not fit lets kept copies go
+  (:meth:`Residency.make_room`) before it fails;
+- when its file changes or is deleted: lazily when a load finds it stale, and eagerly on the
+  lease reaper's tick (:meth:`Residency.sweep` asks the catalog for the file's generation).
+
+A copy some lease still holds is never taken from it: a stale one is forgotten at once, and its
+buffer stays with the leases that hold it, which keep the bytes they were given. The entry is
+dropped before its buffer can go back to the pool.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -91,6 +103,7 @@ class Entry:
     stat: Stat
     nbytes: int
     tensors: dict[str, Any] = field(default_factory=dict)
+    used: int = 0  # when it was last handed out or copied from (a tick of the residency)
 
     @property
     def device(self) -> Device:
@@ -141,12 +154,32 @@ class Residency:
         Where a lease granted over a resident copy is counted (the ``copy`` path, 0 bytes).
     on_access:
         ``on_access(file_id)``: count one access of a file served from a copy.
+    keep:
+        ``keep(device)``: the most bytes of copies no lease holds that ``device`` keeps
+        (0: a copy goes with its last lease).
+    generation:
+        ``generation(file_id)``: the file's catalog generation now, None when it is gone
+        (for :meth:`sweep`; it may raise when the catalog cannot say).
     """
 
-    def __init__(self, leases: LeaseTable, stats: Stats, on_access: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        leases: LeaseTable,
+        stats: Stats,
+        on_access: Callable[[int], None],
+        *,
+        keep: Callable[[Device], int] = lambda _device: 0,
+        generation: Callable[[int], int | None] | None = None,
+    ) -> None:
         self._leases = leases
         self._stats = stats
         self._on_access = on_access
+        self._keep = keep
+        self._generation = generation
+        self._closed = False
+        self._ticks = itertools.count(1)
+        leases.reclaim = self.make_room
+        leases.on_reap = self.sweep
         self._lock = threading.Lock()
         self._entries: dict[ResidentKey, Entry] = {}
         self._by_file: dict[int, list[Entry]] = {}
@@ -206,6 +239,7 @@ class Residency:
         if entry is None:
             return None
         if entry.current(rec, tier):
+            self._touch(entry)
             return entry
         self._forget(entry)
         return None
@@ -238,6 +272,7 @@ class Residency:
             ]
         for e in around:
             if e.current(rec, tier):
+                self._touch(e)
                 return e, offset - e.key.what[1]
             self._forget(e)
         return None
@@ -309,11 +344,16 @@ class Residency:
             self._entries[key] = entry
             self._by_file.setdefault(key.file_id, []).append(entry)
             self._by_holding[id(holding)] = entry
+            entry.used = next(self._ticks)
+        if old is not None:
+            self._let_go(old)
         # Watched only once indexed: were the leases gone in between, no callback would come
         # to drop it, so it is dropped here.
         if not self._leases.watch(holding, self._dropped):
             self._forget(entry)
             return None
+        if not self._closed and self._keep(entry.device) > 0:
+            self._leases.keep(holding, self._idle)
         return entry
 
     # -- the Holder of serving.held --------------------------------------------------------------
@@ -337,6 +377,7 @@ class Residency:
             order += others
         for e in order:
             if self._leases.hold(e.holding):
+                self._touch(e)
                 return Held(
                     file_id=rec.id,
                     generation=e.key.generation,
@@ -361,6 +402,82 @@ class Residency:
             out[dev] = out.get(dev, 0) + e.holding.buffer.alloc_bytes
         return out
 
+    def kept_bytes(self) -> dict[str, int]:
+        """Bytes of the copies no lease holds (kept by tierd alone), per device."""
+        return self._leases.kept_bytes()
+
+    # -- the policy ------------------------------------------------------------------------------
+    def make_room(self, device: Device, nbytes: int) -> int:
+        """Let kept copies of ``device`` no lease holds go, least recently used first, until
+        ``nbytes`` are freed or none is left; returns the bytes freed. The lease table calls
+        it when a reservation would not fit."""
+        freed = 0
+        while freed < nbytes:
+            n = self._let_go_oldest(device)
+            if n == 0:
+                break
+            freed += n
+        return freed
+
+    def sweep(self) -> int:
+        """Forget the copies no lease holds whose file changed or is gone since (the reaper
+        calls it each tick); returns how many. A catalog that cannot answer keeps them: a
+        load still checks a copy before it uses it."""
+        if self._generation is None:
+            return 0
+        gone = 0
+        for e in self.entries():
+            if not e.holding.idle:
+                continue  # a copy in use is checked by the load that finds it
+            try:
+                now = self._generation(e.key.file_id)
+            except Exception as exc:
+                log.debug("residency sweep skipped: %s", exc)
+                return gone
+            if now != e.key.generation:
+                self._forget(e)
+                gone += 1
+        return gone
+
+    def close(self) -> None:
+        """Keep nothing more, and let every kept copy go (with its leases, if any)."""
+        self._closed = True
+        for e in self.entries():
+            self._forget(e)
+
+    def _idle(self, holding: Holding) -> None:
+        # The lease table: the last lease of a kept copy let go. Keep it within the budget.
+        device = holding.buffer.device
+        limit = 0 if self._closed else self._keep(device)
+        while self._leases.kept_bytes().get(str(device), 0) > limit:
+            if self._let_go_oldest(device) == 0:
+                break
+
+    def _let_go_oldest(self, device: Device) -> int:
+        """Let the least recently used kept copy of ``device`` no lease holds go; its bytes,
+        0 when there is none."""
+        with self._lock:
+            idle = sorted(
+                (e for e in self._entries.values() if e.device == device and e.holding.idle),
+                key=lambda e: e.used,
+            )
+        for e in idle:
+            # Only if still idle: a load that took it meanwhile keeps it.
+            if self._leases.unkeep(e.holding, only_idle=True):
+                return e.holding.buffer.alloc_bytes
+        return 0
+
+    def _touch(self, entry: Entry) -> None:
+        with self._lock:
+            entry.used = next(self._ticks)
+
+    def _let_go(self, entry: Entry) -> None:
+        """Stop keeping ``entry``'s buffer (unindexed already) unless another entry names it."""
+        with self._lock:
+            named = id(entry.holding) in self._by_holding
+        if not named:
+            self._leases.unkeep(entry.holding)
+
     def _dropped(self, holding: Holding) -> None:
         with self._lock:
             entry = self._by_holding.get(id(holding))
@@ -370,6 +487,7 @@ class Residency:
     def _forget(self, entry: Entry) -> None:
         with self._lock:
             self._unindex(entry)
+        self._let_go(entry)
 
     def _unindex(self, entry: Entry) -> None:
         # Under self._lock.
