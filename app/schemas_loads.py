@@ -392,6 +392,19 @@ class BufferList(BaseModel):
     items: list[BufferOut]
     leased_bytes: dict[str, int] = Field(description="Allocated bytes leased, per device")
     budget_bytes: dict[str, int] = Field(description="Lease budget, per device used so far")
+    resident_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Allocated bytes of resident copies (read-only buffers of shared loads and "
+        "gpu prefetches, handed out again), per device: leased ones and kept ones",
+    )
+    kept_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Of resident_bytes, those no lease holds: kept for the next load (not in "
+        "leased_bytes), let go least recently used first, or when a lease needs the room",
+    )
+    resident_copies: dict[str, int] = Field(
+        default_factory=dict, description="Resident copies, per device"
+    )
 
 
 class TensorOut(BaseModel):

@@ -135,7 +135,7 @@ class LeaseTable:
         #: ``nbytes`` of its budget; returns the bytes freed (the residency sets it).
         self.reclaim: Callable[[Device, int], int] | None = None
         #: Called on every tick of the reaper (the residency's sweep of changed files).
-        self.on_reap: Callable[[], None] | None = None
+        self.on_reap: Callable[[], object] | None = None
 
     # -- budget ------------------------------------------------------------------------------
     def budget(self, device: Device) -> int:

@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiering.catalog import FileRecord, FileState
-from tiering.errors import TierdError
 from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
-from tiering.serving.held import Held, still_current
+from tiering.serving.held import Held, authoritative_stat, still_current
 from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
 from tiering.tiers import Stat, Tier
 
@@ -116,23 +115,6 @@ class Entry:
         """Still a copy of what ``rec`` names (generation, and the file on disk now)."""
         probe = Held(self.key.file_id, self.key.generation, self.stat, None, self.device, "gpu")
         return rec.state in _SERVABLE and still_current(probe, rec, tier)
-
-
-def authoritative_stat(rec: FileRecord, tier: Tier) -> Stat | None:
-    """The authoritative file now, taken *before* reading bytes that become a resident copy.
-
-    A change after this stat shows in a later one (a new inode, size or time), so the copy is
-    never served stale. None when the file on disk is not the one the catalog records (gone, or
-    another size): such a read is not kept. An object-store tier's copy is checked by the ETag
-    the catalog recorded, which every load of it is pinned to.
-    """
-    if tier.capabilities.pinned_reads:
-        return Stat(size=rec.size, mtime_ns=0, version=rec.etag or "", etag=rec.etag)
-    try:
-        now = tier.stat(rec.relpath)
-    except TierdError:
-        return None
-    return now if now is not None and now.size == rec.size else None
 
 
 class _Claim:
@@ -400,6 +382,13 @@ class Residency:
         for e in self.entries():
             dev = str(e.device)
             out[dev] = out.get(dev, 0) + e.holding.buffer.alloc_bytes
+        return out
+
+    def copies(self) -> dict[str, int]:
+        """How many resident copies each device holds."""
+        out: dict[str, int] = {}
+        for e in self.entries():
+            out[str(e.device)] = out.get(str(e.device), 0) + 1
         return out
 
     def kept_bytes(self) -> dict[str, int]:
