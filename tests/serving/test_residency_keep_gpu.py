@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,6 +134,42 @@ def test_a_rewritten_file_drops_its_kept_copy(engine: Engine) -> None:
         assert not fresh.reused and _bytes(fresh) == new
         ld.leases.release(fresh.id)
     finally:
+        ld.stop()
+
+
+def test_kept_copies_go_when_the_gpu_itself_is_full(engine: Engine) -> None:
+    """Other processes' memory leaves no room for an allocation inside the budget: the
+    failed cudaMalloc lets the kept copies go, and the load goes on."""
+    import cupy
+
+    size = 256 * MiB
+    a = put(engine, "a.bin", os.urandom(size))
+    data = os.urandom(size)
+    b = put(engine, "b.bin", data)
+    _free, total = cupy.cuda.runtime.memGetInfo()
+    ld = Loader(engine, LoaderConfig(gpu_budget_bytes=total)).start()  # the budget never binds
+    hog: list[Any] = []
+    try:
+        ld.leases.release(ld.load(a.id, device="cuda:0", shared=True).id)
+        assert _kept(ld) == {a.id}
+        chunk = 1 << 30
+        while chunk >= 16 * MiB:  # as another process would: take nearly all that is free
+            try:
+                hog.append(cupy.cuda.Memory(chunk))
+            except Exception:
+                chunk //= 2
+        # About 128 MiB free: slack for the CUDA runtime, and less than one file.
+        while hog and cupy.cuda.runtime.memGetInfo()[0] < 128 * MiB:
+            hog.pop()
+        extra = (cupy.cuda.runtime.memGetInfo()[0] - 128 * MiB) // (2 * MiB) * (2 * MiB)
+        if extra > 0:
+            hog.append(cupy.cuda.Memory(extra))
+        assert cupy.cuda.runtime.memGetInfo()[0] < size
+        lease = ld.load(b.id, device="cuda:0")
+        assert _kept(ld) == set() and _bytes(lease) == data
+        ld.leases.release(lease.id)
+    finally:
+        hog.clear()
         ld.stop()
 
 

@@ -24,20 +24,14 @@ The residency serves loads two ways:
   GPU (source ``gpu``), over NVLink/PCIe from another GPU where peer access is possible
   (``peer``), or device → host for a ``cpu`` target; the load's own buffer stays its own.
 
-**A copy outlives its last lease.** The residency keeps each entry's buffer itself
-(:meth:`~tiering.serving.leases.LeaseTable.keep`), so a serving process that restarts, the
-most common cold start, finds its weights still on the GPU. A kept copy no lease holds is
-tierd's own (never written, never pooled) and goes:
-
-- least recently used first, when the kept copies of a device pass its budget (``keep``:
-  ``gpu_resident_bytes``, by default the lease budget itself; 0 keeps nothing, as before);
-- at once when a lease needs the room: a reservation that would not fit lets kept copies go
-  (:meth:`Residency.make_room`) before it fails;
-- when its file changes or is deleted: lazily when a load finds it stale, and eagerly on the
-  lease reaper's tick (:meth:`Residency.sweep` asks the catalog for the file's generation).
-
-A copy some lease still holds is never taken from it: a stale one is forgotten at once, and its
-buffer stays with the leases that hold it, which keep the bytes they were given. The entry is
+**A copy outlives its last lease**: the residency keeps its buffer itself
+(:meth:`~tiering.serving.leases.LeaseTable.keep`), so a serving process that restarts finds
+its weights still on the GPU. A kept copy no lease holds is tierd's own (never written, never
+pooled) and goes: least recently used first past the device's budget (``keep``:
+``gpu_resident_bytes``; 0 keeps nothing); at once when a reservation needs its room
+(:meth:`Residency.make_room`); when its file changes or is deleted (found stale by a load, or
+by :meth:`Residency.sweep` on the lease reaper's tick). A copy some lease holds is never taken
+from it: a stale one is forgotten, and its leases keep the bytes they were given. An entry is
 dropped before its buffer can go back to the pool.
 """
 
@@ -65,6 +59,7 @@ __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
 log = logging.getLogger(__name__)
 
 _SERVABLE = (FileState.STABLE, FileState.MIGRATING)
+_SWEEP_S = 2.0  # the longest a kept copy of a changed file outlives the change, unused
 
 
 @dataclass(frozen=True)
@@ -160,8 +155,9 @@ class Residency:
         self._generation = generation
         self._closed = False
         self._ticks = itertools.count(1)
-        leases.reclaim = self.make_room
-        leases.on_reap = self.sweep
+        self._swept = 0.0
+        leases.reclaim = leases.pool.on_short = self.make_room
+        leases.on_reap = self._tick
         self._lock = threading.Lock()
         self._entries: dict[ResidentKey, Entry] = {}
         self._by_file: dict[int, list[Entry]] = {}
@@ -318,6 +314,10 @@ class Residency:
         holding = lease.holding
         if holding is None or not lease.read_only:
             return None
+        # Kept before it is indexed: a load that finds the entry stale meanwhile lets it go
+        # again, so no kept buffer is ever left without an entry.
+        if not self._closed and self._keep(key.device) > 0:
+            self._leases.keep(holding, self._idle)
         entry = Entry(key, holding, stat, lease.nbytes, dict(lease.tensors))
         with self._lock:
             old = self._entries.get(key)
@@ -330,12 +330,10 @@ class Residency:
         if old is not None:
             self._let_go(old)
         # Watched only once indexed: were the leases gone in between, no callback would come
-        # to drop it, so it is dropped here.
-        if not self._leases.watch(holding, self._dropped):
+        # to drop it, so it is dropped here (and after close, which kept nothing more).
+        if not self._leases.watch(holding, self._dropped) or self._closed:
             self._forget(entry)
             return None
-        if not self._closed and self._keep(entry.device) > 0:
-            self._leases.keep(holding, self._idle)
         return entry
 
     # -- the Holder of serving.held --------------------------------------------------------------
@@ -398,13 +396,10 @@ class Residency:
     # -- the policy ------------------------------------------------------------------------------
     def make_room(self, device: Device, nbytes: int) -> int:
         """Let kept copies of ``device`` no lease holds go, least recently used first, until
-        ``nbytes`` are freed or none is left; returns the bytes freed. The lease table calls
-        it when a reservation would not fit."""
+        ``nbytes`` are freed or none is left; returns the bytes freed. Asked when a reservation
+        would not fit the budget, or a GPU allocation the device itself (the pool)."""
         freed = 0
-        while freed < nbytes:
-            n = self._let_go_oldest(device)
-            if n == 0:
-                break
+        while freed < nbytes and (n := self._let_go_oldest(device)):
             freed += n
         return freed
 
@@ -428,6 +423,13 @@ class Residency:
                 gone += 1
         return gone
 
+    def _tick(self) -> None:
+        # The reaper's tick: an uncached catalog (PostgreSQL) is asked once per kept copy.
+        now = time.monotonic()
+        if now - self._swept >= _SWEEP_S:
+            self._swept = now
+            self.sweep()
+
     def close(self) -> None:
         """Keep nothing more, and let every kept copy go (with its leases, if any)."""
         self._closed = True
@@ -435,12 +437,10 @@ class Residency:
             self._forget(e)
 
     def _idle(self, holding: Holding) -> None:
-        # The lease table: the last lease of a kept copy let go. Keep it within the budget.
+        # The lease table: a kept copy's last lease let go. Keep the device within its budget.
         device = holding.buffer.device
         limit = 0 if self._closed else self._keep(device)
-        while self._leases.kept_bytes().get(str(device), 0) > limit:
-            if self._let_go_oldest(device) == 0:
-                break
+        self.make_room(device, self._leases.kept_bytes().get(str(device), 0) - limit)
 
     def _let_go_oldest(self, device: Device) -> int:
         """Let the least recently used kept copy of ``device`` no lease holds go; its bytes,
