@@ -159,12 +159,22 @@ class _StateCollector(Collector):
         resident = GaugeMetricFamily(
             "tierd_resident_bytes",
             "Allocated bytes of read-only resident copies (shared loads, gpu prefetches) that "
-            "loads are handed or copy from, per device; counted in tierd_leased_bytes too",
+            "loads are handed or copy from, per device; those leases hold count in "
+            "tierd_leased_bytes too, those kept count in tierd_resident_kept_bytes",
             labels=["device"],
         )
         for dev, n in sorted(self.loader.residency.resident_bytes().items()):
             resident.add_metric([dev], n)
         yield resident
+        kept = GaugeMetricFamily(
+            "tierd_resident_kept_bytes",
+            "Allocated bytes of resident copies no lease holds, kept for the next load, per "
+            "device (let go when a lease needs the room)",
+            labels=["device"],
+        )
+        for dev, n in sorted(self.loader.residency.kept_bytes().items()):
+            kept.add_metric([dev], n)
+        yield kept
         yield CounterMetricFamily(
             "tierd_leases_expired", "Leases freed by the reaper", value=leases.expired_total
         )

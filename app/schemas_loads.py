@@ -80,7 +80,9 @@ SHARED_DOC = (
     "handed out again: the same allocation (CUDA IPC handle, or shared-memory segment, at an "
     "offset for a range inside a resident one), no read, no new bytes against the lease "
     "budget, source gpu (memory on cpu) and reused true. Otherwise it is read into a new "
-    "read-only buffer that stays resident while any lease holds it. The lease and its handle "
+    "read-only buffer that stays resident while any lease holds it, and after its last lease "
+    "within the device's resident budget (gpu_resident_bytes), until a lease needs the room "
+    "or the file changes. The lease and its handle "
     "say read_only: the client makes NumPy views non-writable and marks the CUDA array "
     "interface and DLPack (1.0+) read-only; torch and CuPy cannot refuse writes, which would "
     "change every sharer's bytes. A file that changed is never served from an older copy."
@@ -392,6 +394,19 @@ class BufferList(BaseModel):
     items: list[BufferOut]
     leased_bytes: dict[str, int] = Field(description="Allocated bytes leased, per device")
     budget_bytes: dict[str, int] = Field(description="Lease budget, per device used so far")
+    resident_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Allocated bytes of resident copies (read-only buffers of shared loads and "
+        "gpu prefetches, handed out again), per device: leased ones and kept ones",
+    )
+    kept_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Of resident_bytes, those no lease holds: kept for the next load (not in "
+        "leased_bytes), let go least recently used first, or when a lease needs the room",
+    )
+    resident_copies: dict[str, int] = Field(
+        default_factory=dict, description="Resident copies, per device"
+    )
 
 
 class TensorOut(BaseModel):

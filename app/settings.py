@@ -152,6 +152,15 @@ class BufferSettings(BaseModel):
     gpu_cache_idle_s: float = Field(
         default=30.0, ge=0, description="How long a released GPU buffer is kept for reuse"
     )
+    gpu_resident_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Resident copies (shared loads, gpu prefetches) kept per GPU after their "
+        "last lease, least recently used out first (unset: up to the budget; 0: none)",
+    )
+    cpu_resident_bytes: int = Field(
+        default=0, ge=0, description="The same in shared memory (cpu); 0: none"
+    )
 
     gpu_delivery: Literal["auto", "peer", "host"] = Field(
         default="auto",
@@ -175,6 +184,8 @@ class BufferSettings(BaseModel):
             job_retention_s=self.job_retention_s,
             gpu_cache_bytes=self.gpu_cache_bytes,
             gpu_cache_idle_s=self.gpu_cache_idle_s,
+            gpu_resident_bytes=self.gpu_resident_bytes,
+            cpu_resident_bytes=self.cpu_resident_bytes,
             gpu_delivery=self.gpu_delivery,
         )
 

@@ -317,6 +317,26 @@ def bench_memory(
     _finish(report, json_path)
 
 
+@bench_cli.command("restart")
+def bench_restart(
+    size: Annotated[str, typer.Option("--size", help="Size of the file.")] = "4GiB",
+    device: DeviceOpt = "auto",
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Client processes per row (median).", min=1)
+    ] = 3,
+    json_path: JsonOpt = None,
+) -> None:
+    """A serving process that restarts: its load of a GPU-resident copy against the first."""
+    from tierd_bench.restart import run
+
+    try:
+        report = run(_size(size, minimum=1 << 20), device, repeats=repeats, say=progress())
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    _finish(report, json_path)
+
+
 @bench_cli.command("multi-gpu")
 def bench_multi_gpu(
     size: Annotated[str, typer.Option("--size", help="Size of the file and checkpoint.")] = "4GiB",

@@ -154,9 +154,12 @@ def run(
         try:
             fid = eng.lookup(NAME).id
             budget = 4 * size + GiB
-            loader = Loader(
-                eng, LoaderConfig(cpu_budget_bytes=budget, gpu_budget_bytes=budget)
-            ).start()
+            # Each resident row's copy is held by a live lease, and goes with it: a copy kept
+            # on cuda:0 would serve the peer row (kept copies are `tierd bench restart`'s).
+            cfg = LoaderConfig(
+                cpu_budget_bytes=budget, gpu_budget_bytes=budget, gpu_resident_bytes=0
+            )
+            loader = Loader(eng, cfg).start()
             try:
                 _measure(r, loader, fid, device, gpus, expected, sync)
             finally:

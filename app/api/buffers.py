@@ -39,6 +39,9 @@ def list_buffers(loader: LoaderDep, engine: EngineDep) -> BufferList:
         items=[BufferOut.of_lease(lease, existing) for lease in leases],
         leased_bytes=loader.leases.leased_bytes(),
         budget_bytes=loader.leases.budgets(),
+        resident_bytes=loader.residency.resident_bytes(),
+        kept_bytes=loader.residency.kept_bytes(),
+        resident_copies=loader.residency.copies(),
     )
 
 

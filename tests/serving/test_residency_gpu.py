@@ -1,6 +1,6 @@
 """GPU residency: loads of a file already on a GPU in tierd's hands are copies on that GPU
 (source ``gpu``) or from another one (``peer``), ``shared=true`` hands a second process the
-same allocation, and the copy goes with its last lease.
+same allocation, and the copy outlives its last lease.
 
 The server runs in this process; a spawned second process opens the handles (a process
 cannot open its own CUDA IPC handle) and checks them against the file.
@@ -151,12 +151,15 @@ def test_same_gpu_shared_and_copied_loads(srv, http, tmp_path):
     stats = http.get("/v1/stats").json()
     assert stats["by_source"]["gpu"]["operations_completed"] >= 4
     assert stats["by_path"]["copy"]["bytes_transferred"] == 2 * local.stat().st_size
-    # The resident copy goes with its last lease: the next load reads the tier again.
+    # The resident copy outlives its last lease (kept: see test_residency_keep_gpu.py): the
+    # next load still copies from it, and a shared one is handed the same allocation.
     for i in (first["buffer_id"], again["buffer_id"]):
         assert http.delete(f"/v1/buffers/{i}").status_code == 200
     after = _load(http, fid, "cuda:0")
-    assert after["source"] == "page_cache" and after["io_path"] != "copy"
-    for i in (own["buffer_id"], host["buffer_id"], after["buffer_id"]):
+    assert after["source"] == "gpu" and after["io_path"] == "copy"
+    back = _load(http, fid, "cuda:0", shared=True)
+    assert back["reused"] and back["handle"]["ipc_handle"] == first["handle"]["ipc_handle"]
+    for i in (own["buffer_id"], host["buffer_id"], after["buffer_id"], back["buffer_id"]):
         http.delete(f"/v1/buffers/{i}")
     assert _leased(http) == 0
 

@@ -23,6 +23,10 @@ class BufferPool:
     shared-memory segment is renamed (:func:`idle_prefix`) and gets a fresh name for its next
     lease: a released lease's name stops opening. Its bytes are the last lease's until the
     next load overwrites them: a client must not use a buffer after releasing it.
+
+    A GPU is shared with other processes, so an allocation may fail for want of device memory
+    inside the budget: the idle buffers are freed then, and ``on_short(device, nbytes)`` (the
+    residency's kept copies) asked for the room, before one more try.
     """
 
     def __init__(self, max_idle_bytes: int | None = 2 << 30, idle_s: float = 30.0) -> None:
@@ -31,6 +35,7 @@ class BufferPool:
         self._lock = threading.Lock()
         self._idle: dict[tuple[Device, int], list[tuple[float, DeviceBuffer]]] = {}
         self._bytes: dict[Device, int] = {}
+        self.on_short: Callable[[Device, int], int] | None = None
 
     def get(self, device: Device, nbytes: int) -> DeviceBuffer:
         """An idle allocation of the right size, else a new one (see :func:`allocate`)."""
@@ -45,7 +50,15 @@ class BufferPool:
             if buf.unpark():
                 return buf
             buf.free()  # renamed away behind tierd's back: a new one instead
-        return allocate(device, nbytes)
+        try:
+            return allocate(device, nbytes)
+        except Exception as exc:
+            if not (device.is_cuda and _out_of_memory(exc)):
+                raise
+            self.clear_device(device)
+            if self.on_short is not None and self.on_short(device, size) > 0:
+                self.clear_device(device)  # what it let go came back here, idle
+            return allocate(device, nbytes)
 
     def put(self, buf: DeviceBuffer) -> None:
         """Take a buffer back: kept idle if there is room, else freed."""
@@ -77,6 +90,9 @@ class BufferPool:
     def clear(self) -> None:
         self._drop(lambda d, t: True)
 
+    def clear_device(self, device: Device) -> None:
+        self._drop(lambda d, t: d == device)
+
     def idle_bytes(self) -> dict[str, int]:
         with self._lock:
             return {str(d): n for d, n in self._bytes.items()}
@@ -103,3 +119,9 @@ class BufferPool:
                 gone.append(buf)
         for buf in gone:
             buf.free()
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    # CuPy's cudaMalloc failing: CUDARuntimeError(cudaErrorMemoryAllocation), or the
+    # OutOfMemoryError of its allocator.
+    return type(exc).__name__ == "OutOfMemoryError" or "cudaErrorMemoryAllocation" in str(exc)

@@ -57,6 +57,15 @@ class LoaderConfig:
         model's shard size would make every reload of that shard pay ``cudaMalloc`` and a
         device-synchronising ``cudaFree`` (on the H100 a 4 GiB memory-tier load fell from
         the pinned copy's 55 GB/s to 47).
+    gpu_resident_bytes:
+        Resident copies (of ``shared`` loads and GPU prefetches) kept per GPU after their last
+        lease, so a restarted client finds them (see :mod:`tiering.serving.residency`): least
+        recently used out first, and let go the moment a lease needs the room. None (the
+        default) keeps up to the lease budget: like idle buffers, they cost no client
+        anything. 0 lets a copy go with its last lease.
+    cpu_resident_bytes:
+        The same in shared memory (``cpu``). 0 by default: the memory tier is the host's
+        cache already.
     gpu_delivery:
         How replicas on several GPUs get their bytes (see :mod:`tiering.io._fanout`):
         ``auto`` measures a peer copy against staging through the host once per pair of GPUs
@@ -80,5 +89,7 @@ class LoaderConfig:
     job_retention_s: float = 3600.0
     gpu_cache_bytes: int | None = None
     gpu_cache_idle_s: float = 30.0
+    gpu_resident_bytes: int | None = None
+    cpu_resident_bytes: int = 0
     gpu_delivery: DeliveryMode = "auto"
     io: GdsConfig = field(default_factory=GdsConfig)

@@ -17,7 +17,7 @@ from typing import Any
 
 from tiering.catalog import FileRecord, FileState
 from tiering.engine import Engine
-from tiering.errors import BackendUnavailable, InvalidDevice, InvalidInput
+from tiering.errors import BackendUnavailable, FileNotFound, InvalidDevice, InvalidInput
 from tiering.fleet.peerreader import PeerReads, PeerSource
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
 from tiering.io._device import import_cupy
@@ -55,7 +55,13 @@ class LoadContext:
         self._storages: dict[Device, GpuDirectStorage] = {}
         self._storage_lock = threading.Lock()
         #: The read-only copies of shared loads and GPU prefetches (see serving.residency).
-        self.residency = Residency(self.leases, self.stats, self._record_access)
+        self.residency = Residency(
+            self.leases,
+            self.stats,
+            self._record_access,
+            keep=self.resident_budget,
+            generation=self._generation,
+        )
         #: Who may hold copies of files in memory, asked in order before a file is read from
         #: its tier (the GPU residency first, then the memory tier; see serving.held).
         self.holders: list[Holder] = [self.residency]
@@ -76,7 +82,14 @@ class LoadContext:
         assert self.engine.access is not None
         self.engine.access.record(file_id)
 
+    def _generation(self, file_id: int) -> int | None:
+        try:
+            return self.engine.catalog.get(file_id, cached=True).generation
+        except FileNotFound:
+            return None
+
     def close(self) -> None:
+        self.residency.close()
         self.leases.stop()
         with self._storage_lock:
             storages = list(self._storages.values())
@@ -129,6 +142,15 @@ class LoadContext:
             100 * self.config.gpu_budget_fraction,
         )
         return budget
+
+    def resident_budget(self, device: Device) -> int:
+        """Bytes of resident copies no lease holds that ``device`` keeps (see
+        :mod:`tiering.serving.residency`): ``gpu_resident_bytes`` (None: the lease budget),
+        ``cpu_resident_bytes`` in shared memory."""
+        if not device.is_cuda:
+            return self.config.cpu_resident_bytes
+        n = self.config.gpu_resident_bytes
+        return self.leases.budget(device) if n is None else n
 
     # -- files -------------------------------------------------------------------------------
     def record(self, ref: FileRef) -> FileRecord:

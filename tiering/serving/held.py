@@ -26,7 +26,7 @@ from tiering.errors import TierdError
 from tiering.io import Device
 from tiering.tiers import Stat, Tier
 
-__all__ = ["Held", "Holder", "still_current"]
+__all__ = ["Held", "Holder", "authoritative_stat", "still_current"]
 
 
 @dataclass
@@ -74,3 +74,20 @@ def still_current(held: Held, rec: FileRecord, tier: Tier) -> bool:
     except TierdError:
         return False
     return now is not None and now.same_file(held.stat)
+
+
+def authoritative_stat(rec: FileRecord, tier: Tier) -> Stat | None:
+    """The authoritative file now, taken *before* reading bytes that become a resident copy.
+
+    A change after this stat shows in a later one (a new inode, size or time), so the copy is
+    never served stale. None when the file on disk is not the one the catalog records (gone, or
+    another size): such a read is not kept. An object-store tier's copy is checked by the ETag
+    the catalog recorded, which every load of it is pinned to.
+    """
+    if tier.capabilities.pinned_reads:
+        return Stat(size=rec.size, mtime_ns=0, version=rec.etag or "", etag=rec.etag)
+    try:
+        now = tier.stat(rec.relpath)
+    except TierdError:
+        return None
+    return now if now is not None and now.size == rec.size else None

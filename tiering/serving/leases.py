@@ -11,6 +11,12 @@ Several leases may hand out one buffer (:meth:`LeaseTable.share`): the read-only
 bytes are charged against the budget once, and it goes back to the pool only when the last
 holder lets go. A holding is never revived: a buffer taken again from the pool gets a new
 one, so a stale reference can never hand out another load's bytes.
+
+The residency may **keep** a holding (:meth:`LeaseTable.keep`): one more holder, tierd itself,
+so the buffer outlives its last lease as a resident copy nobody writes. Such a copy no lease
+holds is *kept*: its bytes stay charged to the budget but are not leased
+(:meth:`LeaseTable.leased_bytes` leaves them out), and a reservation that would not fit asks
+the residency (:attr:`LeaseTable.reclaim`) to let kept copies go before it fails.
 """
 
 from __future__ import annotations
@@ -20,98 +26,18 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
 
 from tiering.errors import BufferNotFound, InsufficientSpace, InvalidInput
-from tiering.io import Device, IoReport
+from tiering.io import Device
 from tiering.io.bufferpool import BufferPool
 from tiering.io.buffers import DeviceBuffer
 from tiering.periodic import Periodic
+from tiering.serving.holding import Holding, Lease, LeaseSpec
 
 __all__ = ["Holding", "Lease", "LeaseSpec", "LeaseTable", "Reservation"]
 
 log = logging.getLogger(__name__)
-
-
-class Holding:
-    """Who holds one granted buffer: its leases and pins (see :meth:`LeaseTable.hold`).
-
-    Made by :meth:`LeaseTable.grant`; ``count`` falls to 0 exactly once, and the buffer is then
-    freed (or pooled). ``on_last`` is called just before that, outside the table's lock.
-    """
-
-    __slots__ = ("buffer", "count", "on_last")
-
-    def __init__(self, buffer: DeviceBuffer) -> None:
-        self.buffer = buffer
-        self.count = 1
-        self.on_last: Callable[[Holding], None] | None = None
-
-
-@dataclass(frozen=True)
-class LeaseSpec:
-    """What a new lease says about its bytes, the same whether its buffer is new
-    (:meth:`LeaseTable.grant`) or shared (:meth:`LeaseTable.share`).
-
-    ``nbytes`` of data start at ``offset`` inside the allocation; ``dtype`` and ``shape``
-    describe them; ``kind`` is the load's (``load``, ``gather``, ``safetensors``,
-    ``prefetch``) and ``file_ids`` the files read; ``report`` how the bytes came. ``tensors``
-    (safetensors loads): name → ``(offset, dtype, shape, nbytes)`` inside the buffer.
-    ``ttl_s``: the lease's lifetime (None: the table's default).
-    """
-
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-    kind: str
-    file_ids: tuple[int, ...]
-    report: IoReport | None = None
-    ttl_s: float | None = None
-    offset: int = 0
-    tensors: dict[str, Any] | None = None
-
-
-@dataclass
-class Lease:
-    """One leased buffer.
-
-    ``nbytes`` of data start at ``offset`` inside the allocation; ``dtype`` and ``shape``
-    describe them. ``tensors`` is set for safetensors loads: name → ``(offset, dtype, shape,
-    nbytes)`` inside this buffer. ``read_only`` leases hand out a buffer that other leases
-    may share (the holder promised never to write it); ``reused`` says this lease was granted
-    over such a buffer that was already resident (no byte was read for it).
-    """
-
-    id: str
-    device: Device
-    buffer: DeviceBuffer
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-    created_at: float
-    expires_at: float
-    ttl_s: float
-    kind: str
-    file_ids: tuple[int, ...]
-    report: IoReport | None
-    offset: int = 0
-    tensors: dict[str, Any] = field(default_factory=dict)
-    read_only: bool = False
-    reused: bool = False
-    holding: Holding | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def alloc_bytes(self) -> int:
-        return self.buffer.alloc_bytes
-
-    def handle(self) -> dict[str, Any]:
-        """The buffer's handle, with the data's offset and whether it is read-only."""
-        h = self.buffer.handle()
-        h["offset"] = self.offset
-        h["read_only"] = self.read_only
-        return h
 
 
 class Reservation:
@@ -201,9 +127,15 @@ class LeaseTable:
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         self._used: dict[Device, int] = {}
+        self._kept: dict[Device, int] = {}  # bytes of idle kept holdings, inside _used
         self._budgets: dict[Device, int] = {}
         self._reaper = Periodic(self._reap_and_log, reap_interval_s, "tierd-lease-reaper")
         self.expired_total = 0
+        #: ``reclaim(device, nbytes)``: let kept copies of ``device`` go to free at least
+        #: ``nbytes`` of its budget; returns the bytes freed (the residency sets it).
+        self.reclaim: Callable[[Device, int], int] | None = None
+        #: Called on every tick of the reaper (the residency's sweep of changed files).
+        self.on_reap: Callable[[], object] | None = None
 
     # -- budget ------------------------------------------------------------------------------
     def budget(self, device: Device) -> int:
@@ -217,18 +149,30 @@ class LeaseTable:
         return found
 
     def reserve(self, device: Device, nbytes: int) -> Reservation:
-        """Hold ``nbytes`` of ``device``'s budget.
+        """Hold ``nbytes`` of ``device``'s budget; kept resident copies are let go (least
+        recently used first) for the room, never leases.
 
         Raises
         ------
         InsufficientSpace
-            Over the budget; the message and details say how much is free.
+            Over the budget; the message and details say how much is free (kept copies count
+            as free: they would go for it).
         """
         limit = self.budget(device)
-        with self._lock:
-            used = self._used.get(device, 0)
-            if used + nbytes > limit:
-                free = max(0, limit - used)
+        while True:
+            with self._lock:
+                used = self._used.get(device, 0)
+                kept = self._kept.get(device, 0)
+                if used + nbytes <= limit:
+                    self._used[device] = used + nbytes
+                    room = limit - used - nbytes
+                    break
+                short = used + nbytes - limit
+                # Only when letting every kept copy go would make room: a load that fails
+                # anyway must not cost the others their copies.
+                fits = used - kept + nbytes <= limit
+            if not fits or self.reclaim is None or self.reclaim(device, short) <= 0:
+                free = max(0, limit - used + kept)
                 raise InsufficientSpace(
                     f"{device}: {nbytes} bytes needed, {free} of the {limit} byte lease budget "
                     "free; release or let expire some buffers",
@@ -237,8 +181,6 @@ class LeaseTable:
                     free=free,
                     budget=limit,
                 )
-            self._used[device] = used + nbytes
-            room = limit - used - nbytes
         # Leased plus idle stays within the budget: drop idle buffers the new one needs.
         self.pool.trim(device, keep=room)
         return Reservation(self, device, nbytes)
@@ -248,9 +190,15 @@ class LeaseTable:
             self._used[device] = self._used.get(device, 0) - nbytes
 
     def leased_bytes(self) -> dict[str, int]:
-        """Bytes held (leases and reservations in progress) per device seen so far."""
+        """Bytes held (leases and reservations in progress) per device seen so far; not the
+        resident copies kept after their last lease (see :meth:`kept_bytes`)."""
         with self._lock:
-            return {str(d): n for d, n in self._used.items()}
+            return {str(d): n - self._kept.get(d, 0) for d, n in self._used.items()}
+
+    def kept_bytes(self) -> dict[str, int]:
+        """Bytes of resident copies no lease holds, per device (inside the budget)."""
+        with self._lock:
+            return {str(d): n for d, n in self._kept.items()}
 
     def budgets(self) -> dict[str, int]:
         with self._lock:
@@ -319,9 +267,8 @@ class LeaseTable:
             )
         lease = self._new(buf, holding, spec, read_only=True, reused=True)
         with self._lock:
-            if holding.count <= 0:
+            if not self._ref(holding):
                 return None
-            holding.count += 1
             self._leases[lease.id] = lease
         return lease
 
@@ -329,10 +276,47 @@ class LeaseTable:
         """Pin a held buffer (a load copying from it) until :meth:`unhold`; False when its
         last holder has let go already."""
         with self._lock:
-            if holding.count <= 0:
+            return self._ref(holding)
+
+    def _ref(self, holding: Holding) -> bool:
+        # Under self._lock.
+        if holding.count <= 0:
+            return False
+        if holding.idle:
+            self._kept_add(holding, -1)
+        holding.count += 1
+        return True
+
+    def _kept_add(self, holding: Holding, sign: int) -> None:
+        # Under self._lock.
+        dev = holding.buffer.device
+        self._kept[dev] = self._kept.get(dev, 0) + sign * holding.buffer.alloc_bytes
+
+    def keep(self, holding: Holding, on_idle: Callable[[Holding], None]) -> bool:
+        """Hold ``holding`` for tierd itself until :meth:`unkeep`, so its buffer outlives its
+        last lease; ``on_idle(holding)`` is called each time no other holder is left. False
+        when its last holder has let go already (or it is kept already)."""
+        with self._lock:
+            if holding.count <= 0 or holding.kept:
                 return False
             holding.count += 1
+            holding.kept = True
+            holding.on_idle = on_idle
             return True
+
+    def unkeep(self, holding: Holding, *, only_idle: bool = False) -> bool:
+        """Undo :meth:`keep` (the buffer goes once its leases do); with ``only_idle``, only
+        while no other holder is left, so a copy in use is never taken from its users.
+        False when nothing was undone."""
+        with self._lock:
+            if not holding.kept or (only_idle and not holding.idle):
+                return False
+            if holding.idle:
+                self._kept_add(holding, -1)
+            holding.kept = False
+            holding.on_idle = None
+        self._unref(holding)
+        return True
 
     def unhold(self, holding: Holding) -> None:
         """Undo one :meth:`hold`."""
@@ -393,9 +377,20 @@ class LeaseTable:
     def _unref(self, holding: Holding) -> None:
         with self._lock:
             holding.count -= 1
-            if holding.count > 0:
-                return
-            on_last, holding.on_last = holding.on_last, None
+            idle = holding.on_idle if holding.idle else None
+            if idle is not None:
+                self._kept_add(holding, 1)
+            alive = holding.count > 0
+            on_last = None
+            if not alive:
+                on_last, holding.on_last = holding.on_last, None
+        if alive:
+            if idle is not None:
+                try:
+                    idle(holding)  # the residency's budget: it may let the copy go now
+                except Exception:
+                    log.exception("keeping the resident copy in %s failed", holding.buffer.device)
+            return
         buf = holding.buffer
         try:
             if on_last is not None:
@@ -450,3 +445,5 @@ class LeaseTable:
         n = self.reap()
         if n:
             log.info("freed %d expired buffer lease(s)", n)
+        if self.on_reap is not None:
+            self.on_reap()

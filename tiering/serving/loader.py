@@ -186,8 +186,8 @@ class Loader:
         earlier shared load or a GPU prefetch of the same file at the same generation) is
         handed out again: the same allocation (CUDA IPC handle or shared-memory segment), no
         read, no new bytes against the budget. Otherwise it is read into a new read-only
-        buffer that stays resident while any lease holds it. The lease and its handle say
-        ``read_only``.
+        buffer that stays resident while any lease holds it, and after (see
+        :mod:`tiering.serving.residency`). The lease and its handle say ``read_only``.
 
         Raises
         ------

@@ -24,10 +24,15 @@ The residency serves loads two ways:
   GPU (source ``gpu``), over NVLink/PCIe from another GPU where peer access is possible
   (``peer``), or device → host for a ``cpu`` target; the load's own buffer stays its own.
 
-An entry lives exactly as long as its buffer: the lease table calls back when the last lease
-(or copy in flight) lets go, and the entry is dropped before the buffer can be reused. A
-stale entry (its file changed) is forgotten at once; its buffer stays with the leases that
-hold it, which keep the bytes they were given.
+**A copy outlives its last lease**: the residency keeps its buffer itself
+(:meth:`~tiering.serving.leases.LeaseTable.keep`), so a serving process that restarts finds
+its weights still on the GPU. A kept copy no lease holds is tierd's own (never written, never
+pooled) and goes: least recently used first past the device's budget (``keep``:
+``gpu_resident_bytes``; 0 keeps nothing); at once when a reservation needs its room
+(:meth:`Residency.make_room`); when its file changes or is deleted (found stale by a load, or
+by :meth:`Residency.sweep` on the lease reaper's tick). A copy some lease holds is never taken
+from it: a stale one is forgotten, and its leases keep the bytes they were given. An entry is
+dropped before its buffer can go back to the pool.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -43,9 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiering.catalog import FileRecord, FileState
-from tiering.errors import TierdError
 from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
-from tiering.serving.held import Held, still_current
+from tiering.serving.held import Held, authoritative_stat, still_current
 from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
 from tiering.tiers import Stat, Tier
 
@@ -54,6 +59,7 @@ __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
 log = logging.getLogger(__name__)
 
 _SERVABLE = (FileState.STABLE, FileState.MIGRATING)
+_SWEEP_S = 2.0  # the longest a kept copy of a changed file outlives the change, unused
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class Entry:
     stat: Stat
     nbytes: int
     tensors: dict[str, Any] = field(default_factory=dict)
+    used: int = 0  # when it was last handed out or copied from (a tick of the residency)
 
     @property
     def device(self) -> Device:
@@ -103,23 +110,6 @@ class Entry:
         """Still a copy of what ``rec`` names (generation, and the file on disk now)."""
         probe = Held(self.key.file_id, self.key.generation, self.stat, None, self.device, "gpu")
         return rec.state in _SERVABLE and still_current(probe, rec, tier)
-
-
-def authoritative_stat(rec: FileRecord, tier: Tier) -> Stat | None:
-    """The authoritative file now, taken *before* reading bytes that become a resident copy.
-
-    A change after this stat shows in a later one (a new inode, size or time), so the copy is
-    never served stale. None when the file on disk is not the one the catalog records (gone, or
-    another size): such a read is not kept. An object-store tier's copy is checked by the ETag
-    the catalog recorded, which every load of it is pinned to.
-    """
-    if tier.capabilities.pinned_reads:
-        return Stat(size=rec.size, mtime_ns=0, version=rec.etag or "", etag=rec.etag)
-    try:
-        now = tier.stat(rec.relpath)
-    except TierdError:
-        return None
-    return now if now is not None and now.size == rec.size else None
 
 
 class _Claim:
@@ -141,12 +131,33 @@ class Residency:
         Where a lease granted over a resident copy is counted (the ``copy`` path, 0 bytes).
     on_access:
         ``on_access(file_id)``: count one access of a file served from a copy.
+    keep:
+        ``keep(device)``: the most bytes of copies no lease holds that ``device`` keeps
+        (0: a copy goes with its last lease).
+    generation:
+        ``generation(file_id)``: the file's catalog generation now, None when it is gone
+        (for :meth:`sweep`; it may raise when the catalog cannot say).
     """
 
-    def __init__(self, leases: LeaseTable, stats: Stats, on_access: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        leases: LeaseTable,
+        stats: Stats,
+        on_access: Callable[[int], None],
+        *,
+        keep: Callable[[Device], int] = lambda _device: 0,
+        generation: Callable[[int], int | None] | None = None,
+    ) -> None:
         self._leases = leases
         self._stats = stats
         self._on_access = on_access
+        self._keep = keep
+        self._generation = generation
+        self._closed = False
+        self._ticks = itertools.count(1)
+        self._swept = 0.0
+        leases.reclaim = leases.pool.on_short = self.make_room
+        leases.on_reap = self._tick
         self._lock = threading.Lock()
         self._entries: dict[ResidentKey, Entry] = {}
         self._by_file: dict[int, list[Entry]] = {}
@@ -206,6 +217,7 @@ class Residency:
         if entry is None:
             return None
         if entry.current(rec, tier):
+            self._touch(entry)
             return entry
         self._forget(entry)
         return None
@@ -238,6 +250,7 @@ class Residency:
             ]
         for e in around:
             if e.current(rec, tier):
+                self._touch(e)
                 return e, offset - e.key.what[1]
             self._forget(e)
         return None
@@ -301,6 +314,10 @@ class Residency:
         holding = lease.holding
         if holding is None or not lease.read_only:
             return None
+        # Kept before it is indexed: a load that finds the entry stale meanwhile lets it go
+        # again, so no kept buffer is ever left without an entry.
+        if not self._closed and self._keep(key.device) > 0:
+            self._leases.keep(holding, self._idle)
         entry = Entry(key, holding, stat, lease.nbytes, dict(lease.tensors))
         with self._lock:
             old = self._entries.get(key)
@@ -309,9 +326,12 @@ class Residency:
             self._entries[key] = entry
             self._by_file.setdefault(key.file_id, []).append(entry)
             self._by_holding[id(holding)] = entry
+            entry.used = next(self._ticks)
+        if old is not None:
+            self._let_go(old)
         # Watched only once indexed: were the leases gone in between, no callback would come
-        # to drop it, so it is dropped here.
-        if not self._leases.watch(holding, self._dropped):
+        # to drop it, so it is dropped here (and after close, which kept nothing more).
+        if not self._leases.watch(holding, self._dropped) or self._closed:
             self._forget(entry)
             return None
         return entry
@@ -337,6 +357,7 @@ class Residency:
             order += others
         for e in order:
             if self._leases.hold(e.holding):
+                self._touch(e)
                 return Held(
                     file_id=rec.id,
                     generation=e.key.generation,
@@ -361,6 +382,91 @@ class Residency:
             out[dev] = out.get(dev, 0) + e.holding.buffer.alloc_bytes
         return out
 
+    def copies(self) -> dict[str, int]:
+        """How many resident copies each device holds."""
+        out: dict[str, int] = {}
+        for e in self.entries():
+            out[str(e.device)] = out.get(str(e.device), 0) + 1
+        return out
+
+    def kept_bytes(self) -> dict[str, int]:
+        """Bytes of the copies no lease holds (kept by tierd alone), per device."""
+        return self._leases.kept_bytes()
+
+    # -- the policy ------------------------------------------------------------------------------
+    def make_room(self, device: Device, nbytes: int) -> int:
+        """Let kept copies of ``device`` no lease holds go, least recently used first, until
+        ``nbytes`` are freed or none is left; returns the bytes freed. Asked when a reservation
+        would not fit the budget, or a GPU allocation the device itself (the pool)."""
+        freed = 0
+        while freed < nbytes and (n := self._let_go_oldest(device)):
+            freed += n
+        return freed
+
+    def sweep(self) -> int:
+        """Forget the copies no lease holds whose file changed or is gone since (the reaper
+        calls it each tick); returns how many. A catalog that cannot answer keeps them: a
+        load still checks a copy before it uses it."""
+        if self._generation is None:
+            return 0
+        gone = 0
+        for e in self.entries():
+            if not e.holding.idle:
+                continue  # a copy in use is checked by the load that finds it
+            try:
+                now = self._generation(e.key.file_id)
+            except Exception as exc:
+                log.debug("residency sweep skipped: %s", exc)
+                return gone
+            if now != e.key.generation:
+                self._forget(e)
+                gone += 1
+        return gone
+
+    def _tick(self) -> None:
+        # The reaper's tick: an uncached catalog (PostgreSQL) is asked once per kept copy.
+        now = time.monotonic()
+        if now - self._swept >= _SWEEP_S:
+            self._swept = now
+            self.sweep()
+
+    def close(self) -> None:
+        """Keep nothing more, and let every kept copy go (with its leases, if any)."""
+        self._closed = True
+        for e in self.entries():
+            self._forget(e)
+
+    def _idle(self, holding: Holding) -> None:
+        # The lease table: a kept copy's last lease let go. Keep the device within its budget.
+        device = holding.buffer.device
+        limit = 0 if self._closed else self._keep(device)
+        self.make_room(device, self._leases.kept_bytes().get(str(device), 0) - limit)
+
+    def _let_go_oldest(self, device: Device) -> int:
+        """Let the least recently used kept copy of ``device`` no lease holds go; its bytes,
+        0 when there is none."""
+        with self._lock:
+            idle = sorted(
+                (e for e in self._entries.values() if e.device == device and e.holding.idle),
+                key=lambda e: e.used,
+            )
+        for e in idle:
+            # Only if still idle: a load that took it meanwhile keeps it.
+            if self._leases.unkeep(e.holding, only_idle=True):
+                return e.holding.buffer.alloc_bytes
+        return 0
+
+    def _touch(self, entry: Entry) -> None:
+        with self._lock:
+            entry.used = next(self._ticks)
+
+    def _let_go(self, entry: Entry) -> None:
+        """Stop keeping ``entry``'s buffer (unindexed already) unless another entry names it."""
+        with self._lock:
+            named = id(entry.holding) in self._by_holding
+        if not named:
+            self._leases.unkeep(entry.holding)
+
     def _dropped(self, holding: Holding) -> None:
         with self._lock:
             entry = self._by_holding.get(id(holding))
@@ -370,6 +476,7 @@ class Residency:
     def _forget(self, entry: Entry) -> None:
         with self._lock:
             self._unindex(entry)
+        self._let_go(entry)
 
     def _unindex(self, entry: Entry) -> None:
         # Under self._lock.
