@@ -15,7 +15,7 @@ its defaults, given explicitly) and hands out tensors over it:
   ``get_tensor(name)`` (replicas: broadcast) for every tensor, buffered.
 
 The callers check every load's tensors against the files' bytes after the clock stopped.
-Optional: without fastsafetensors (``pip install 'tierd[fastsafetensors]'``) or torch,
+Optional: without fastsafetensors (``pip install 'tierd[bench]'``) or torch,
 :func:`missing` says why and the caller fills the rows with that note.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["PIN", "load_one", "missing", "odirect", "rank_tensors", "torch_bytes
 Loaded = tuple[dict[str, Any], Callable[[], None]]
 
 PIN = "fastsafetensors==0.5.*"
-_INSTALL = "pip install 'tierd[fastsafetensors]'"
+_INSTALL = "pip install 'tierd[bench]', or fastsafetensors==0.5.* alone"
 _THREADS = 16  # fastsafetensors' own defaults, named so the rows say what ran
 _BBUF_KB = 16 << 10
 _ODIRECT = "FASTSAFETENSORS_ODIRECT"
