@@ -7,7 +7,8 @@ checking every row of that bench shares.
   replicas, one process per rank (see :mod:`._peerranks`), tierd over REST against
   fastsafetensors (``get_sharded``; ``get_tensor``'s broadcast), with the ratio of the two.
 
-Rates are GB/s of the checkpoint's bytes, whatever the ranks hold between them. A peer that is
+Rates are GB/s of the checkpoint's tensor bytes (as every row of the bench), whatever the
+ranks hold between them. A peer that is
 not installed or fails gives its rows no figure and a note saying why; one that loads wrong
 bytes fails the run.
 """
@@ -27,7 +28,14 @@ from . import _fastsafetensors as fst
 from ._measure import device_sync, free_gpu, gbps
 from ._report import BenchRow, Report
 
-__all__ = ["fastsafetensors_rows", "host_bytes", "rate_row", "timed_loads", "two_gpu_rows"]
+__all__ = [
+    "fastsafetensors_rows",
+    "host_bytes",
+    "rate_row",
+    "timed_loads",
+    "two_gpu_rows",
+    "two_gpus",
+]
 
 Loaded = fst.Loaded
 _WARMUP = 1
@@ -97,14 +105,14 @@ def _failed(exc: BaseException) -> str:
 def fastsafetensors_rows(
     report: Report,
     files: Sequence[Path],
+    nbytes: int,
     device: str,
     repeats: int,
     check: Callable[[dict[str, Any]], None],
     say: Callable[[str], None],
 ) -> None:
     """fastsafetensors into this process: ``fst_default`` and ``fst_buffered`` (and their
-    ``_x`` ratios: tierd's REST state dict over them)."""
-    nbytes = sum(p.stat().st_size for p in files)
+    ``_x`` ratios: tierd's REST state dict over them). Rates are of ``nbytes``."""
     rows = (
         ("fst_default", f"{_name()}, its default (O_DIRECT on local disks)", None),
         ("fst_buffered", f"{_name()}, buffered (FASTSAFETENSORS_ODIRECT=0)", False),
@@ -133,12 +141,15 @@ def fastsafetensors_rows(
         _ratio(report, f"{key}_x", "  tierd REST state dict / it", "rest_state_dict", key)
 
 
-def _gpu_count() -> int:
+def two_gpus(device: str) -> list[str] | None:
+    """``["cuda:0", "cuda:1"]`` where ``device`` is a GPU of a host with at least two."""
+    if not device.startswith("cuda"):
+        return None
     try:
-        cp = importlib.import_module("cupy")
-        return int(cp.cuda.runtime.getDeviceCount())
+        count = int(importlib.import_module("cupy").cuda.runtime.getDeviceCount())
     except Exception:
-        return 0
+        return None
+    return ["cuda:0", "cuda:1"] if count >= 2 else None
 
 
 def two_gpu_rows(
@@ -146,20 +157,19 @@ def two_gpu_rows(
     url: str,
     files: Sequence[Path],
     relpaths: Sequence[str],
-    device: str,
+    nbytes: int,
+    devices: Sequence[str] | None,
     repeats: int,
     say: Callable[[str], None],
 ) -> None:
-    """TP=2 and replicas on ``cuda:0`` and ``cuda:1``, one process per rank: tierd over REST
-    from the server at ``url`` (``relpaths``), and fastsafetensors (``files``). Nothing on a
-    host with fewer than two GPUs (the setup says so)."""
+    """TP=2 and replicas on ``devices`` (two; :func:`two_gpus`), one process per rank: tierd
+    over REST from the server at ``url`` (``relpaths``), and fastsafetensors (``files``).
+    Nothing without two devices (the setup says so). Rates are of ``nbytes``."""
     from ._peerranks import expected_digests, ranks
 
-    if not device.startswith("cuda") or _gpu_count() < 2:
+    if devices is None or len(devices) != 2:
         report.setup["two_gpu"] = "skipped: needs a host with 2 GPUs"
         return
-    devices = ["cuda:0", "cuda:1"]
-    nbytes = sum(p.stat().st_size for p in files)
     fst_why = fst.missing()
     for mode, what, how in (
         ("tp", "TP=2 split on dim 0", "get_sharded"),

@@ -28,6 +28,7 @@ def test_models_bench_measures_every_row_and_checks_bytes() -> None:
     assert rows["rest_state_dict"].vs == "in_process_state_dict"
     assert rows["rest_state_dict"].target == ">= 0.9x"
     assert report.setup["weight_bytes"] >= (8 << 20) - (1 << 16)
+    assert rows["rest_state_dict_memory"].note.endswith("source: memory")
     # The profile: every client phase, and the server's phases from its Server-Timing header.
     for prefix, source in (("prof_page_cache", "page_cache"), ("prof_memory", "memory")):
         assert rows[prefix].note == f"(source: {source})"

@@ -1,10 +1,11 @@
-"""The one-process-per-rank loads of ``tierd bench models`` on ``cpu`` (gloo joins the ranks):
-tierd over REST from a real server, and fastsafetensors where it is installed. Each rank's
-bytes are checked against checksums computed from the files, and a wrong expectation is
-caught, so the check can fail."""
+"""The one-process-per-rank loads of ``tierd bench models`` (its two-GPU rows) run on two
+``cpu`` ranks joined by gloo: tierd over REST from a real server, and fastsafetensors where it
+is installed. Each rank's bytes are checked against checksums computed from the files, and a
+wrong expectation is caught, so the check can fail."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,14 @@ pytest.importorskip("torch")
 
 from safetensors.numpy import save_file  # noqa: E402
 
+from tierd_bench import models  # noqa: E402
+from tierd_bench._modelpeers import two_gpu_rows  # noqa: E402
 from tierd_bench._peerranks import expected_digests, ranks  # noqa: E402
+from tierd_bench._report import Report  # noqa: E402
 from tierd_bench.rest import server_process  # noqa: E402
 from tiering.checksum import Hasher  # noqa: E402
+
+HAVE_FST = importlib.util.find_spec("fastsafetensors") is not None
 
 
 def _shards(root: Path) -> list[Path]:
@@ -54,18 +60,35 @@ def test_expected_digests_are_chunks_of_the_tensors(tmp_path: Path) -> None:
         expected_digests(paths, 2, "pipeline")
 
 
-def test_tierd_ranks_over_rest_checked(tmp_path: Path) -> None:
-    paths = _shards(tmp_path)
-    rel = [f"m/{p.name}" for p in paths]
+def test_two_device_rows_and_a_wrong_expectation(tmp_path: Path) -> None:
+    """``tierd bench models``' two-GPU rows, run on two ``cpu`` ranks: tierd per rank over
+    REST, fastsafetensors where installed, their ratio; then a wrong checksum is caught."""
+    models._write_model(tmp_path / "nvme", 8 << 20, 4)
+    files = sorted((tmp_path / "nvme" / models.NAME).glob("*.safetensors"))
+    rel = [f"{models.NAME}/{p.name}" for p in files]
+    report = Report("models", "test")
     with server_process(tmp_path) as (url, _):
-        digests = expected_digests(paths, 2, "tp")
-        t, sources = ranks("tierd", ["cpu", "cpu"], "tp", 1, digests, {"url": url, "paths": rel})
-        assert t > 0 and sources == {"page_cache"}
-        wrong = expected_digests(paths, 2, "replicate")
+        two_gpu_rows(report, url, files, rel, 1 << 20, ["cpu", "cpu"], 1, lambda s: None)
+        rows = report.rows
+        for mode in ("tp2", "replicate2"):
+            assert rows[f"{mode}_tierd"].value > 0, rows[f"{mode}_tierd"].note
+            assert rows[f"{mode}_tierd"].note.endswith("source: page_cache")
+            if HAVE_FST:
+                assert rows[f"{mode}_fst"].value > 0, rows[f"{mode}_fst"].note
+                assert rows[f"{mode}_x"].value == pytest.approx(
+                    rows[f"{mode}_tierd"].value / rows[f"{mode}_fst"].value
+                )
+            else:
+                assert rows[f"{mode}_fst"].value is None
+                assert rows[f"{mode}_fst"].note.startswith("not installed")
+        # Each rank's checksum is the other mode's: the ranks' bytes are checked, and differ.
+        wrong = expected_digests(files, 2, "replicate")
         with pytest.raises(AssertionError, match="differ"):
             ranks("tierd", ["cpu", "cpu"], "tp", 1, wrong, {"url": url, "paths": rel})
     with pytest.raises(ValueError):
-        ranks("tierd", ["cpu"], "tp", 1, digests[:1], {"url": url, "paths": rel})
+        ranks("tierd", ["cpu"], "tp", 1, wrong[:1], {"url": url, "paths": rel})
+    two_gpu_rows(report := Report("models", "test"), url, files, rel, 1, None, 1, print)
+    assert report.rows == {} and "2 GPUs" in report.setup["two_gpu"]
 
 
 def test_fastsafetensors_ranks_checked(tmp_path: Path) -> None:
