@@ -34,7 +34,8 @@ __all__ = ["PIN", "load_one", "missing", "odirect", "rank_tensors", "torch_bytes
 Loaded = tuple[dict[str, Any], Callable[[], None]]
 
 PIN = "fastsafetensors==0.5.*"
-_INSTALL = "pip install 'tierd[bench]', or fastsafetensors==0.5.* alone"
+# No square brackets: the table's renderer (rich) would take "[bench]" for markup.
+_INSTALL = "pip install fastsafetensors==0.5.*, in tierd's bench extra"
 _THREADS = 16  # fastsafetensors' own defaults, named so the rows say what ran
 _BBUF_KB = 16 << 10
 _ODIRECT = "FASTSAFETENSORS_ODIRECT"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 
 from . import _fastsafetensors as fst
 from ._measure import device_sync, free_gpu, gbps
@@ -88,7 +89,9 @@ def rate_row(report: Report, key: str, label: str, nbytes: int, t: float, note: 
 
 
 def _none(report: Report, key: str, label: str, why: str) -> None:
-    report.add(BenchRow(key, label, None, "GB/s", note=why))
+    # Escaped: the table's renderer (rich) reads "[...]" as markup, and an error's text such
+    # as gloo's "[/path/pair.cc:553] Connection closed" would stop the printing of the run.
+    report.add(BenchRow(key, label, None, "GB/s", note=escape(why)))
 
 
 def _ratio(report: Report, key: str, label: str, num: str, den: str) -> None:

@@ -6,6 +6,7 @@ wrong expectation is caught, so the check can fail."""
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,9 @@ pytest.importorskip("torch")
 from safetensors.numpy import save_file  # noqa: E402
 
 from tierd_bench import models  # noqa: E402
-from tierd_bench._modelpeers import two_gpu_rows  # noqa: E402
+from tierd_bench._modelpeers import _none, two_gpu_rows  # noqa: E402
 from tierd_bench._peerranks import expected_digests, ranks  # noqa: E402
-from tierd_bench._report import Report  # noqa: E402
+from tierd_bench._report import Report, print_report  # noqa: E402
 from tierd_bench.rest import server_process  # noqa: E402
 from tiering.checksum import Hasher  # noqa: E402
 
@@ -89,6 +90,23 @@ def test_two_device_rows_and_a_wrong_expectation(tmp_path: Path) -> None:
         ranks("tierd", ["cpu"], "tp", 1, wrong[:1], {"url": url, "paths": rel})
     two_gpu_rows(report := Report("models", "test"), url, files, rel, 1, None, 1, print)
     assert report.rows == {} and "2 GPUs" in report.setup["two_gpu"]
+
+
+def test_a_failed_rank_is_a_printable_note(tmp_path: Path) -> None:
+    """A rank that fails gives its row no figure and the error as its note, which the table
+    prints as it is (gloo's errors hold "[/path:line]", which rich would take for markup)."""
+    models._write_model(tmp_path / "nvme", 8 << 20, 4)
+    files = sorted((tmp_path / "nvme" / models.NAME).glob("*.safetensors"))
+    report = Report("models", "test")
+    # Nothing listens at this URL: every tierd rank fails to connect.
+    two_gpu_rows(report, "http://127.0.0.1:9", files, ["x"], 1, ["cpu", "cpu"], 1, print)
+    row = report.rows["tp2_tierd"]
+    assert row.value is None and row.note.startswith("failed: RuntimeError: rank")
+    _none(report, "gloo", "gloo's words", "failed: RuntimeError: [/pair.cc:553] closed")
+    out = io.StringIO()
+    print_report(report, file=out)
+    assert "failed: RuntimeError: rank" in out.getvalue()
+    assert "[/pair.cc:553] closed" in out.getvalue()
 
 
 def test_fastsafetensors_ranks_checked(tmp_path: Path) -> None:
