@@ -6,7 +6,8 @@ opened (a CUDA IPC handle, or a shared-memory segment, per shard), a view per te
 (:class:`~tierd_client.Tensors`), the torch tensors and their lease keeper, and, before the
 tensors are used, a synchronise. :func:`profiled_load` takes those same steps through the
 client's own functions, reading the clock between them, so its figures are the client's and
-nothing of the client's hot path changes to measure it.
+nothing of the client's hot path changes to measure it. What freeing the tensors costs
+afterwards (``close``: the buffers' mappings closed) is reported beside them, not in their sum.
 
 The server says its side in the reply's ``Server-Timing`` header (see
 ``app.api.loads.server_timing``): ``load`` (``open``, ``read`` with its ``alloc``, ``sync``,
@@ -45,6 +46,7 @@ _CLIENT_LABELS = {
     "views": "client: a view per tensor (Tensors)",
     "torch": "client: torch tensors + lease keeper",
     "sync": "client: device synchronise",
+    "close": "client, after the load: tensors freed (IPC mappings closed), not in the sum",
 }
 _SERVER_LABELS = {
     "load": "server: the load in all",
@@ -75,7 +77,7 @@ class Profile:
             server["http"] -= server.get("reply", 0.0)
         for k, v in server.items():
             self.server.setdefault(k, []).append(v)
-        self.total.append(sum(client.values()))
+        self.total.append(sum(client[p] for p in CLIENT_PHASES))
 
 
 def parse_server_timing(header: str | None) -> dict[str, float]:
@@ -157,7 +159,9 @@ def profile(
         try:
             check(state)
         finally:
-            state.clear()
+            t0 = time.perf_counter()
+            state.clear()  # the last views of the buffers: their mappings close here
+            client["close"] = time.perf_counter() - t0
             release(api, ids)
         if i >= warmup:
             prof.add(client, server)

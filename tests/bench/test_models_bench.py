@@ -32,7 +32,7 @@ def test_models_bench_measures_every_row_and_checks_bytes() -> None:
     # The profile: every client phase, and the server's phases from its Server-Timing header.
     for prefix, source in (("prof_page_cache", "page_cache"), ("prof_memory", "memory")):
         assert rows[prefix].note == f"(source: {source})"
-        for phase in CLIENT_PHASES:
+        for phase in (*CLIENT_PHASES, "close"):
             assert rows[f"{prefix}_client_{phase}"].value is not None
         for phase in ("load", "open", "read", "alloc", "sync", "grant", "reply", "http"):
             assert rows[f"{prefix}_server_{phase}"].value is not None, phase
