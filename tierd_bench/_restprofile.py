@@ -53,6 +53,7 @@ _SERVER_LABELS = {
     "open": "server:   open the files",
     "read": "server:   headers, allocations, reads (shards at once)",
     "alloc": "server:     of which allocations (summed over shards)",
+    "io": "server:     of which the slowest shard's read or copy (its IoReport)",
     "sync": "server:   device synchronise",
     "grant": "server:   leases + export handles",
     "reply": "server: reply body",
@@ -130,6 +131,10 @@ def profiled_load(
     ticks = (t0, t1, t2, t3, t4, t5, t6)
     client = {p: b - a for p, a, b in zip(CLIENT_PHASES, ticks[:-1], ticks[1:], strict=True)}
     server = parse_server_timing(resp.headers.get("server-timing"))
+    if server:
+        # The bytes' own time, from each lease's report: what the read phase is beyond it is
+        # headers and allocations.
+        server["io"] = max((float(b.info.get("seconds") or 0) for b in buffers), default=0.0)
     sources = {str(b.source) for b in buffers}
     return state, client, server, [b.id for b in buffers], sources
 
