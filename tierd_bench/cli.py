@@ -293,7 +293,9 @@ def bench_models(
     ] = 5,
     json_path: JsonOpt = None,
 ) -> None:
-    """One model load over REST against its shards loaded one request at a time."""
+    """A model over REST (one request, a shard at a time, as a state dict with its phase
+    profile, from the memory tier) against in-process loads and fastsafetensors (two GPUs:
+    TP=2 and replicas, one process per rank)."""
     from tierd_bench.models import run
 
     nbytes = _size(size, minimum=shards << 20)

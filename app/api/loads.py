@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
@@ -81,16 +84,32 @@ def load_batch(req: BatchRequest, loader: LoaderDep) -> BatchOut:
 def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> Response:
     """safetensors shards into one buffer each; ``tensors`` says where each tensor lies.
 
+    The ``Server-Timing`` header says where the time went (ms): ``load`` in all, of which
+    ``open``, ``read`` (with ``alloc``), ``sync`` and ``grant`` for a one-device load, then
+    ``reply`` (building this body).
+
     ``devices``, ``sharding`` or ``rank``: one entry per device (DevicesTensorsOut): every
     tensor on every device, or each rank's slices on its device. 422 for a bad sharding spec,
     a rank out of range, an unknown device or cpu among several; 507 over any device's budget
     (nothing is left leased on the others).
     """
     target = req.target()
+    t0 = time.perf_counter()
     loads = loader.load_safetensors(
         req.refs, names=req.names, device=target, ttl_s=req.ttl_s, shared=req.shared
     )
-    return _json(tensors_out(target, loads))
+    t1 = time.perf_counter()
+    body = tensors_out(target, loads).model_dump_json()
+    phases = {**loads[0].loaded.timings, "load": t1 - t0, "reply": time.perf_counter() - t1}
+    return Response(
+        body, media_type="application/json", headers={"Server-Timing": server_timing(phases)}
+    )
+
+
+def server_timing(phases: Mapping[str, float]) -> str:
+    """A ``Server-Timing`` header (milliseconds) of ``{phase: seconds}``: where a load's time
+    went on the server, for ``tierd bench models``' profile and a browser's network panel."""
+    return ", ".join(f"{name};dur={s * 1e3:.3f}" for name, s in phases.items())
 
 
 @router.post("/vectors/gather", response_model=LeaseOut | ReplicasOut, responses=LOAD_ERRORS)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tiering.errors import InvalidInput, TooLarge
@@ -54,6 +55,12 @@ class TensorLoc:
 class TensorsLoaded:
     leases: list[Lease]
     tensors: dict[str, TensorLoc]
+    #: Seconds of each phase of a plain load (:func:`load_shards`), for the REST reply's
+    #: ``Server-Timing`` header: ``open`` (the files), ``read`` (headers, allocations and
+    #: reads, shards concurrently), ``alloc`` (the allocations, summed over the shards: part
+    #: of ``read``), ``sync`` (waiting for the device's copies) and ``grant`` (the leases and
+    #: their export handles). Empty for the other loads.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def load_shards(
@@ -86,8 +93,11 @@ def load_shards(
     lock = threading.Lock()
     reserved: list[Reservation] = []
     by_array: dict[int, Reservation] = {}
+    # A few clock reads per shard: the phases of the load, for the reply's Server-Timing.
+    timings = dict.fromkeys(("open", "read", "alloc", "sync", "grant"), 0.0)
 
     def alloc(nbytes: int) -> Any:
+        t0 = time.perf_counter()
         res = ctx.leases.reserve(dev, alloc_size(dev, nbytes))
         with lock:
             reserved.append(res)
@@ -95,28 +105,37 @@ def load_shards(
         arr = buf.array()[:nbytes]
         with lock:
             by_array[id(arr)] = res
+            timings["alloc"] += time.perf_counter() - t0
         return arr
 
     leases: list[Lease] = []
     with contextlib.ExitStack() as stack:
+        t0 = time.perf_counter()
         opened = [stack.enter_context(ctx.open(ref, storage)) for ref in files]
         if select is not None:
             names = select([f for f, _ in opened])
+        t1 = time.perf_counter()
+        timings["open"] = t1 - t0
         try:
             with storage.device.current():
                 shards = storage.load_safetensors_raw([f for f, _ in opened], names, alloc)
+            timings["read"] = time.perf_counter() - t1
             for shard, (_f, file_id) in zip(shards, opened, strict=True):
                 res = by_array[id(shard.buffer)]
                 if not shard.tensors:
                     res.cancel()  # nothing selected from this shard
                     continue
-                leases.append(_grant(ctx, res, shard, file_id, ttl_s, read_only=False))
+                leases.append(
+                    _grant(ctx, res, shard, file_id, ttl_s, read_only=False, timings=timings)
+                )
         except BaseException:
             ctx.leases.release_many([lease.id for lease in leases])
             for res in reserved:
                 res.cancel()
             raise
-    return loaded(ctx, dev, leases)
+    out = loaded(ctx, dev, leases)
+    out.timings.update(timings)
+    return out
 
 
 def _grant(
@@ -127,10 +146,14 @@ def _grant(
     ttl_s: float | None,
     *,
     read_only: bool,
+    timings: dict[str, float] | None = None,
 ) -> Lease:
-    """One shard's reservation, filled, as a lease with its tensors' layout."""
+    """One shard's reservation, filled, as a lease with its tensors' layout (``timings``:
+    where the seconds of its ``sync`` and ``grant`` are added)."""
     assert res.buffer is not None
+    t0 = time.perf_counter()
     res.buffer.synchronize()
+    t1 = time.perf_counter()
     layout = {
         name: {"offset": at, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
         for name, (at, t) in shard.tensors.items()
@@ -139,7 +162,11 @@ def _grant(
     spec = LeaseSpec(
         n, "uint8", (n,), "safetensors", (file_id,), shard.report, ttl_s, tensors=layout
     )
-    return ctx.leases.grant(res, spec, read_only=read_only)
+    lease = ctx.leases.grant(res, spec, read_only=read_only)
+    if timings is not None:
+        timings["sync"] += t1 - t0
+        timings["grant"] += time.perf_counter() - t1
+    return lease
 
 
 def loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
