@@ -5,7 +5,9 @@ process with one file of ``size`` bytes on its fastest tier and staged into its 
 (pinned host memory). Every load is made by a **fresh client process** that loads the file
 over REST into ``device``, makes it a torch tensor (CUDA IPC opened, device synchronised),
 checks its bytes, and exits; the clock runs inside the client from the request to the usable
-tensor (its interpreter and CUDA start-up are not counted: the same in every row).
+tensor (its interpreter's start-up, torch's and the client's CUDA bindings' (cupy) imports and
+CUDA context are not counted: a serving process pays them once at start, the same in every
+row).
 
 - **memory tier**: plain loads while nothing is resident on the GPU (source ``memory``): the
   reference, what every restart paid before copies outlived their lease;
@@ -54,6 +56,8 @@ _CHILD = textwrap.dedent(
     args = json.loads(sys.argv[1])
     dev = args["device"]
     torch.zeros(1, device=dev)  # CUDA up before the clock: the same in every row
+    import cupy  # the client's CUDA IPC bindings, loaded once at start as a server does
+    cupy.cuda.Device(int(dev.partition(":")[2] or 0)).use()
     with Client(args["url"], timeout=600) as api:
         t0 = time.perf_counter()
         with api.load(args["file"], device=dev, shared=args["shared"]) as b:
