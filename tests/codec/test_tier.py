@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_invariants, checksum, put
+from tests.helpers import assert_invariants, checksum, engine_settings, put
 from tierd_bench.codec import synthetic_bf16
-from tiering.codec import CHUNK, MAGIC, CorruptContainer, open_bytes
+from tiering.codec import CHUNK, CODEC, MAGIC, CorruptContainer, open_bytes
 from tiering.config import TierConfig
 from tiering.engine import Engine
 from tiering.errors import IntegrityError
@@ -127,17 +127,27 @@ def test_auto_compresses_the_slow_tiers(
     assert t.copies().compresses is False  # host copies are filled by pieces
 
 
-def test_moves_compress_down_and_decompress_up(eng: Engine, bf16: bytes) -> None:
-    """The default layout: hdd (rank 2) compresses; nvme does not."""
+@pytest.fixture
+def ceng(tmp_path: Path) -> Iterator[Engine]:
+    """An engine of the default layout, compression as shipped: on for hdd (rank 2) only."""
+    with Engine(engine_settings(tmp_path / "data", compression="auto").engine_config()) as e:
+        yield e
+
+
+def test_moves_compress_down_and_decompress_up(ceng: Engine, bf16: bytes) -> None:
+    eng = ceng
     rec = put(eng, "models/m.safetensors", bf16)
     hdd, nvme = eng.tiers.get("hdd"), eng.tiers.get("nvme")
     assert (nvme.watch_root() / "models/m.safetensors").stat().st_size == len(bf16)  # type: ignore[operator]
     eng.migrate(rec.id, "hdd")
     stored = (hdd.watch_root() / "models/m.safetensors").read_bytes()  # type: ignore[operator]
     assert stored.startswith(MAGIC) and len(stored) <= 0.72 * len(bf16)
+    moved = eng.get(rec.id)
+    assert (moved.codec, moved.stored_size, moved.size) == (CODEC, len(stored), len(bf16))
     assert_invariants(eng, {"models/m.safetensors": bf16})
     report = eng.scan(check=True)
     assert report.drift == 0 and not report.conflicts
     eng.migrate(rec.id, "nvme")
+    assert (eng.get(rec.id).codec, eng.get(rec.id).stored_size) == (None, None)
     assert (nvme.watch_root() / "models/m.safetensors").read_bytes() == bf16  # type: ignore[operator]
     assert_invariants(eng, {"models/m.safetensors": bf16})

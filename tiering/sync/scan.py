@@ -101,7 +101,8 @@ def _hash(tier: Tier, relpath: str) -> NewFile:
     with tier.open(relpath) as src:
         st = src.stat
         checksum = _checksum(src) if tier.capabilities.local_files else st.checksum
-    return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag)
+        stored = (src.codec, src.stored_size)
+    return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, *stored)
 
 
 def _checksum(src: Source) -> str:
@@ -340,6 +341,8 @@ class _Reconciler:
                 successor.mtime_ns,
                 successor.checksum,
                 successor.etag,
+                successor.codec,
+                successor.stored_size,
             )
             if self.catalog.reassign(rec.id, new) is not None:
                 gone.pop(rec.id)

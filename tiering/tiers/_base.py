@@ -134,13 +134,20 @@ class WalkEntry:
 
 @dataclass(frozen=True)
 class Published:
-    """A file a :class:`Writer` made visible, with the checksum of the bytes it wrote."""
+    """A file a :class:`Writer` made visible, with the checksum of the bytes it wrote.
+
+    ``codec`` names how the tier stores them where not as they are (``tiering.codec``'s
+    ``CODEC``), and ``stored_size`` the bytes they take there; ``size``, ``checksum`` and
+    ``stat.size`` are always the logical file's.
+    """
 
     relpath: str
     size: int
     mtime_ns: int
     checksum: str
     stat: Stat
+    codec: str | None = None
+    stored_size: int | None = None
 
     @property
     def etag(self) -> str | None:
@@ -157,6 +164,10 @@ class Source(abc.ABC):
 
     relpath: str
     stat: Stat
+    #: How the tier stores these bytes where not as they are, and the bytes they take there
+    #: (see :class:`Published`); ``stat`` is always the logical file's.
+    codec: str | None = None
+    stored_size: int | None = None
 
     @property
     def size(self) -> int:

@@ -25,7 +25,7 @@ import os
 from concurrent.futures import Executor
 from typing import ClassVar, Literal
 
-from tiering.codec import CHUNK, HEADER, Container, Encoder, is_container
+from tiering.codec import CHUNK, CODEC, HEADER, Container, Encoder, is_container
 from tiering.errors import IntegrityError, TierdError
 from tiering.ranges import RangeReader
 from tiering.tiers._base import Published, Stat, Writer
@@ -176,7 +176,11 @@ class CompressingWriter(Writer):
         st = self.sync()
         done = self.inner.publish()
         stat = logical_stat(done.stat, self.size)
-        return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
+        if not self._encoder.compressed:
+            return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
+        return Published(
+            self.relpath, self.size, st.mtime_ns, self.checksum, stat, CODEC, self.stored_size
+        )
 
     def abort(self) -> None:
         self._finished = True
