@@ -35,7 +35,15 @@ This room is below the tiers (which store containers) and imports no CUDA librar
 """
 
 from tiering.codec._decode import Container, ReadAt, is_container
-from tiering.codec._encode import LEVEL, MIN_GAIN, MIN_SIZE, PROBE, Encoder, two_byte_spans
+from tiering.codec._encode import (
+    LEVEL,
+    MIN_GAIN,
+    MIN_SIZE,
+    PROBE,
+    Encoder,
+    encode_chunk,
+    two_byte_spans,
+)
 from tiering.codec._format import CHUNK, FOOTER, FRAME, HEADER, MAGIC, CorruptContainer, Kind
 
 __all__ = [
@@ -55,6 +63,7 @@ __all__ = [
     "Kind",
     "ReadAt",
     "encode_bytes",
+    "encode_chunk",
     "is_container",
     "open_bytes",
     "two_byte_spans",

@@ -21,7 +21,7 @@ from tiering.codec._format import (
     pack_index,
 )
 
-__all__ = ["LEVEL", "MIN_GAIN", "MIN_SIZE", "PROBE", "Encoder", "two_byte_spans"]
+__all__ = ["LEVEL", "MIN_GAIN", "MIN_SIZE", "PROBE", "Encoder", "encode_chunk", "two_byte_spans"]
 
 #: zstd level of every frame. Measured on Normal(0, 0.02) bf16 (``tierd bench codec``): level
 #: 3 stores the high bytes no smaller than level 1 (their entropy, not the match finder,
