@@ -101,8 +101,9 @@ def _hash(tier: Tier, relpath: str) -> NewFile:
     with tier.open(relpath) as src:
         st = src.stat
         checksum = _checksum(src) if tier.capabilities.local_files else st.checksum
-        stored = (src.codec, src.stored_size)
-    return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, *stored)
+    return NewFile(
+        relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, st.codec, st.stored_size
+    )
 
 
 def _checksum(src: Source) -> str:

@@ -78,8 +78,9 @@ class CompressedRanges(RangeReader):
 
 
 def logical_stat(st: Stat, size: int) -> Stat:
-    """A stored file's stat as its logical file's: the same inode and times, the logical size."""
-    return dataclasses.replace(st, size=size)
+    """A container's stat as its logical file's: the same inode and times, the logical size,
+    the codec and the stored size."""
+    return dataclasses.replace(st, size=size, codec=CODEC, stored_size=st.size)
 
 
 class CompressingWriter(Writer):
@@ -114,7 +115,12 @@ class CompressingWriter(Writer):
     @property
     def synced(self) -> Stat | None:
         st = self.inner.synced
-        return None if st is None else logical_stat(st, self.size)
+        return None if st is None else self._logical(st)
+
+    def _logical(self, st: Stat) -> Stat:
+        if self._encoder.compressed:
+            return logical_stat(st, self.size)
+        return st
 
     def write(self, data: bytes | memoryview) -> None:
         if self._finished:
@@ -142,7 +148,7 @@ class CompressingWriter(Writer):
         st = self.inner.sync(mode=mode, times_ns=times_ns)
         if self._encoder.compressed:
             self._verify()
-        self._verified = logical_stat(st, self.size)
+        self._verified = self._logical(st)
         return self._verified
 
     def _verify(self) -> None:
@@ -175,12 +181,8 @@ class CompressingWriter(Writer):
             )
         st = self.sync()
         done = self.inner.publish()
-        stat = logical_stat(done.stat, self.size)
-        if not self._encoder.compressed:
-            return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
-        return Published(
-            self.relpath, self.size, st.mtime_ns, self.checksum, stat, CODEC, self.stored_size
-        )
+        stat = self._logical(done.stat)
+        return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
 
     def abort(self) -> None:
         self._finished = True

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tiering.codec import CODEC, FOOTER, HEADER, Container, CorruptContainer
+from tiering.codec import FOOTER, HEADER, Container, CorruptContainer
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
 from tiering.ranges import RangeReader
@@ -119,7 +119,6 @@ class CompressedSource(DirectorySource):
         super().__init__(tier, relpath, fd, st)
         self.container = c
         self.stat = logical_stat(self.disk, c.size)
-        self.codec, self.stored_size = CODEC, self.disk.size
         self._ranges = CompressedRanges(c, self.disk.version, tier.decode_pool())
 
     def local_file(self) -> LocalFile | None:
