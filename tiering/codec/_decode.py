@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zstandard
 
 from tiering.codec._format import (
     FOOTER,
@@ -22,6 +22,9 @@ from tiering.codec._format import (
     read_frame_table,
     unpack_index,
 )
+
+if TYPE_CHECKING:
+    import zstandard
 
 __all__ = ["Container", "ReadAt", "is_container"]
 
@@ -138,6 +141,8 @@ class Container:
         stored = self._read(e.length, e.offset)
         if len(stored) != e.length:
             raise self._corrupt(c, "it is cut short")
+        import zstandard  # the server's: the client imports the tiers without it
+
         out = np.empty(logical, dtype=np.uint8)
         try:
             self._layout(e.kind, memoryview(stored), out, c)
@@ -187,6 +192,8 @@ class Container:
         return at
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
+        import zstandard
+
         d: zstandard.ZstdDecompressor | None = getattr(self._dctx, "d", None)
         if d is None:
             d = self._dctx.d = zstandard.ZstdDecompressor()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zstandard
 
 from tiering.codec._format import (
     CHUNK,
@@ -20,6 +20,10 @@ from tiering.codec._format import (
     frame_table,
     pack_index,
 )
+
+if TYPE_CHECKING:
+    # The server's: the client imports the tiers (and so this room) without it.
+    import zstandard
 
 __all__ = ["LEVEL", "MIN_GAIN", "MIN_SIZE", "PROBE", "Encoder", "encode_chunk", "two_byte_spans"]
 
@@ -129,6 +133,8 @@ class Encoder:
     """
 
     def __init__(self, sink: Callable[[bytes | memoryview], None], *, level: int = LEVEL) -> None:
+        import zstandard
+
         self._sink = sink
         self._cctx = zstandard.ZstdCompressor(level=level)
         self._buf = bytearray()
