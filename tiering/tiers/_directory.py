@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -152,19 +153,23 @@ class DirectoryTier(Tier):
         mode = config.compression
         self.compresses = mode == "on" or (mode == "auto" and rank >= AUTO_COMPRESS_RANK)
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def decode_pool(self) -> ThreadPoolExecutor:
         """The threads that decode compressed files' chunks (made at the first one)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(os.cpu_count() or 1, f"tierd-decode-{self.name}")
-        return self._pool
+        with self._pool_lock:
+            if self._pool is None:
+                name = f"tierd-decode-{self.name}"
+                self._pool = ThreadPoolExecutor(os.cpu_count() or 1, name)
+            return self._pool
 
     def close(self) -> None:
         if self._copies is not None:
             self._copies.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     @property
     def location(self) -> str:
