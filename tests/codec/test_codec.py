@@ -186,6 +186,10 @@ def test_a_corrupt_chunk_is_an_error_naming_the_file_and_chunk(bf16: bytes, stor
         with pytest.raises(CorruptContainer, match=r"models/ckpt\.safetensors: chunk 1") as ei:
             broken.read(CHUNK + 10, 10)
         assert ei.value.details == {"path": "models/ckpt.safetensors", "chunk": 1}
+        with pytest.raises(CorruptContainer, match="chunk 1"):  # decoded whole, in place
+            broken.readinto(memoryview(bytearray(2 * CHUNK)), 0)
+        with pytest.raises(CorruptContainer, match="chunk 1"):
+            broken.gather([(0, 5), (2 * CHUNK - 1, 1)])
 
 
 @pytest.mark.parametrize("where", ["footer", "index", "truncated"])

@@ -83,6 +83,12 @@ class Container:
         while done < n:
             at = offset + done
             c, within = divmod(at, self.chunk_size)
+            whole = min(self.chunk_size, self.size - c * self.chunk_size)
+            if within == 0 and n - done >= whole and not view.readonly:
+                # A whole chunk: decoded straight into the caller's buffer (no copy, no cache).
+                self._decode(c, np.frombuffer(view[done : done + whole], dtype=np.uint8))
+                done += whole
+                continue
             data = self.chunk(c)
             take = min(n - done, len(data) - within)
             view[done : done + take] = data[within : within + take].data
@@ -133,7 +139,9 @@ class Container:
         return data
 
     # -- decoding ------------------------------------------------------------------------------
-    def _decode(self, c: int) -> np.ndarray:
+    def _decode(self, c: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Chunk ``c`` decoded into ``out`` (its logical length; a new array when None) and
+        checked; a chunk that fails its check raises, whatever ``out`` holds then."""
         if not 0 <= c < len(self.index):
             raise IndexError(c)
         e = self.index[c]
@@ -143,7 +151,8 @@ class Container:
             raise self._corrupt(c, "it is cut short")
         import zstandard  # the server's: the client imports the tiers without it
 
-        out = np.empty(logical, dtype=np.uint8)
+        if out is None:
+            out = np.empty(logical, dtype=np.uint8)
         try:
             self._layout(e.kind, memoryview(stored), out, c)
         except zstandard.ZstdError as exc:
