@@ -3,16 +3,20 @@ leaves one verified copy, read back as the logical bytes, and runs twice as a no
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import disk_snapshot
 from tests.helpers import assert_invariants, engine_settings, put
+from tests.moves.test_faults import fail_nth
 from tests.moves.test_recovery import crash_move
 from tierd_bench.codec import synthetic_bf16
 from tiering.codec import CODEC, MAGIC
 from tiering.engine import Engine
+from tiering.errors import InsufficientSpace, StorageError
 from tiering.moves import STEPS
 
 NAME = "m/model.safetensors"
@@ -56,3 +60,27 @@ def test_a_lost_source_is_replaced_by_the_verified_compressed_copy(
         rec = eng.get(fid)
         stored = (settings.data_dir / "hdd" / NAME).stat().st_size
         assert (rec.tier, rec.codec, rec.stored_size) == ("hdd", CODEC, stored)
+
+
+@pytest.mark.parametrize(
+    ("call", "err", "raised"),
+    [("write", errno.ENOSPC, InsufficientSpace), ("fsync", errno.EIO, StorageError)],
+)
+def test_a_failing_disk_aborts_a_compressing_move_cleanly(
+    tmp_path: Path, bf16: bytes, monkeypatch: pytest.MonkeyPatch, call: str, err: int, raised: type
+) -> None:
+    """ENOSPC mid-container, EIO from the temp's fsync (RELIABILITY.md rows 3 and 4): the move
+    fails with a clear error, nothing is left on hdd, and it works once the disk is sound."""
+    settings = engine_settings(tmp_path / "data", compression="on")
+    with Engine(settings.engine_config()) as eng:
+        fid = put(eng, NAME, bf16).id
+        (settings.data_dir / "hdd" / "m").mkdir(parents=True)  # the temp's is the 1st fsync
+        monkeypatch.setattr(os, call, fail_nth(getattr(os, call), 5 if call == "write" else 1, err))
+        with pytest.raises(raised):
+            eng.migrate(fid, "hdd")
+        monkeypatch.undo()
+        assert eng.get(fid).tier == "nvme"
+        assert_invariants(eng, {NAME: bf16})
+        eng.migrate(fid, "hdd")
+        assert_invariants(eng, {NAME: bf16})
+        assert eng.get(fid).codec == CODEC
