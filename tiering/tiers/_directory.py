@@ -21,7 +21,7 @@ from pathlib import Path
 from tiering.codec import FOOTER, HEADER, Container, CorruptContainer
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
-from tiering.ranges import RangeReader
+from tiering.ranges import RangeReader, Rings, read_ahead
 from tiering.tiers._base import (
     Capabilities,
     LocalFile,
@@ -131,6 +131,12 @@ class CompressedSource(DirectorySource):
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         return self.container.readinto(buf, offset)
+
+    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
+        """In order, with the next chunks decoding on the tier's pool meanwhile (a move or a
+        memory fill writes one while the cores decode the next)."""
+        ahead = min(os.cpu_count() or 1, 4) * self.container.chunk_size
+        return read_ahead(self._ranges, chunk_size, readahead_bytes=ahead, rings=Rings(0))
 
 
 class DirectoryTier(Tier):
