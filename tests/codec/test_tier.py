@@ -61,6 +61,18 @@ def test_stored_compressed_and_read_as_the_logical_file(tier: DirectoryTier, bf1
     assert probed is not None and probed[0] == checksum(bf16)
 
 
+def test_a_closed_source_reads_nothing(tier: DirectoryTier, bf16: bytes) -> None:
+    """A read after close fails; it never reads whatever file took the descriptor's number."""
+    _write(tier, "m/model.safetensors", bf16)
+    src = tier.open("m/model.safetensors")
+    ranges = src.ranges
+    assert ranges is not None
+    src.close()
+    # The next open may take the number the source's descriptor had.
+    with open(tier.root / "m/model.safetensors", "rb"), pytest.raises(OSError):
+        ranges.readinto(memoryview(bytearray(CHUNK + 1)), 0)
+
+
 def test_files_that_do_not_pay_are_stored_as_they_are(tier: DirectoryTier) -> None:
     noise = os.urandom(3 * MiB)
     _write(tier, "noise.bin", noise)

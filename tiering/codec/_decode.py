@@ -55,6 +55,7 @@ class Container:
     ) -> None:
         self.name = name
         self.stored_size = stored_size
+        self.footer = footer
         self.size = footer.logical_size
         self.chunk_size = footer.chunk_size
         self.index = index
@@ -73,6 +74,10 @@ class Container:
             raise CorruptContainer(f"{name}: the footer's index is out of place", path=name)
         raw = read(footer.index_length, footer.index_offset) if footer.index_length else b""
         return cls(name, read, stored_size, footer, unpack_index(raw, footer, stored_size, name))
+
+    def reading(self, read: ReadAt) -> Container:
+        """The same container read through ``read`` (its footer and index not read again)."""
+        return Container(self.name, read, self.stored_size, self.footer, self.index)
 
     # -- reading -------------------------------------------------------------------------------
     def readinto(self, buf: memoryview, offset: int) -> int:

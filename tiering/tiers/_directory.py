@@ -32,7 +32,13 @@ from tiering.tiers._base import (
     WalkEntry,
     Writer,
 )
-from tiering.tiers._compressed import CompressedRanges, CompressingWriter, logical_stat, sniff
+from tiering.tiers._compressed import (
+    CompressedRanges,
+    CompressingWriter,
+    logical_stat,
+    pread_exact,
+    sniff,
+)
 from tiering.tiers._dirwriter import DirectoryWriter, stat_of
 from tiering.tiers.paths import (
     RESERVED_DIR,
@@ -118,9 +124,11 @@ class CompressedSource(DirectorySource):
         self, tier: DirectoryTier, relpath: str, fd: int, st: os.stat_result, c: Container
     ) -> None:
         super().__init__(tier, relpath, fd, st)
-        self.container = c
+        # Chunks are read through the source's fd as it is at each read: once the source is
+        # closed a late read fails (EBADF) rather than read whatever file took the number.
+        self.container = c.reading(self._pread)
         self.stat = logical_stat(self.disk, c.size)
-        self._ranges = CompressedRanges(c, self.disk.version, tier.decode_pool())
+        self._ranges = CompressedRanges(self.container, self.disk.version, tier.decode_pool())
 
     def local_file(self) -> LocalFile | None:
         return None
@@ -131,6 +139,9 @@ class CompressedSource(DirectorySource):
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         return self.container.readinto(buf, offset)
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        return pread_exact(self.fd, n, offset)
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
         """In order, with the next chunks decoding on the tier's pool meanwhile (a move or a
