@@ -198,14 +198,28 @@ class _StateCollector(Collector):
             return
         files = GaugeMetricFamily("tierd_catalog_files", "Files in the catalog", labels=["tier"])
         nbytes = GaugeMetricFamily(
-            "tierd_catalog_bytes", "Bytes of the catalog's files", labels=["tier"]
+            "tierd_catalog_bytes", "Bytes of the catalog's files (logical)", labels=["tier"]
+        )
+        stored = GaugeMetricFamily(
+            "tierd_catalog_stored_bytes",
+            "Bytes the catalog's files take on their tier (compressed files' stored bytes)",
+            labels=["tier"],
+        )
+        saved = GaugeMetricFamily(
+            "tierd_compression_saved_bytes",
+            "Bytes compression saves on the tier: logical minus stored bytes of its files",
+            labels=["tier"],
         )
         for tier in self.engine.tiers:
             u = usage.get(tier.name)
             files.add_metric([tier.name], u.files if u else 0)
             nbytes.add_metric([tier.name], u.bytes if u else 0)
+            stored.add_metric([tier.name], u.stored if u else 0)
+            saved.add_metric([tier.name], u.bytes - u.stored if u else 0)
         yield files
         yield nbytes
+        yield stored
+        yield saved
         finished = CounterMetricFamily(
             "tierd_migrations", "Finished migrations, by outcome", labels=["state"]
         )

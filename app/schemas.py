@@ -40,8 +40,13 @@ class FileOut(BaseModel):
     id: int
     path: str
     tier: str
-    size: int
-    checksum: str | None
+    size: int = Field(description="Bytes of the file (what readers get)")
+    checksum: str | None = Field(description="Checksum of those bytes")
+    codec: str | None = Field(
+        description="How its tier stores it compressed (`tierdz1`: tierd's format), or null: "
+        "stored as it is"
+    )
+    stored_size: int = Field(description="Bytes it takes on its tier (size, unless compressed)")
     mtime: datetime
     mtime_ns: int
     access_count: int
@@ -62,6 +67,8 @@ class FileOut(BaseModel):
             tier=rec.tier,
             size=rec.size,
             checksum=rec.checksum,
+            codec=rec.codec,
+            stored_size=rec.size if rec.stored_size is None else rec.stored_size,
             mtime=datetime.fromtimestamp(rec.mtime_ns / 1e9, UTC),
             mtime_ns=rec.mtime_ns,
             access_count=rec.access_count,
@@ -99,7 +106,11 @@ class TierOut(BaseModel):
     free_bytes: int | None = Field(description="Null where the backend sets no limit")
     quota_bytes: int | None
     files: int = Field(description="Files the catalog places on this tier")
-    file_bytes: int = Field(description="Bytes of those files")
+    file_bytes: int = Field(description="Bytes of those files (logical: what readers get)")
+    stored_bytes: int = Field(
+        description="Bytes those files take on the tier: file_bytes less what compression "
+        "saves; quotas count these"
+    )
     gds: bool = Field(
         description="Loads from this tier take GPUDirect Storage (cuFile + nvidia-fs) on this host"
     )
@@ -117,6 +128,7 @@ class TierOut(BaseModel):
             quota_bytes=t.quota_bytes,
             files=t.files,
             file_bytes=t.used_bytes,
+            stored_bytes=t.stored_bytes,
             # The direct path is for the fastest tier; slower tiers go through bounce buffers.
             gds=gds_host and t.rank == 0 and t.capabilities.direct_gpu,
         )

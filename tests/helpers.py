@@ -17,12 +17,22 @@ from tiering.tiers.paths import is_temp_name
 SHM = Path("/dev/shm")
 
 
-def engine_settings(root: Path, *, shm: Path | None = None, **overrides: Any) -> Settings:
-    """Three tiers under ``root``; with ``shm``, the slowest tier is on another filesystem."""
+def engine_settings(
+    root: Path, *, shm: Path | None = None, compression: str = "off", **overrides: Any
+) -> Settings:
+    """Three tiers under ``root``; with ``shm``, the slowest tier is on another filesystem.
+
+    ``compression`` is the hdd tier's: off by default, so the tests of moves, faults and
+    crashes see the bytes they wrote on every tier (``tests/codec`` covers compressed ones).
+    """
     tiers = [
         {"name": "nvme", "path": root / "nvme"},
         {"name": "ssd", "path": root / "ssd"},
-        {"name": "hdd", "path": (shm if shm is not None else root) / "hdd"},
+        {
+            "name": "hdd",
+            "path": (shm if shm is not None else root) / "hdd",
+            "compression": compression,
+        },
     ]
     overrides.setdefault("access_flush_interval_s", 0.05)
     overrides.setdefault("busy_timeout_ms", 5000)

@@ -27,6 +27,8 @@ RANKS: dict[str, int] = {
     "tiering.periodic": 1,
     # Ranges of remote bytes: the one interface tiers implement and the data path reads.
     "tiering.ranges": 1.5,
+    # tierd's compressed file format: below the tiers that store it.
+    "tiering.codec": 1.5,
     "tiering.tiers": 2,
     "tiering.catalog": 3,
     "tiering.io": 3,

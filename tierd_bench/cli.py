@@ -1,7 +1,7 @@
 """``tierd bench``: one command for every benchmark; the measuring is :mod:`tierd_bench`.
 
 ``tierd bench`` alone runs the data-path bench (``tierd bench data``), as it always has;
-``tierd bench access|mover|rest|serving|models|object-store|catalog|fleet`` run the others
+``tierd bench access|mover|rest|serving|models|codec|object-store|catalog|fleet`` run the others
 (``--access`` and ``--object-store`` are the same as their sub-commands). Each prints the same
 table to standard output (progress goes to standard error) and, with ``--json``, writes the
 same JSON document.
@@ -300,6 +300,22 @@ def bench_models(
 
     nbytes = _size(size, minimum=shards << 20)
     report = run(nbytes, device, shards=shards, repeats=repeats, say=progress())
+    _finish(report, json_path)
+
+
+@bench_cli.command("codec")
+def bench_codec(
+    size: Annotated[str, typer.Option("--size", help="Size of the bf16 checkpoint.")] = "256MiB",
+    repeats: RepeatsOpt = 3,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="Threads of the all-cores figures.", min=1)
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """tierd's compressed format on this CPU: ratio, encode and decode GB/s, against a raw read."""
+    from tierd_bench.codec import run
+
+    report = run(_size(size, minimum=8 << 20), repeats=repeats, threads=threads, say=progress())
     _finish(report, json_path)
 
 

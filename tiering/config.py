@@ -39,6 +39,10 @@ class TierConfig:
     region: str | None = None
     part_size: int | None = None
     connections: int | None = None
+    #: Store the files written here in tierd's compressed format where it pays (directory
+    #: tiers): ``"on"``, ``"off"``, or ``"auto"``: on for the slow tiers (see
+    #: :class:`~tiering.tiers.DirectoryTier`).
+    compression: str = "auto"
 
     @property
     def is_memory(self) -> bool:

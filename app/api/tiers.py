@@ -50,6 +50,7 @@ def _memory_tier(memory: MemoryCache) -> TierOut:
         quota_bytes=quota,
         files=len(entries),
         file_bytes=held,
+        stored_bytes=held,
         gds=False,
     )
 

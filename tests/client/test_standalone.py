@@ -44,6 +44,7 @@ SERVER_MODULES = (
     "starlette",
     "pydantic_settings",
     "xxhash",
+    "zstandard",
     "typer",
     "prometheus_client",
 )

@@ -14,7 +14,8 @@ import pytest
 from tiering.config import TierConfig
 from tiering.tiers import DirectoryTier
 
-BACKENDS = ["directory", "object"]
+# "compressed": a directory tier that writes tierd's compressed format (files that pay).
+BACKENDS = ["directory", "object", "compressed"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -25,7 +26,8 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path, moto_server: str | None
         make: Callable[..., Any] = request.getfixturevalue("make_object_tier")
         t = make()
     else:
-        t = DirectoryTier(TierConfig("dir", path=tmp_path / "tier"), rank=0)
+        mode = "on" if request.param == "compressed" else "off"
+        t = DirectoryTier(TierConfig("dir", path=tmp_path / "tier", compression=mode), rank=0)
         request.addfinalizer(t.close)
     t.check()
     return t

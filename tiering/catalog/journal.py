@@ -177,9 +177,12 @@ class Journal:
         size: int,
         mtime_ns: int,
         etag: str | None = None,
+        codec: str | None = None,
+        stored_size: int | None = None,
         now: float | None = None,
     ) -> SwitchOutcome:
-        """Step 8, the commit point: the file is on the destination from here on.
+        """Step 8, the commit point: the file is on the destination from here on (stored as
+        ``codec`` in ``stored_size`` bytes there, where not as it is).
 
         A compare-and-set: only if the record is still ``migrating`` at the intent's generation
         and the intent still ``copying``. ``committed`` is False when someone else won.
@@ -204,6 +207,7 @@ class Journal:
             rec.size = size
             rec.mtime_ns = mtime_ns
             rec.etag = etag
+            rec.codec, rec.stored_size = codec, stored_size
             rec.detail = None
             rec.updated_at = now
             row.phase = MigrationPhase.SWITCHED
@@ -281,11 +285,14 @@ class Journal:
         checksum: str | None = None,
         mtime_ns: int | None = None,
         etag: str | None = None,
+        codec: str | None = None,
+        stored_size: int | None = None,
         now: float | None = None,
     ) -> None:
         """Recovery's decision for a file whose authoritative copy is on ``tier``.
 
-        ``mtime_ns`` and ``etag`` are the kept copy's, when recovery looked at it.
+        ``mtime_ns``, ``etag``, ``codec`` and ``stored_size`` are the kept copy's, when
+        recovery looked at it.
         """
         now = time.time() if now is None else now
 
@@ -306,6 +313,7 @@ class Journal:
                 if mtime_ns is not None:
                     rec.mtime_ns = mtime_ns
                     rec.etag = etag
+                    rec.codec, rec.stored_size = codec, stored_size
                 rec.state = FileState.STABLE
                 rec.detail = None
                 rec.updated_at = now

@@ -84,6 +84,11 @@ class FileRecord(Base):
     # The object store's version of the bytes (its ETag), where the tier has one: a load or a
     # move of an object whose ETag differs is refused, never served stale.
     etag: Mapped[str | None] = mapped_column(String(256))
+    # How the tier stores the bytes: ``codec`` (tiering.codec's name) and the bytes it takes
+    # there; NULL for a file stored as it is (its size is ``size``). ``size`` and ``checksum``
+    # are always of the logical bytes, what readers get.
+    codec: Mapped[str | None] = mapped_column(String(16))
+    stored_size: Mapped[int | None] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16), default=FileState.STABLE, index=True)
     # Bumped by every change of place or content; migrations compare-and-set on it.
     generation: Mapped[int] = mapped_column(Integer, default=0)

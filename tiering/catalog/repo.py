@@ -6,7 +6,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, update
@@ -17,37 +17,10 @@ from tiering.catalog.db import Database
 from tiering.catalog.heat import access_statements
 from tiering.catalog.known import LastKnown
 from tiering.catalog.models import FileRecord, FileState, owned_file_ids
+from tiering.catalog.newfile import NewFile, TierUsage, is_same_content
 from tiering.errors import AlreadyExists, CatalogUnreachable, FileNotFound
 
 __all__ = ["Catalog", "NewFile", "TierUsage"]
-
-
-@dataclass(frozen=True)
-class NewFile:
-    """What the catalog needs to know about bytes just placed on a tier."""
-
-    relpath: str
-    tier: str
-    size: int
-    mtime_ns: int
-    checksum: str | None
-    etag: str | None = None
-
-
-def _same_content(rec: FileRecord, new: NewFile) -> bool:
-    """``new`` describes exactly the bytes ``rec`` already records, as a stable file."""
-    return (
-        rec.state == FileState.STABLE
-        and (rec.tier, rec.size, rec.mtime_ns, rec.checksum, rec.etag)
-        == (new.tier, new.size, new.mtime_ns, new.checksum, new.etag)
-        and (new.checksum is not None or new.etag is not None)
-    )
-
-
-@dataclass(frozen=True)
-class TierUsage:
-    files: int
-    bytes: int
 
 
 def _escape_like(prefix: str) -> str:
@@ -226,12 +199,17 @@ class Catalog:
     def usage(self) -> dict[str, TierUsage]:
         """Files and bytes per tier, by the catalog (missing files are not counted)."""
         q = (
-            select(FileRecord.tier, func.count(), func.coalesce(func.sum(FileRecord.size), 0))
+            select(
+                FileRecord.tier,
+                func.count(),
+                func.coalesce(func.sum(FileRecord.size), 0),
+                func.coalesce(func.sum(func.coalesce(FileRecord.stored_size, FileRecord.size)), 0),
+            )
             .where(FileRecord.state != FileState.MISSING)
             .group_by(FileRecord.tier)
         )
         with self.db.read() as s:
-            return {t: TierUsage(int(n), int(b)) for t, n, b in s.execute(q)}
+            return {t: TierUsage(int(n), int(b), int(st)) for t, n, b, st in s.execute(q)}
 
     def busy_file_ids(self) -> set[int]:
         """Files with an open migration intent: the mover owns them until it closes."""
@@ -292,7 +270,7 @@ class Catalog:
                     )
                     s.add(rec)
                     existing[new.relpath] = rec
-                elif _same_content(rec, new):
+                elif is_same_content(rec, new):
                     # The same published bytes recorded twice (a scan that listed a file just
                     # before its upload committed): the content has not changed, so neither
                     # does the generation that peers, leases and copies are keyed on.
@@ -306,6 +284,7 @@ class Catalog:
                 rec.mtime_ns = new.mtime_ns
                 rec.checksum = new.checksum
                 rec.etag = new.etag
+                rec.codec, rec.stored_size = new.codec, new.stored_size
                 rec.state = FileState.STABLE
                 rec.detail = None
                 rec.updated_at = now
@@ -343,9 +322,8 @@ class Catalog:
         rec = self.find(old_relpath)
         if rec is None or rec.tier != tier:
             return None
-        return self.reassign(
-            rec.id, NewFile(new_relpath, rec.tier, rec.size, rec.mtime_ns, rec.checksum, rec.etag)
-        )
+        new = NewFile(new_relpath, rec.tier, rec.size, rec.mtime_ns, rec.checksum, rec.etag)
+        return self.reassign(rec.id, replace(new, codec=rec.codec, stored_size=rec.stored_size))
 
     def same_content(self, tier: str, size: int, checksum: str | None) -> list[FileRecord]:
         """Records on ``tier`` with exactly this size and checksum (rename detection)."""
@@ -386,6 +364,7 @@ class Catalog:
             rec.mtime_ns = new.mtime_ns
             rec.checksum = new.checksum
             rec.etag = new.etag
+            rec.codec, rec.stored_size = new.codec, new.stored_size
             rec.state = FileState.STABLE
             rec.detail = None
             rec.generation += 1

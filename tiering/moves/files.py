@@ -141,6 +141,8 @@ class Upload:
             published.mtime_ns,
             published.checksum,
             published.etag,
+            published.stat.codec,
+            published.stat.stored_size,
         )
         try:
             # A file found new must still be new: another host may have created it on its

@@ -168,6 +168,8 @@ def _recover(
                 checksum=a[0],
                 mtime_ns=a[1].mtime_ns,
                 etag=a[1].etag,
+                codec=a[1].codec,
+                stored_size=a[1].stored_size,
             )
             report.aborted.append(intent.id)
             return
@@ -180,6 +182,8 @@ def _recover(
                 error="the source was lost; the verified copy at the destination was kept",
                 mtime_ns=b[1].mtime_ns,  # type: ignore[index]
                 etag=b[1].etag,  # type: ignore[index]
+                codec=b[1].codec,  # type: ignore[index]
+                stored_size=b[1].stored_size,  # type: ignore[index]
             )
             report.relocated.append(intent.id)
             return
@@ -206,6 +210,8 @@ def _recover(
                 error="the copy at the destination was lost after the switch; the source was kept",
                 mtime_ns=a[1].mtime_ns,  # type: ignore[index]
                 etag=a[1].etag,  # type: ignore[index]
+                codec=a[1].codec,  # type: ignore[index]
+                stored_size=a[1].stored_size,  # type: ignore[index]
             )
             report.relocated.append(intent.id)
             return

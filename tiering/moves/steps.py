@@ -433,6 +433,8 @@ class MoveRunner:
                 size=published.size,
                 mtime_ns=published.mtime_ns,
                 etag=published.etag,
+                codec=published.stat.codec,
+                stored_size=published.stat.stored_size,
             ).committed
         except BaseException:
             # The commit may or may not have happened: look before deleting anything.

@@ -26,6 +26,7 @@ class TierInfo:
     files: int
     used_bytes: int
     capabilities: Capabilities
+    stored_bytes: int = 0
 
 
 def tier_infos(catalog: Catalog, tiers: Tiers) -> list[TierInfo]:
@@ -45,6 +46,7 @@ def tier_infos(catalog: Catalog, tiers: Tiers) -> list[TierInfo]:
                 u.files if u else 0,
                 u.bytes if u else 0,
                 t.capabilities,
+                u.stored if u else 0,
             )
         )
     return out
@@ -56,7 +58,8 @@ def tier_states(catalog: Catalog, tiers: Tiers) -> dict[str, TierState]:
     out = {}
     for t in tiers:
         u = usage.get(t.name)
-        out[t.name] = TierState(t.name, u.bytes if u else 0, t.space().free, t.quota_bytes)
+        # Quotas count the bytes files take on the tier (compressed ones' stored bytes).
+        out[t.name] = TierState(t.name, u.stored if u else 0, t.space().free, t.quota_bytes)
     return out
 
 
@@ -72,7 +75,7 @@ def room(
     if quota is None:
         return free  # no need to ask the catalog what is used
     used = catalog.usage().get(tier.name)
-    used_bytes = used.bytes if used else 0
+    used_bytes = used.stored if used else 0  # quotas count stored bytes
     if replacing is not None and replacing.tier == tier.name:
-        used_bytes -= replacing.size
+        used_bytes -= replacing.size if replacing.stored_size is None else replacing.stored_size
     return min(free, max(0, quota - used_bytes))

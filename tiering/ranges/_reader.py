@@ -73,8 +73,9 @@ class RangeReader(abc.ABC):
     #: Whether :meth:`url` hands out a URL that KvikIO's ``RemoteFile`` can open.
     serves_url: ClassVar[bool] = False
     #: Where a load of these bytes says they came from (its ``source``): a bucket's
-    #: ``object_store``, or ``peer`` for another host of the fleet.
-    source: ClassVar[Literal["object_store", "peer"]] = "object_store"
+    #: ``object_store``, ``peer`` for another host of the fleet, or ``storage`` for a
+    #: compressed file of a directory tier (decoded as it is read).
+    source: ClassVar[Literal["object_store", "peer", "storage"]] = "object_store"
 
     def __init__(
         self, name: str, size: int, version: str, *, pool: Executor, part_size: int

@@ -101,7 +101,9 @@ def _hash(tier: Tier, relpath: str) -> NewFile:
     with tier.open(relpath) as src:
         st = src.stat
         checksum = _checksum(src) if tier.capabilities.local_files else st.checksum
-    return NewFile(relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag)
+    return NewFile(
+        relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, st.codec, st.stored_size
+    )
 
 
 def _checksum(src: Source) -> str:
@@ -340,6 +342,8 @@ class _Reconciler:
                 successor.mtime_ns,
                 successor.checksum,
                 successor.etag,
+                successor.codec,
+                successor.stored_size,
             )
             if self.catalog.reassign(rec.id, new) is not None:
                 gone.pop(rec.id)

@@ -99,7 +99,9 @@ class Stat:
     records to notice a change behind tierd's back), else None. ``checksum`` is tierd's
     content checksum when the backend stores it with the file (object metadata), else None.
     ``mode`` and ``atime_ns`` are what a directory copy restores; other backends give
-    defaults.
+    defaults. ``size`` is always the logical file's (what readers get); ``codec`` names how
+    the tier stores it where not as it is (``tiering.codec``'s ``CODEC``), and
+    ``stored_size`` the bytes it takes there (both None for a file stored as it is).
     """
 
     size: int
@@ -109,6 +111,8 @@ class Stat:
     etag: str | None = None
     mode: int = 0o644
     atime_ns: int = 0
+    codec: str | None = None
+    stored_size: int | None = None
 
     def same_file(self, other: Stat) -> bool:
         """The same file (inode or object version), unchanged in size and time."""
@@ -134,7 +138,11 @@ class WalkEntry:
 
 @dataclass(frozen=True)
 class Published:
-    """A file a :class:`Writer` made visible, with the checksum of the bytes it wrote."""
+    """A file a :class:`Writer` made visible, with the checksum of the bytes it wrote.
+
+    ``size``, ``checksum`` and ``stat.size`` are the logical file's (see :class:`Stat` for
+    how the tier stores it).
+    """
 
     relpath: str
     size: int

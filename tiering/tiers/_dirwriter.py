@@ -162,7 +162,7 @@ class DirectoryWriter(Writer):
         """
         return None if self._synced is None else stat_of(self._synced)
 
-    def _check_room(self, end: int) -> None:
+    def check_room(self, end: int) -> None:
         """Refuse a write that would take the file past ``limit`` bytes."""
         if self.limit is not None and end > self.limit:
             raise InsufficientSpace(
@@ -188,7 +188,7 @@ class DirectoryWriter(Writer):
             raise TierdError("write after publish or abort")
         if self._positional:
             raise TierdError("write after write_at: a writer takes one or the other")
-        self._check_room(self.size + len(data))
+        self.check_room(self.size + len(data))
         with self._space():
             write_all(self._fd, data)
         self._hasher.update(data)
@@ -207,7 +207,7 @@ class DirectoryWriter(Writer):
                 raise TierdError("write_at after write: a writer takes one or the other")
             self._positional = True
         end = offset + len(data)
-        self._check_room(end)
+        self.check_room(end)
         view = memoryview(data)
         with self._space():
             while view:

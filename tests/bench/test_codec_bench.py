@@ -1,0 +1,49 @@
+"""``tierd bench codec`` at a small size: the ratio against its target, encode and decode on
+one core and on every core, and the raw read beside the compressed one, each read checked by
+the bench itself. Speed is never asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import cli
+from tierd_bench.codec import run, synthetic_bf16
+from tiering.codec import two_byte_spans
+
+
+def test_codec_bench_measures_each_figure() -> None:
+    report = run(16 << 20, repeats=1, threads=2)
+    rows = report.rows
+    assert rows["ratio"].met is True and rows["ratio"].value is not None
+    assert rows["ratio"].value <= 0.72
+    for key in ("encode_1", "encode_all", "decode_1", "decode_all", "read_raw", "read_compressed"):
+        assert rows[key].value is not None and rows[key].value > 0, key
+    assert rows["read_compressed"].vs == "read_raw"
+    assert report.setup["stored_bytes"] < 16 << 20
+
+
+def test_codec_bench_from_the_cli_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    result = CliRunner().invoke(
+        cli, ["bench", "codec", "--size", "8MiB", "--repeats", "1", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(out.read_text())["rows"]) >= {"ratio", "decode_1", "read_raw"}
+
+
+def test_codec_bench_refuses_a_size_under_one_chunk() -> None:
+    with pytest.raises(ValueError):
+        run(1 << 20)
+    result = CliRunner().invoke(cli, ["bench", "codec", "--size", "1MiB"])
+    assert result.exit_code != 0
+
+
+def test_the_synthetic_checkpoint_is_bf16_safetensors() -> None:
+    data = synthetic_bf16(1 << 20, tensors=3)
+    n = int.from_bytes(data[:8], "little")
+    assert (8 + n) % 8 == 0
+    assert two_byte_spans(data) == [(8 + n, len(data))]

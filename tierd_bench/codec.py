@@ -1,0 +1,170 @@
+"""``tierd bench codec``: tierd's compressed format on this host's CPU (issue 29).
+
+On a synthetic bf16 checkpoint (Normal(0, 0.02) weights, as trained transformer weights are
+distributed, in a safetensors file of a few tensors), it reports:
+
+- the ratio of stored to logical bytes;
+- CPU encode and decode in GB/s of logical (model) bytes and of stored bytes, on one core
+  and on every core (chunks spread over a thread pool: zstd releases the GIL);
+- in the same run, a plain read of the same logical bytes from the page cache, the path a
+  compressed tier replaces.
+
+Every decode is checked equal to the input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ._measure import MiB, format_size, gbps, timed
+from ._report import BenchRow, Report
+
+__all__ = ["run", "synthetic_bf16"]
+
+
+def synthetic_bf16(size: int, *, seed: int = 29, tensors: int = 4) -> bytes:
+    """A safetensors file of about ``size`` bytes: ``tensors`` bf16 tensors of Normal(0, 0.02)
+    values (float32 draws rounded to nearest-even bf16), header padded to 8 bytes."""
+    rng = np.random.default_rng(seed)
+    per = max(1, size // 2 // tensors)
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    at = 0
+    for t in range(tensors):
+        f = rng.standard_normal(per, dtype=np.float32) * np.float32(0.02)
+        bits = f.view(np.uint32)
+        bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+        header[f"layers.{t}.weight"] = {
+            "dtype": "BF16",
+            "shape": [per],
+            "data_offsets": [at, at + 2 * per],
+        }
+        blobs.append(bf16.tobytes())
+        at += 2 * per
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+
+
+def run(
+    size: int = 256 * MiB,
+    *,
+    repeats: int = 3,
+    threads: int | None = None,
+    say: Callable[[str], None] = lambda s: None,
+) -> Report:
+    """Measure the codec on a ``size``-byte synthetic bf16 checkpoint (see the module)."""
+    from tiering.codec import CHUNK, CODEC, LEVEL, Container, encode_bytes, encode_chunk
+    from tiering.codec import two_byte_spans as spans_of
+
+    if size < CHUNK or repeats < 1:
+        raise ValueError(f"size must be at least {format_size(CHUNK)}, repeats at least 1")
+    cores = threads or os.cpu_count() or 1
+    setup = {"size_bytes": size, "repeats": repeats, "threads": cores, "codec": CODEC}
+    setup |= {"zstd_level": LEVEL, "chunk_bytes": CHUNK, "weights": "Normal(0, 0.02) bf16"}
+    report = Report(
+        "codec",
+        f"tierd bench codec: {format_size(size)} bf16 checkpoint, CPU, {cores} threads, "
+        f"medians of {repeats}",
+        setup,
+    )
+    say("making the checkpoint")
+    data = synthetic_bf16(size)
+    stored = encode_bytes(data)
+    ratio = len(stored) / len(data)
+    setup["stored_bytes"] = len(stored)
+    report.add(BenchRow("ratio", "stored / logical bytes", ratio, "x", target="<= 0.72"))
+    report.rows["ratio"].met = ratio <= 0.72
+    view = memoryview(data)
+    spans = spans_of(data)
+    starts = range(0, len(data), CHUNK)
+
+    def two_byte(start: int) -> int:
+        end = min(start + CHUNK, len(data))
+        return sum(max(0, min(e, end) - max(b, start)) for b, e in spans)
+
+    def encode_one(start: int) -> None:
+        import zstandard
+
+        cctx = zstandard.ZstdCompressor(level=LEVEL)
+        encode_chunk(cctx, view[start : start + CHUNK], two_byte(start))
+
+    out = bytearray(len(data))
+    out_view = memoryview(out)
+
+    def decode(pool: ThreadPoolExecutor | None) -> None:
+        c = Container.open("bench", lambda n, off: stored[off : off + n], len(stored))
+        jobs = [(out_view[s : s + CHUNK], s) for s in starts]
+        if pool is None:
+            for v, s in jobs:
+                c.readinto(v, s)
+        else:
+            list(pool.map(lambda j: c.readinto(*j), jobs))
+
+    with ThreadPoolExecutor(cores, "tierd-bench-codec") as pool:
+        say("encoding")
+        t1 = timed(lambda: encode_bytes(data), repeats)
+        tn = timed(lambda: list(pool.map(encode_one, starts)), repeats)
+        say("decoding")
+        d1 = timed(lambda: decode(None), repeats)
+        dn = timed(lambda: decode(pool), repeats)
+    if bytes(out) != data:
+        raise AssertionError("the decoded bytes differ from the checkpoint")
+    for key, label, secs in (
+        ("encode_1", "encode, 1 core", t1),
+        ("encode_all", f"encode, {cores} threads", tn),
+        ("decode_1", "decode, 1 core", d1),
+        ("decode_all", f"decode, {cores} threads", dn),
+    ):
+        note = f"{gbps(len(stored), secs):.2f} GB/s of stored bytes"
+        report.add(
+            BenchRow(key, f"{label} (model bytes)", gbps(len(data), secs), "GB/s", note=note)
+        )
+    report.compare("encode_all", "encode_1")
+    report.compare("decode_all", "decode_1")
+    say("reading through tiers")
+    _tier_reads(report, data, repeats, say)
+    report.compare("read_compressed", "read_raw")
+    return report
+
+
+def _tier_reads(report: Report, data: bytes, repeats: int, say: Callable[[str], None]) -> None:
+    """A whole-file read of the checkpoint from the page cache, through a plain directory
+    tier and through a compressing one (its source's decoding ranges, on its pool)."""
+    from tiering.config import TierConfig
+    from tiering.tiers import DirectoryTier
+
+    buf = memoryview(bytearray(len(data)))
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-") as tmp:
+        for key, mode in (("read_raw", "off"), ("read_compressed", "on")):
+            tier = DirectoryTier(TierConfig(mode, path=Path(tmp) / mode, compression=mode), 0)
+            try:
+                tier.check()
+                with tier.writer("model.safetensors") as w:
+                    for i in range(0, len(data), 8 * MiB):
+                        w.write(data[i : i + 8 * MiB])
+                    w.publish()
+
+                def read(tier: DirectoryTier = tier) -> None:
+                    with tier.open("model.safetensors") as src:
+                        ranges = src.ranges
+                        if ranges is not None:
+                            ranges.readinto(buf, 0)
+                        else:
+                            src.readinto(buf, 0)
+
+                secs = timed(read, repeats)
+                if bytes(buf) != data:
+                    raise AssertionError(f"{key}: the bytes read differ from the checkpoint")
+            finally:
+                tier.close()
+            label = "read, page cache, " + ("compressed tier" if mode == "on" else "plain tier")
+            report.add(BenchRow(key, label + " (model bytes)", gbps(len(data), secs), "GB/s"))

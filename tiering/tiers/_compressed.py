@@ -1,0 +1,189 @@
+"""Compressed files on a directory tier: read as their logical bytes, written compressed.
+
+A directory tier whose ``compression`` is on stores the files it writes in tierd's container
+(:mod:`tiering.codec`) when that saves enough; any directory tier reads containers it finds.
+
+- **Reading.** :meth:`DirectoryTier.open <tiering.tiers.DirectoryTier.open>` tells a container
+  by its first bytes (:func:`sniff`; tierd wraps any file that itself starts so, so a stored
+  file that does is always one) and returns a :class:`CompressedSource`: its ``stat`` and
+  ``size`` are the logical file's, it has no ``local_file()`` (its disk bytes are not the
+  file's), and its ``ranges`` is a :class:`~tiering.ranges.RangeReader` that decodes, so every
+  read path that reads an object or a peer reads it unchanged. Each range decodes only the
+  chunks it touches, on the tier's decode pool, each chunk checked against its digest.
+- **Writing.** :class:`CompressingWriter` is the tier's own :class:`DirectoryWriter` (temp,
+  fsync, no-clobber publish: one place for the durability rules) fed by a streaming
+  :class:`~tiering.codec.Encoder`. Its ``checksum`` and ``size`` are of the logical bytes
+  (what the catalog keeps); its ``limit`` bounds the bytes stored. :meth:`~Writer.sync` decodes
+  the synced temp and refuses it unless it reads back as the bytes written, so a move or an
+  upload never publishes a copy that does not decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import Executor
+from typing import ClassVar, Literal
+
+from tiering.codec import CHUNK, CODEC, HEADER, Container, Encoder, is_container
+from tiering.errors import IntegrityError, TierdError
+from tiering.ranges import RangeReader
+from tiering.tiers._base import Published, Stat, Writer
+from tiering.tiers._dirwriter import DirectoryWriter
+
+__all__ = ["CompressedRanges", "CompressingWriter", "logical_stat", "pread_exact", "sniff"]
+
+
+def pread_exact(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts = []
+    while n > 0:
+        b = os.pread(fd, n, offset)
+        if not b:
+            break
+        parts.append(b)
+        n -= len(b)
+        offset += len(b)
+    return b"".join(parts)
+
+
+def sniff(fd: int, size: int, name: str) -> Container | None:
+    """The container the file at ``fd`` (``size`` bytes) is, or None for a plain file.
+
+    Raises :class:`~tiering.codec.CorruptContainer` for a container whose footer or index is
+    damaged: it must not be served as plain bytes either.
+    """
+    if size < HEADER or not is_container(os.pread(fd, HEADER, 0), size):
+        return None
+    return Container.open(name, lambda n, off: pread_exact(fd, n, off), size)
+
+
+class CompressedRanges(RangeReader):
+    """A container's logical bytes as ranges: each decoded from the chunks it touches.
+
+    A range of more than a chunk is decoded as chunk-sized parts on the tier's pool (zstd
+    releases the GIL, so the parts run on several cores).
+    """
+
+    source: ClassVar[Literal["object_store", "peer", "storage"]] = "storage"
+
+    def __init__(self, container: Container, version: str, pool: Executor) -> None:
+        super().__init__(container.name, container.size, version, pool=pool, part_size=CHUNK)
+        self.container = container
+
+    def get(self, view: memoryview, offset: int) -> None:
+        n = self.container.readinto(view, offset)
+        if n != len(view):
+            raise TierdError(f"{self.name}: range [{offset}, +{len(view)}) is past the end")
+
+
+def logical_stat(st: Stat, size: int) -> Stat:
+    """A container's stat as its logical file's: the same inode and times, the logical size,
+    the codec and the stored size."""
+    return dataclasses.replace(st, size=size, codec=CODEC, stored_size=st.size)
+
+
+class CompressingWriter(Writer):
+    """Compresses as it writes, into the tier's :class:`DirectoryWriter` (see the module)."""
+
+    def __init__(self, inner: DirectoryWriter, expected: str | None) -> None:
+        from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
+
+        self.inner = inner
+        self.tier = inner.tier
+        self.relpath = inner.relpath
+        self.expected = expected
+        self.size = 0
+        self._hasher = Hasher()
+        self._encoder = Encoder(inner.write)
+        self._finished = False
+        self._verified: Stat | None = None
+
+    @property
+    def checksum(self) -> str:
+        return self._hasher.value()
+
+    @property
+    def stored_size(self) -> int:
+        """Bytes on disk so far (the container's, or the plain file's)."""
+        return self.inner.size
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self._encoder.compressed)
+
+    @property
+    def synced(self) -> Stat | None:
+        st = self.inner.synced
+        return None if st is None else self._logical(st)
+
+    def _logical(self, st: Stat) -> Stat:
+        if self._encoder.compressed:
+            return logical_stat(st, self.size)
+        return st
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._finished:
+            raise TierdError("write after sync, publish or abort")
+        if self._encoder.compressed is None:
+            # Still deciding (nothing stored yet): the logical bytes count against the limit,
+            # as they do in the room a move checks before it starts.
+            self.inner.check_room(self.size + len(data))
+        self._encoder.write(data)
+        self._hasher.update(data)
+        self.size += len(data)
+
+    def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
+        """Finish the container, fsync it, then decode it back: a copy that does not read as
+        the bytes written is discarded and :class:`~tiering.errors.IntegrityError` raised."""
+        if self._verified is not None:
+            return self._verified
+        if not self._finished:
+            self._finished = True
+            try:
+                self._encoder.finish()
+            except BaseException:
+                self.inner.abort()
+                raise
+        st = self.inner.sync(mode=mode, times_ns=times_ns)
+        if self._encoder.compressed:
+            self._verify()
+        self._verified = self._logical(st)
+        return self._verified
+
+    def _verify(self) -> None:
+        from tiering.checksum import Hasher
+
+        inner = self.inner
+        try:
+            c = Container.open(self.relpath, lambda n, off: inner.read_at(off, n), self.stored_size)
+            h = Hasher()
+            for i in range(len(c.index)):
+                h.update(c.chunk(i).data)
+            ok = c.size == self.size and h.value() == self.checksum
+        except IntegrityError:
+            ok = False
+        if not ok:
+            self.inner.abort()
+            raise IntegrityError(
+                f"{self.relpath!r}: the compressed copy on tier {self.tier.name} does not decode "
+                "to the bytes written; nothing was published",
+                path=self.relpath,
+            )
+
+    def publish(self) -> Published:
+        if self.expected is not None and self.checksum != self.expected:
+            self.abort()
+            raise IntegrityError(
+                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
+                f"not {self.expected}; nothing was published",
+                path=self.relpath,
+            )
+        st = self.sync()
+        done = self.inner.publish()
+        stat = self._logical(done.stat)
+        return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
+
+    def abort(self) -> None:
+        self._finished = True
+        self.inner.abort()
