@@ -217,7 +217,8 @@ def render(report: Report) -> Table:
         # Fold rather than crop on a narrow terminal: a cut-off figure would read as another.
         table.add_column(COLUMNS[i], overflow="fold")
     for c in cells:
-        table.add_row(*(c[i] for i in keep))
+        # Text, not markup: an error quoted in a note ("[/src/pair.cc:553]") is not rich markup.
+        table.add_row(*(Text(c[i]) for i in keep))
     return table
 
 

@@ -85,6 +85,14 @@ def test_table_on_a_narrow_terminal_fits_it() -> None:
     assert max(len(line) for line in out.getvalue().splitlines()) <= 100
 
 
+def test_a_note_that_looks_like_markup_is_printed_as_it_is() -> None:
+    # gloo's errors quote their source as "[/path/pair.cc:553]": rich markup would raise.
+    note = "rank 1 failed: [/opt/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    out = io.StringIO()
+    print_report(_report(note), out)
+    assert "[/opt/gloo/transport/tcp/pair.cc:553]" in out.getvalue()
+
+
 def test_render_has_one_row_per_figure() -> None:
     report = _report()
     assert render(report).row_count == len(report.rows)
