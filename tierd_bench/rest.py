@@ -100,17 +100,20 @@ def server_process(
     url = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tierd exited with {proc.returncode} before it was ready")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"tierd was not ready after {timeout:g} s")
-            time.sleep(0.1)
+        # One client for the polls: each new one loads the CA bundle (tens of ms of CPU), and
+        # eight hosts starting at once on two cores were slowed by their own bench's polling.
+        with httpx.Client(timeout=2) as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"tierd exited with {proc.returncode} before it was ready")
+                try:
+                    if http.get(f"{url}/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"tierd was not ready after {timeout:g} s")
+                time.sleep(0.1)
         yield url, proc.pid
     finally:
         proc.terminate()
