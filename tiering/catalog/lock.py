@@ -201,6 +201,13 @@ class CatalogLock:
         if self._conn is not None:
             conn, engine, self._conn, self._engine = self._conn, self._engine, None, None
             with contextlib.suppress(DBAPIError):  # the server is gone, and the lock with it
+                # Unlocked before the session closes: a closed session's backend lets go of
+                # its locks only when it exits, a moment later on a busy server, and a tierd
+                # started at once after this one would find its host id still held.
+                key = host_lock_key(self.host_id)
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                conn.commit()
+            with contextlib.suppress(DBAPIError):
                 conn.close()
             if engine is not None:
                 engine.dispose()
