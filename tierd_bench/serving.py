@@ -2,13 +2,13 @@
 
 Starts the service (uvicorn, its own process, the embedded default's tiers and its file
 watcher, under a temporary data dir) holding small files on ``nvme`` that clients read, and
-files of ``move_size`` (24 MiB) that movers carry between ``ssd`` and ``nvme``. From this
-process, ``clients`` threads, each with its own connections, send requests back to back, the
-three kinds in turn:
+files of ``move_size`` (24 MiB) that movers carry between ``ssd`` and ``nvme``. ``clients``
+processes (spawned; each with its own connections) send requests back to back, the three kinds
+in turn:
 
 - ``read_4k``: ``GET /v1/files/{id}/content`` with a 4 KiB ``Range``;
 - ``load_4k`` and ``load_1m``: ``POST /v1/load`` of 4 KiB or 1 MiB into ``cpu`` (shared
-  memory) through :mod:`tierd_client`, the buffer opened here and read, then released
+  memory) through :mod:`tierd_client`, the buffer opened by the client and read, then released
   (``DELETE /v1/buffers/{id}``): one request of this kind is the load and its release.
 
 Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
@@ -23,13 +23,19 @@ window holds too few for a steady p99; the request rate is the median of the win
 ratio the median of each busy window's rate over the idle window just before it. Alternating
 windows make a drift in the host's load (other work on a shared machine) fall on both phases
 alike. The ratios carry the targets of issue 11: p99 at most 1.5x idle, rate at least 0.8x.
-The server's CPU (from ``/proc``) and this process's are reported per phase, so a reader sees
-where the cores went.
+The server's CPU and the client processes' (from ``/proc``) are reported per phase, so a reader
+sees where the cores went.
+
+The clients are processes because a server's clients are: threads of one process would share
+its GIL, and on a small host that process, not the server, would pace them, hiding part of
+what a move costs the server (issue 28: threads measured 0.75x where processes saw 0.54x).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import queue
 import statistics
 import tempfile
 import threading
@@ -62,12 +68,13 @@ P99_AT_MOST, RATE_AT_LEAST = 1.5, 0.8
 _SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
 _WARMUP_S = 1.0  # connections, pools and first leases, before the first window
 _SETTLE_S = 0.5  # after the movers stop, before the next idle window: the last fsyncs land
+_START_S = 120.0  # at most, for the client processes to start (imports on a busy host)
 
 
 @dataclass
 class _Sample:
     kind: int  # index in KINDS
-    t0: float
+    t0: float  # time.monotonic(): one clock for every process of the host
     t1: float
     seconds: float  # t1 - t0 less the time spent checking the bytes
 
@@ -80,13 +87,19 @@ class _Window:
     server_cpu: float = 0.0
     client_cpu: float = 0.0
     moves: int = 0
+    requests: int = 0  # completed, from the clients' counters (the progress line's figure)
+
+    @property
+    def rate(self) -> float:
+        return self.requests / (self.t1 - self.t0)
 
 
 @dataclass
 class _Shared:
-    """What the client and mover threads share with the measuring thread."""
+    """What the mover threads share with the measuring thread; ``stop`` also reaches the
+    client processes."""
 
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Any  # a multiprocessing Event
     failed: list[BaseException] = field(default_factory=list)
     moves: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,49 +128,69 @@ def _file_id(http: httpx.Client, relpath: str) -> int:
     return int(r.json()["id"])
 
 
-def _client_loop(
-    url: str, files: dict[int, np.ndarray], seed: int, shared: _Shared, out: list[_Sample]
+def _client_process(
+    url: str, paths: dict[int, str], seed: int, ready: Any, stop: Any, done: Any, out: Any
 ) -> None:
-    """One client: requests back to back, the kinds in turn, until ``shared.stop``."""
+    """One client, a process of its own: requests back to back, the kinds in turn, from the
+    barrier ``ready`` until ``stop``; counts them in ``done[seed]`` and puts its samples (or
+    its failure) on ``out``."""
+    try:
+        # The expected bytes, read before the server is asked for anything.
+        files = {fid: np.fromfile(path, dtype=np.uint8) for fid, path in paths.items()}
+        samples = _client_loop(url, files, seed, ready, stop, done)
+    except BaseException as exc:
+        import traceback
+
+        ready.abort()  # the others, and the bench, would wait at the barrier for ever
+        stop.set()
+        out.put((seed, isinstance(exc, AssertionError), traceback.format_exc()))
+    else:
+        out.put((seed, None, samples))
+
+
+def _client_loop(
+    url: str, files: dict[int, np.ndarray], seed: int, ready: Any, stop: Any, done: Any
+) -> list[_Sample]:
     from tierd_client import Client  # the client is its own package; only this bench needs it
 
     rng = np.random.default_rng(seed)
     ids = sorted(files)
-    try:
-        # Reads as a plain HTTP client sends them; loads through tierd's client, which opens
-        # the shared memory and releases the lease as an inference process would.
-        with Client(url, timeout=60) as api, httpx.Client(base_url=url, timeout=60) as http:
-            i = seed  # clients start at different kinds, so every kind is in flight at once
-            while not shared.stop.is_set():
-                kind = i % len(KINDS)
-                i += 1
-                name, length, is_load = KINDS[kind]
-                fid = ids[int(rng.integers(len(ids)))]
-                data = files[fid]
-                off = int(rng.integers(0, (len(data) - length) // 4096 + 1)) * 4096
-                want = data[off : off + length]
-                t0 = time.perf_counter()
-                if is_load:
-                    with api.load(fid, offset=off, length=length, device="cpu") as buf:
-                        c0 = time.perf_counter()
-                        ok = np.array_equal(np.asarray(buf.array), want)
-                        check = time.perf_counter() - c0
-                else:
-                    r = http.get(
-                        f"/v1/files/{fid}/content",
-                        headers={"Range": f"bytes={off}-{off + length - 1}"},
-                    )
-                    c0 = time.perf_counter()
-                    if r.status_code != 206:
-                        raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
-                    ok = r.content == want.tobytes()
-                    check = time.perf_counter() - c0
-                t1 = time.perf_counter()
-                if not ok:
-                    raise AssertionError(f"{name} of file {fid} at {off}: the bytes differ")
-                out.append(_Sample(kind, t0, t1, t1 - t0 - check))
-    except BaseException as exc:
-        shared.fail(exc)
+    samples: list[_Sample] = []
+    # Reads as a plain HTTP client sends them; loads through tierd's client, which opens
+    # the shared memory and releases the lease as an inference process would.
+    with Client(url, timeout=60) as api, httpx.Client(base_url=url, timeout=60) as http:
+        ready.wait(timeout=_START_S)
+        i = seed  # clients start at different kinds, so every kind is in flight at once
+        while not stop.is_set():
+            kind = i % len(KINDS)
+            i += 1
+            name, length, is_load = KINDS[kind]
+            fid = ids[int(rng.integers(len(ids)))]
+            data = files[fid]
+            off = int(rng.integers(0, (len(data) - length) // 4096 + 1)) * 4096
+            want = data[off : off + length]
+            t0 = time.monotonic()
+            if is_load:
+                with api.load(fid, offset=off, length=length, device="cpu") as buf:
+                    c0 = time.monotonic()
+                    ok = np.array_equal(np.asarray(buf.array), want)
+                    check = time.monotonic() - c0
+            else:
+                r = http.get(
+                    f"/v1/files/{fid}/content",
+                    headers={"Range": f"bytes={off}-{off + length - 1}"},
+                )
+                c0 = time.monotonic()
+                if r.status_code != 206:
+                    raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
+                ok = r.content == want.tobytes()
+                check = time.monotonic() - c0
+            t1 = time.monotonic()
+            if not ok:
+                raise AssertionError(f"{name} of file {fid} at {off}: the bytes differ")
+            samples.append(_Sample(kind, t0, t1, t1 - t0 - check))
+            done[seed] += 1
+    return samples
 
 
 def _mover_loop(
@@ -196,7 +229,7 @@ def run(
     directory: Path | None = None,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
-    """Measure requests from ``clients`` threads at idle and while ``movers`` files of
+    """Measure requests from ``clients`` processes at idle and while ``movers`` files of
     ``move_size`` bytes move between tiers, in ``repeats`` pairs of windows of ``duration_s``.
 
     ``cap_mib_s``: the policy's bandwidth cap on moves, MiB/s; None for no cap, ``"policy"``
@@ -231,11 +264,14 @@ def run(
         # The watcher on, as `tierd serve` runs: it sees every move's writes.
         with server_process(data, env={"TIERD_WATCH": "true"}) as (url, pid):
             with httpx.Client(base_url=url, timeout=60) as http:
-                files = {_file_id(http, f"serve/f{i}.bin"): a for i, a in enumerate(serve)}
+                paths = {
+                    _file_id(http, f"serve/f{i}.bin"): str(data / "nvme" / "serve" / f"f{i}.bin")
+                    for i in range(_SERVE_FILES)
+                }
                 moving = {_file_id(http, f"move/m{j}.bin"): sums[j] for j in range(movers)}
                 setup["cap_bytes_per_s"] = _set_policy(http, cap_mib_s, movers)
             windows, samples = _measure(
-                url, pid, files, list(moving), duration_s, repeats, clients, say
+                url, pid, paths, list(moving), duration_s, repeats, clients, say
             )
             with httpx.Client(base_url=url, timeout=60) as http:
                 _check_moved(http, moving)
@@ -272,19 +308,22 @@ def _check_moved(http: httpx.Client, moving: dict[int, str]) -> None:
 def _measure(
     url: str,
     pid: int,
-    files: dict[int, np.ndarray],
+    paths: dict[int, str],
     moving: list[int],
     duration_s: float,
     repeats: int,
     clients: int,
     say: Callable[[str], None],
 ) -> tuple[list[_Window], list[_Sample]]:
-    shared = _Shared()
-    per_client: list[list[_Sample]] = [[] for _ in range(clients)]
-    threads = [
-        threading.Thread(
-            target=_client_loop,
-            args=(url, files, c, shared, per_client[c]),
+    # Processes (see the module docstring). spawn, not fork: a forked child would share this
+    # process's connections and threads.
+    ctx = multiprocessing.get_context("spawn")
+    shared = _Shared(ctx.Event())
+    ready, done, out = ctx.Barrier(clients + 1), ctx.Array("q", clients, lock=False), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_client_process,
+            args=(url, paths, c, ready, shared.stop, done, out),
             name=f"tierd-bench-client-{c}",
             daemon=True,
         )
@@ -292,24 +331,31 @@ def _measure(
     ]
     windows: list[_Window] = []
 
+    def clients_cpu() -> float:
+        return sum(cpu_of(p.pid) for p in procs if p.pid is not None)
+
     def window(busy: bool) -> _Window:
-        w = _Window(
-            busy, time.perf_counter(), server_cpu=cpu_of(pid), client_cpu=time.process_time()
-        )
-        moves0 = shared.moves
+        w = _Window(busy, time.monotonic(), server_cpu=cpu_of(pid), client_cpu=clients_cpu())
+        moves0, requests0 = shared.moves, sum(done)
         shared.stop.wait(duration_s)
-        w.t1 = time.perf_counter()
+        w.t1 = time.monotonic()
         w.server_cpu = cpu_of(pid) - w.server_cpu
-        w.client_cpu = time.process_time() - w.client_cpu
-        w.moves = shared.moves - moves0
+        w.client_cpu = clients_cpu() - w.client_cpu
+        w.moves, w.requests = shared.moves - moves0, sum(done) - requests0
         windows.append(w)
         return w
 
-    say(f"{clients} clients: {repeats} x ({duration_s:g} s idle, {duration_s:g} s while "
-        f"{len(moving)} files move)")  # fmt: skip
-    for t in threads:
-        t.start()
+    say(f"{clients} client processes: {repeats} x ({duration_s:g} s idle, {duration_s:g} s "
+        f"while {len(moving)} files move)")  # fmt: skip
+    for p in procs:
+        p.start()
+    samples: list[_Sample] = []
     try:
+        try:
+            ready.wait(timeout=_START_S)
+        except threading.BrokenBarrierError:
+            # A client failed (its error comes first, from _collect) or never started.
+            shared.fail(RuntimeError(f"the clients did not all start in {_START_S:g} s"))
         shared.stop.wait(_WARMUP_S)
         for r in range(repeats):
             if shared.stop.is_set():
@@ -332,16 +378,42 @@ def _measure(
             for m in movers:
                 m.join()
             shared.stop.wait(_SETTLE_S)
-            done = [s for out in per_client for s in out]
-            say(f"  pair {r + 1}: idle {_rate_of(idle, done):.0f} req/s, "
-                f"during {busy.moves} moves {_rate_of(busy, done):.0f} req/s")  # fmt: skip
+            say(f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
+                f"during {busy.moves} moves {busy.rate:.0f} req/s")  # fmt: skip
     finally:
         shared.stop.set()
-        for t in threads:
-            t.join()
+        samples = _collect(procs, out, shared)
     if shared.failed:
         raise shared.failed[0]
-    return windows, [s for out in per_client for s in out]
+    return windows, samples
+
+
+def _collect(procs: list[Any], out: Any, shared: _Shared) -> list[_Sample]:
+    """Every client's samples; a client's failure goes to ``shared.failed``. Read before the
+    processes are joined: a process exits only once what it put on ``out`` was taken."""
+    samples: list[_Sample] = []
+    left = len(procs)
+    while left:
+        try:
+            c, assertion, got = out.get(timeout=1.0)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                codes = [p.exitcode for p in procs]
+                shared.failed.append(RuntimeError(f"a client process died: exit codes {codes}"))
+                break
+            continue
+        left -= 1
+        if assertion is None:
+            samples.extend(got)
+        else:
+            kind = AssertionError if assertion else RuntimeError
+            shared.failed.insert(0, kind(f"client {c} failed:\n{got}"))
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return samples
 
 
 def _inside(w: _Window, samples: list[_Sample]) -> list[_Sample]:
@@ -418,7 +490,7 @@ def _report(setup: dict[str, Any], windows: list[_Window], samples: list[_Sample
                 f"server CPU, {_label(phase)}",
                 _median([w.server_cpu / (w.t1 - w.t0) for w in ws]),
                 "cores",
-                note=f"(this process, the clients: {clients:.2f} cores)" if clients else "",
+                note=f"(the client processes: {clients:.2f} cores)" if clients else "",
             )
         )
     busy = phases["busy"]
