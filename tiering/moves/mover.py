@@ -20,7 +20,14 @@ from collections.abc import Callable
 
 from tiering.catalog import Catalog, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
-from tiering.moves.concurrency import Claim, FileGuards, Progress, ProgressBoard, RateLimiter
+from tiering.moves.concurrency import (
+    Claim,
+    FileGuards,
+    Progress,
+    ProgressBoard,
+    RateLimiter,
+    ServingGate,
+)
 from tiering.moves.failures import Cancelled
 from tiering.moves.recovery import RecoveryReport, recover
 from tiering.moves.steps import CHUNK, COPY_NICE, STEPS, MoveRunner, MoveSettings
@@ -37,6 +44,7 @@ __all__ = [
     "Progress",
     "RateLimiter",
     "RecoveryReport",
+    "ServingGate",
 ]
 
 
@@ -51,6 +59,8 @@ class Mover:
         Shared with uploads and deletes (see :class:`FileGuards`).
     limiter:
         The bandwidth cap shared by all migrations.
+    gate:
+        Where moves yield to serving: the engine touches it as it serves each request.
     room:
         Bytes that may still be placed on a tier (free space capped by its quota).
     chunk_size:
@@ -68,6 +78,7 @@ class Mover:
         *,
         guards: FileGuards | None = None,
         limiter: RateLimiter | None = None,
+        gate: ServingGate | None = None,
         room: Callable[[Tier], int] | None = None,
         chunk_size: int = CHUNK,
         copy_nice: int = COPY_NICE,
@@ -77,6 +88,7 @@ class Mover:
         self.tiers = tiers
         self.guards = guards or FileGuards()
         self.limiter = limiter or RateLimiter()
+        self.gate = gate or ServingGate()
         # One settings object shared with the runner: ``room``, ``chunk_size`` and ``hook``
         # below are views of it, so a change made here is seen by a move at its next step.
         self.settings = MoveSettings(
@@ -90,6 +102,7 @@ class Mover:
             journal,
             tiers,
             limiter=self.limiter,
+            gate=self.gate,
             board=self._board,
             settings=self.settings,
         )
