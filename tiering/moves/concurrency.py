@@ -142,7 +142,7 @@ class ServingGate:
         self.active_s = active_s
         self._last = float("-inf")  # time.monotonic() of the latest request
         self._lock = threading.Lock()
-        #: Rests taken so far, and their seconds (the move statistics show them).
+        #: Rests taken so far, and their seconds (what a test or a debugger looks at).
         self.rests = 0
         self.rested_s = 0.0
 
