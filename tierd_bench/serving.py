@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import statistics
 import tempfile
 import threading
@@ -53,30 +52,16 @@ from tiering.checksum import Hasher
 from ._measure import MiB, format_size, percentile
 from ._objrun import cpu_of
 from ._report import BenchRow, Report
+from ._serving_clients import KINDS, START_S, Sample, client_process, collect
 from .rest import server_process
 
 __all__ = ["KINDS", "run"]
 
-#: Request kinds: (name, bytes read, whether it is a load into ``cpu``).
-KINDS: tuple[tuple[str, int, bool], ...] = (
-    ("read_4k", 4096, False),
-    ("load_4k", 4096, True),
-    ("load_1m", MiB, True),
-)
 #: Targets of issue 11: busy p99 over idle p99 at most, busy rate over idle rate at least.
 P99_AT_MOST, RATE_AT_LEAST = 1.5, 0.8
 _SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
 _WARMUP_S = 1.0  # connections, pools and first leases, before the first window
 _SETTLE_S = 0.5  # after the movers stop, before the next idle window: the last fsyncs land
-_START_S = 120.0  # at most, for the client processes to start (imports on a busy host)
-
-
-@dataclass
-class _Sample:
-    kind: int  # index in KINDS
-    t0: float  # time.monotonic(): one clock for every process of the host
-    t1: float
-    seconds: float  # t1 - t0 less the time spent checking the bytes
 
 
 @dataclass
@@ -126,71 +111,6 @@ def _file_id(http: httpx.Client, relpath: str) -> int:
     r = http.get("/v1/files/lookup", params={"path": relpath})
     r.raise_for_status()
     return int(r.json()["id"])
-
-
-def _client_process(
-    url: str, paths: dict[int, str], seed: int, ready: Any, stop: Any, done: Any, out: Any
-) -> None:
-    """One client, a process of its own: requests back to back, the kinds in turn, from the
-    barrier ``ready`` until ``stop``; counts them in ``done[seed]`` and puts its samples (or
-    its failure) on ``out``."""
-    try:
-        # The expected bytes, read before the server is asked for anything.
-        files = {fid: np.fromfile(path, dtype=np.uint8) for fid, path in paths.items()}
-        samples = _client_loop(url, files, seed, ready, stop, done)
-    except BaseException as exc:
-        import traceback
-
-        ready.abort()  # the others, and the bench, would wait at the barrier for ever
-        stop.set()
-        out.put((seed, isinstance(exc, AssertionError), traceback.format_exc()))
-    else:
-        out.put((seed, None, samples))
-
-
-def _client_loop(
-    url: str, files: dict[int, np.ndarray], seed: int, ready: Any, stop: Any, done: Any
-) -> list[_Sample]:
-    from tierd_client import Client  # the client is its own package; only this bench needs it
-
-    rng = np.random.default_rng(seed)
-    ids = sorted(files)
-    samples: list[_Sample] = []
-    # Reads as a plain HTTP client sends them; loads through tierd's client, which opens
-    # the shared memory and releases the lease as an inference process would.
-    with Client(url, timeout=60) as api, httpx.Client(base_url=url, timeout=60) as http:
-        ready.wait(timeout=_START_S)
-        i = seed  # clients start at different kinds, so every kind is in flight at once
-        while not stop.is_set():
-            kind = i % len(KINDS)
-            i += 1
-            name, length, is_load = KINDS[kind]
-            fid = ids[int(rng.integers(len(ids)))]
-            data = files[fid]
-            off = int(rng.integers(0, (len(data) - length) // 4096 + 1)) * 4096
-            want = data[off : off + length]
-            t0 = time.monotonic()
-            if is_load:
-                with api.load(fid, offset=off, length=length, device="cpu") as buf:
-                    c0 = time.monotonic()
-                    ok = np.array_equal(np.asarray(buf.array), want)
-                    check = time.monotonic() - c0
-            else:
-                r = http.get(
-                    f"/v1/files/{fid}/content",
-                    headers={"Range": f"bytes={off}-{off + length - 1}"},
-                )
-                c0 = time.monotonic()
-                if r.status_code != 206:
-                    raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
-                ok = r.content == want.tobytes()
-                check = time.monotonic() - c0
-            t1 = time.monotonic()
-            if not ok:
-                raise AssertionError(f"{name} of file {fid} at {off}: the bytes differ")
-            samples.append(_Sample(kind, t0, t1, t1 - t0 - check))
-            done[seed] += 1
-    return samples
 
 
 def _mover_loop(
@@ -314,7 +234,7 @@ def _measure(
     repeats: int,
     clients: int,
     say: Callable[[str], None],
-) -> tuple[list[_Window], list[_Sample]]:
+) -> tuple[list[_Window], list[Sample]]:
     # Processes (see the module docstring). spawn, not fork: a forked child would share this
     # process's connections and threads.
     ctx = multiprocessing.get_context("spawn")
@@ -322,7 +242,7 @@ def _measure(
     ready, done, out = ctx.Barrier(clients + 1), ctx.Array("q", clients, lock=False), ctx.Queue()
     procs = [
         ctx.Process(
-            target=_client_process,
+            target=client_process,
             args=(url, paths, c, ready, shared.stop, done, out),
             name=f"tierd-bench-client-{c}",
             daemon=True,
@@ -349,13 +269,13 @@ def _measure(
         f"while {len(moving)} files move)")  # fmt: skip
     for p in procs:
         p.start()
-    samples: list[_Sample] = []
+    samples: list[Sample] = []
     try:
         try:
-            ready.wait(timeout=_START_S)
+            ready.wait(timeout=START_S)
         except threading.BrokenBarrierError:
             # A client failed (its error comes first, from _collect) or never started.
-            shared.fail(RuntimeError(f"the clients did not all start in {_START_S:g} s"))
+            shared.fail(RuntimeError(f"the clients did not all start in {START_S:g} s"))
         shared.stop.wait(_WARMUP_S)
         for r in range(repeats):
             if shared.stop.is_set():
@@ -382,45 +302,18 @@ def _measure(
                 f"during {busy.moves} moves {busy.rate:.0f} req/s")  # fmt: skip
     finally:
         shared.stop.set()
-        samples = _collect(procs, out, shared)
+        samples, errors = collect(procs, out)
+        shared.failed[:0] = errors  # a client's error first: it is why the others stopped
     if shared.failed:
         raise shared.failed[0]
     return windows, samples
 
 
-def _collect(procs: list[Any], out: Any, shared: _Shared) -> list[_Sample]:
-    """Every client's samples; a client's failure goes to ``shared.failed``. Read before the
-    processes are joined: a process exits only once what it put on ``out`` was taken."""
-    samples: list[_Sample] = []
-    left = len(procs)
-    while left:
-        try:
-            c, assertion, got = out.get(timeout=1.0)
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                codes = [p.exitcode for p in procs]
-                shared.failed.append(RuntimeError(f"a client process died: exit codes {codes}"))
-                break
-            continue
-        left -= 1
-        if assertion is None:
-            samples.extend(got)
-        else:
-            kind = AssertionError if assertion else RuntimeError
-            shared.failed.insert(0, kind(f"client {c} failed:\n{got}"))
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return samples
-
-
-def _inside(w: _Window, samples: list[_Sample]) -> list[_Sample]:
+def _inside(w: _Window, samples: list[Sample]) -> list[Sample]:
     return [s for s in samples if s.t0 >= w.t0 and s.t1 <= w.t1]
 
 
-def _rate_of(w: _Window, samples: list[_Sample]) -> float:
+def _rate_of(w: _Window, samples: list[Sample]) -> float:
     return sum(1 for s in samples if w.t0 <= s.t1 < w.t1) / (w.t1 - w.t0)
 
 
@@ -432,7 +325,7 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _report(setup: dict[str, Any], windows: list[_Window], samples: list[_Sample]) -> Report:
+def _report(setup: dict[str, Any], windows: list[_Window], samples: list[Sample]) -> Report:
     cap = setup.get("cap_bytes_per_s")
     report = Report(
         "serving",

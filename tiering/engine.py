@@ -31,7 +31,6 @@ from tiering.moves import (
     Progress,
     RateLimiter,
     RecoveryReport,
-    ServingGate,
     Upload,
     remove_orphan_temps,
 )
@@ -85,8 +84,6 @@ class Engine:
         # Shared by the mover, uploads and deletes (see FileGuards), and by every migration.
         self.guards = FileGuards()
         self.limiter = RateLimiter()
-        #: Moves yield to serving: every request that opens a file touches it (open_content).
-        self.serving = ServingGate()
         self._journal: Journal | None = None
         self._mover: Mover | None = None
         self._files: FileOps | None = None
@@ -137,7 +134,6 @@ class Engine:
             self.tiers,
             guards=self.guards,
             limiter=self.limiter,
-            gate=self.serving,
             room=lambda tier: self._room(tier, replacing=None),
         )
         self._files = FileOps(
@@ -275,7 +271,7 @@ class Engine:
         The fd keeps reading the bytes it opened whatever a migration does meanwhile (see
         :meth:`tiering.moves.FileOps.open_content`, and its ``trust_catalog``).
         """
-        self.serving.touch()
+        self.mover.gate.touch()  # moves yield to serving (see tiering.moves.ServingGate)
         hc = self.host_copies  # a current copy of a fleet's origin file on this host's tier
         content = (hc.content(file_id) if hc else None) or self._file_ops.open_content(
             file_id, trust_catalog=trust_catalog

@@ -20,9 +20,9 @@ SIZE = 5 * CHUNK - 1000  # five chunks, the last one short
 @pytest.fixture
 def gate(eng: Engine) -> ServingGate:
     # A request counts as in flight for an hour: a slow host cannot make it stale mid-move.
-    eng.serving.active_s = 3600.0
+    eng.mover.gate.active_s = 3600.0
     eng.mover.chunk_size = CHUNK
-    return eng.serving
+    return eng.mover.gate
 
 
 def _move_while(eng: Engine, relpath: str, serve: str | None) -> None:

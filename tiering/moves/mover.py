@@ -59,8 +59,6 @@ class Mover:
         Shared with uploads and deletes (see :class:`FileGuards`).
     limiter:
         The bandwidth cap shared by all migrations.
-    gate:
-        Where moves yield to serving: the engine touches it as it serves each request.
     room:
         Bytes that may still be placed on a tier (free space capped by its quota).
     chunk_size:
@@ -78,7 +76,6 @@ class Mover:
         *,
         guards: FileGuards | None = None,
         limiter: RateLimiter | None = None,
-        gate: ServingGate | None = None,
         room: Callable[[Tier], int] | None = None,
         chunk_size: int = CHUNK,
         copy_nice: int = COPY_NICE,
@@ -88,7 +85,8 @@ class Mover:
         self.tiers = tiers
         self.guards = guards or FileGuards()
         self.limiter = limiter or RateLimiter()
-        self.gate = gate or ServingGate()
+        #: Where moves yield to serving: the engine touches it as it serves each request.
+        self.gate = ServingGate()
         # One settings object shared with the runner: ``room``, ``chunk_size`` and ``hook``
         # below are views of it, so a change made here is seen by a move at its next step.
         self.settings = MoveSettings(

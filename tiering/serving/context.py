@@ -156,7 +156,7 @@ class LoadContext:
         :class:`~tiering.errors.FileChanged` here or at its first read, never stale bytes.
         """
         # A load being served: moves yield to it, whichever copy serves it (see ServingGate).
-        self.engine.serving.touch()
+        self.engine.mover.gate.touch()
         if isinstance(ref, int) and not isinstance(ref, bool):
             file_id = ref
         elif isinstance(ref, str):
