@@ -117,17 +117,17 @@ class RateLimiter:
 
 
 class ServingGate:
-    """Moves yield to serving: while requests are being served, a move's copy rests after each
-    chunk for ``share`` times as long as the chunk took.
+    """Moves yield to serving: while requests are being served, a move rests after each chunk
+    it copies, and once at its end for its other steps, ``share`` times as long as it worked.
 
     A move's work competes with serving for what a small host has little of: the cores (the
     page-cache copies, the hash, the catalog's commits and fsyncs) and the server's GIL, which
     its event loop needs for every request (``tierd bench serving``: with 16 client processes
-    on 2 cores, moves cost a fifth of the requests). A lower CPU priority alone does not give
-    it back: the kernel's writeback and the move's catalog steps run at the process's. Resting
-    does, whatever the resource: a move takes at most ``1 + share`` times as long while serving
-    is busy (twice, by default; each rest at most ``MAX_REST_S``), and runs at full speed
-    otherwise.
+    on 2 cores, moves cost a fifth of the requests). The copy thread's lower CPU priority does
+    not give it back: the kernel's writeback and the move's other steps run at the process's.
+    Resting does, whatever the resource: a move takes at most ``1 + share`` times as long while
+    serving is busy (twice, by default; each rest at most ``MAX_REST_S``), and runs at full
+    speed otherwise.
 
     Serving calls :meth:`touch` as each request opens a file (one float stored, no lock: the
     request path pays nothing measurable); a request within the last ``active_s`` means busy.
