@@ -329,7 +329,7 @@ def _report(setup: dict[str, Any], windows: list[_Window], samples: list[Sample]
     cap = setup.get("cap_bytes_per_s")
     report = Report(
         "serving",
-        f"tierd bench serving: {setup['clients']} clients over REST, idle vs while "
+        f"tierd bench serving: {setup['clients']} client processes over REST, idle vs while "
         f"{setup['movers']} files of {format_size(setup['move_size_bytes'])} move between "
         f"tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'}); "
         f"{setup['repeats']} pairs of {setup['duration_s']:g} s windows",
