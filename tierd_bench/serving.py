@@ -2,13 +2,13 @@
 
 Starts the service (uvicorn, its own process, the embedded default's tiers and its file
 watcher, under a temporary data dir) holding small files on ``nvme`` that clients read, and
-files of ``move_size`` (24 MiB) that movers carry between ``ssd`` and ``nvme``. From this
-process, ``clients`` threads, each with its own connections, send requests back to back, the
-three kinds in turn:
+files of ``move_size`` (24 MiB) that movers carry between ``ssd`` and ``nvme``. ``clients``
+processes (spawned; each with its own connections) send requests back to back, the three kinds
+in turn:
 
 - ``read_4k``: ``GET /v1/files/{id}/content`` with a 4 KiB ``Range``;
 - ``load_4k`` and ``load_1m``: ``POST /v1/load`` of 4 KiB or 1 MiB into ``cpu`` (shared
-  memory) through :mod:`tierd_client`, the buffer opened here and read, then released
+  memory) through :mod:`tierd_client`, the buffer opened by the client and read, then released
   (``DELETE /v1/buffers/{id}``): one request of this kind is the load and its release.
 
 Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
@@ -23,12 +23,17 @@ window holds too few for a steady p99; the request rate is the median of the win
 ratio the median of each busy window's rate over the idle window just before it. Alternating
 windows make a drift in the host's load (other work on a shared machine) fall on both phases
 alike. The ratios carry the targets of issue 11: p99 at most 1.5x idle, rate at least 0.8x.
-The server's CPU (from ``/proc``) and this process's are reported per phase, so a reader sees
-where the cores went.
+The server's CPU and the client processes' (from ``/proc``) are reported per phase, so a reader
+sees where the cores went.
+
+The clients are processes because a server's clients are: threads of one process would share
+its GIL, and on a small host that process, not the server, would pace them, hiding part of
+what a move costs the server (issue 28: threads measured 0.75x where processes saw 0.54x).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -47,29 +52,16 @@ from tiering.checksum import Hasher
 from ._measure import MiB, format_size, percentile
 from ._objrun import cpu_of
 from ._report import BenchRow, Report
+from ._serving_clients import KINDS, START_S, Sample, client_process, collect
 from .rest import server_process
 
 __all__ = ["KINDS", "run"]
 
-#: Request kinds: (name, bytes read, whether it is a load into ``cpu``).
-KINDS: tuple[tuple[str, int, bool], ...] = (
-    ("read_4k", 4096, False),
-    ("load_4k", 4096, True),
-    ("load_1m", MiB, True),
-)
 #: Targets of issue 11: busy p99 over idle p99 at most, busy rate over idle rate at least.
 P99_AT_MOST, RATE_AT_LEAST = 1.5, 0.8
 _SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
 _WARMUP_S = 1.0  # connections, pools and first leases, before the first window
 _SETTLE_S = 0.5  # after the movers stop, before the next idle window: the last fsyncs land
-
-
-@dataclass
-class _Sample:
-    kind: int  # index in KINDS
-    t0: float
-    t1: float
-    seconds: float  # t1 - t0 less the time spent checking the bytes
 
 
 @dataclass
@@ -80,13 +72,19 @@ class _Window:
     server_cpu: float = 0.0
     client_cpu: float = 0.0
     moves: int = 0
+    requests: int = 0  # completed, from the clients' counters (the progress line's figure)
+
+    @property
+    def rate(self) -> float:
+        return self.requests / (self.t1 - self.t0)
 
 
 @dataclass
 class _Shared:
-    """What the client and mover threads share with the measuring thread."""
+    """What the mover threads share with the measuring thread; ``stop`` also reaches the
+    client processes."""
 
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Any  # a multiprocessing Event
     failed: list[BaseException] = field(default_factory=list)
     moves: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,51 +111,6 @@ def _file_id(http: httpx.Client, relpath: str) -> int:
     r = http.get("/v1/files/lookup", params={"path": relpath})
     r.raise_for_status()
     return int(r.json()["id"])
-
-
-def _client_loop(
-    url: str, files: dict[int, np.ndarray], seed: int, shared: _Shared, out: list[_Sample]
-) -> None:
-    """One client: requests back to back, the kinds in turn, until ``shared.stop``."""
-    from tierd_client import Client  # the client is its own package; only this bench needs it
-
-    rng = np.random.default_rng(seed)
-    ids = sorted(files)
-    try:
-        # Reads as a plain HTTP client sends them; loads through tierd's client, which opens
-        # the shared memory and releases the lease as an inference process would.
-        with Client(url, timeout=60) as api, httpx.Client(base_url=url, timeout=60) as http:
-            i = seed  # clients start at different kinds, so every kind is in flight at once
-            while not shared.stop.is_set():
-                kind = i % len(KINDS)
-                i += 1
-                name, length, is_load = KINDS[kind]
-                fid = ids[int(rng.integers(len(ids)))]
-                data = files[fid]
-                off = int(rng.integers(0, (len(data) - length) // 4096 + 1)) * 4096
-                want = data[off : off + length]
-                t0 = time.perf_counter()
-                if is_load:
-                    with api.load(fid, offset=off, length=length, device="cpu") as buf:
-                        c0 = time.perf_counter()
-                        ok = np.array_equal(np.asarray(buf.array), want)
-                        check = time.perf_counter() - c0
-                else:
-                    r = http.get(
-                        f"/v1/files/{fid}/content",
-                        headers={"Range": f"bytes={off}-{off + length - 1}"},
-                    )
-                    c0 = time.perf_counter()
-                    if r.status_code != 206:
-                        raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
-                    ok = r.content == want.tobytes()
-                    check = time.perf_counter() - c0
-                t1 = time.perf_counter()
-                if not ok:
-                    raise AssertionError(f"{name} of file {fid} at {off}: the bytes differ")
-                out.append(_Sample(kind, t0, t1, t1 - t0 - check))
-    except BaseException as exc:
-        shared.fail(exc)
 
 
 def _mover_loop(
@@ -196,7 +149,7 @@ def run(
     directory: Path | None = None,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
-    """Measure requests from ``clients`` threads at idle and while ``movers`` files of
+    """Measure requests from ``clients`` processes at idle and while ``movers`` files of
     ``move_size`` bytes move between tiers, in ``repeats`` pairs of windows of ``duration_s``.
 
     ``cap_mib_s``: the policy's bandwidth cap on moves, MiB/s; None for no cap, ``"policy"``
@@ -231,11 +184,14 @@ def run(
         # The watcher on, as `tierd serve` runs: it sees every move's writes.
         with server_process(data, env={"TIERD_WATCH": "true"}) as (url, pid):
             with httpx.Client(base_url=url, timeout=60) as http:
-                files = {_file_id(http, f"serve/f{i}.bin"): a for i, a in enumerate(serve)}
+                paths = {
+                    _file_id(http, f"serve/f{i}.bin"): str(data / "nvme" / "serve" / f"f{i}.bin")
+                    for i in range(_SERVE_FILES)
+                }
                 moving = {_file_id(http, f"move/m{j}.bin"): sums[j] for j in range(movers)}
                 setup["cap_bytes_per_s"] = _set_policy(http, cap_mib_s, movers)
             windows, samples = _measure(
-                url, pid, files, list(moving), duration_s, repeats, clients, say
+                url, pid, paths, list(moving), duration_s, repeats, clients, say
             )
             with httpx.Client(base_url=url, timeout=60) as http:
                 _check_moved(http, moving)
@@ -272,19 +228,22 @@ def _check_moved(http: httpx.Client, moving: dict[int, str]) -> None:
 def _measure(
     url: str,
     pid: int,
-    files: dict[int, np.ndarray],
+    paths: dict[int, str],
     moving: list[int],
     duration_s: float,
     repeats: int,
     clients: int,
     say: Callable[[str], None],
-) -> tuple[list[_Window], list[_Sample]]:
-    shared = _Shared()
-    per_client: list[list[_Sample]] = [[] for _ in range(clients)]
-    threads = [
-        threading.Thread(
-            target=_client_loop,
-            args=(url, files, c, shared, per_client[c]),
+) -> tuple[list[_Window], list[Sample]]:
+    # Processes (see the module docstring). spawn, not fork: a forked child would share this
+    # process's connections and threads.
+    ctx = multiprocessing.get_context("spawn")
+    shared = _Shared(ctx.Event())
+    ready, done, out = ctx.Barrier(clients + 1), ctx.Array("q", clients, lock=False), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=client_process,
+            args=(url, paths, c, ready, shared.stop, done, out),
             name=f"tierd-bench-client-{c}",
             daemon=True,
         )
@@ -292,24 +251,31 @@ def _measure(
     ]
     windows: list[_Window] = []
 
+    def clients_cpu() -> float:
+        return sum(cpu_of(p.pid) for p in procs if p.pid is not None)
+
     def window(busy: bool) -> _Window:
-        w = _Window(
-            busy, time.perf_counter(), server_cpu=cpu_of(pid), client_cpu=time.process_time()
-        )
-        moves0 = shared.moves
+        w = _Window(busy, time.monotonic(), server_cpu=cpu_of(pid), client_cpu=clients_cpu())
+        moves0, requests0 = shared.moves, sum(done)
         shared.stop.wait(duration_s)
-        w.t1 = time.perf_counter()
+        w.t1 = time.monotonic()
         w.server_cpu = cpu_of(pid) - w.server_cpu
-        w.client_cpu = time.process_time() - w.client_cpu
-        w.moves = shared.moves - moves0
+        w.client_cpu = clients_cpu() - w.client_cpu
+        w.moves, w.requests = shared.moves - moves0, sum(done) - requests0
         windows.append(w)
         return w
 
-    say(f"{clients} clients: {repeats} x ({duration_s:g} s idle, {duration_s:g} s while "
-        f"{len(moving)} files move)")  # fmt: skip
-    for t in threads:
-        t.start()
+    say(f"{clients} client processes: {repeats} x ({duration_s:g} s idle, {duration_s:g} s "
+        f"while {len(moving)} files move)")  # fmt: skip
+    for p in procs:
+        p.start()
+    samples: list[Sample] = []
     try:
+        try:
+            ready.wait(timeout=START_S)
+        except threading.BrokenBarrierError:
+            # A client failed (its error comes first, from _collect) or never started.
+            shared.fail(RuntimeError(f"the clients did not all start in {START_S:g} s"))
         shared.stop.wait(_WARMUP_S)
         for r in range(repeats):
             if shared.stop.is_set():
@@ -332,23 +298,22 @@ def _measure(
             for m in movers:
                 m.join()
             shared.stop.wait(_SETTLE_S)
-            done = [s for out in per_client for s in out]
-            say(f"  pair {r + 1}: idle {_rate_of(idle, done):.0f} req/s, "
-                f"during {busy.moves} moves {_rate_of(busy, done):.0f} req/s")  # fmt: skip
+            say(f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
+                f"during {busy.moves} moves {busy.rate:.0f} req/s")  # fmt: skip
     finally:
         shared.stop.set()
-        for t in threads:
-            t.join()
+        samples, errors = collect(procs, out)
+        shared.failed[:0] = errors  # a client's error first: it is why the others stopped
     if shared.failed:
         raise shared.failed[0]
-    return windows, [s for out in per_client for s in out]
+    return windows, samples
 
 
-def _inside(w: _Window, samples: list[_Sample]) -> list[_Sample]:
+def _inside(w: _Window, samples: list[Sample]) -> list[Sample]:
     return [s for s in samples if s.t0 >= w.t0 and s.t1 <= w.t1]
 
 
-def _rate_of(w: _Window, samples: list[_Sample]) -> float:
+def _rate_of(w: _Window, samples: list[Sample]) -> float:
     return sum(1 for s in samples if w.t0 <= s.t1 < w.t1) / (w.t1 - w.t0)
 
 
@@ -360,11 +325,11 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _report(setup: dict[str, Any], windows: list[_Window], samples: list[_Sample]) -> Report:
+def _report(setup: dict[str, Any], windows: list[_Window], samples: list[Sample]) -> Report:
     cap = setup.get("cap_bytes_per_s")
     report = Report(
         "serving",
-        f"tierd bench serving: {setup['clients']} clients over REST, idle vs while "
+        f"tierd bench serving: {setup['clients']} client processes over REST, idle vs while "
         f"{setup['movers']} files of {format_size(setup['move_size_bytes'])} move between "
         f"tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'}); "
         f"{setup['repeats']} pairs of {setup['duration_s']:g} s windows",
@@ -418,7 +383,7 @@ def _report(setup: dict[str, Any], windows: list[_Window], samples: list[_Sample
                 f"server CPU, {_label(phase)}",
                 _median([w.server_cpu / (w.t1 - w.t0) for w in ws]),
                 "cores",
-                note=f"(this process, the clients: {clients:.2f} cores)" if clients else "",
+                note=f"(the client processes: {clients:.2f} cores)" if clients else "",
             )
         )
     busy = phases["busy"]

@@ -271,6 +271,7 @@ class Engine:
         The fd keeps reading the bytes it opened whatever a migration does meanwhile (see
         :meth:`tiering.moves.FileOps.open_content`, and its ``trust_catalog``).
         """
+        self.mover.gate.touch()  # moves yield to serving (see tiering.moves.ServingGate)
         hc = self.host_copies  # a current copy of a fleet's origin file on this host's tier
         content = (hc.content(file_id) if hc else None) or self._file_ops.open_content(
             file_id, trust_catalog=trust_catalog

@@ -25,6 +25,7 @@ def test_bench_serving_reports_both_phases_and_the_ratios(tmp_path: Path) -> Non
     rows, setup = doc["rows"], doc["setup"]
     assert setup["clients"] == 3 and setup["move_size_bytes"] == 256 << 10
     assert setup["cap_bytes_per_s"] is None and "no cap" in doc["title"]
+    assert doc["title"].startswith("tierd bench serving: 3 client processes over REST")
     assert [w["busy"] for w in setup["windows"]] == [False, True, False, True]
     for name in ("all", *(k[0] for k in KINDS)):
         idle, busy = rows[f"{name}_p99_idle_ms"], rows[f"{name}_p99_busy_ms"]

@@ -12,6 +12,7 @@ from tiering.moves.mover import (
     Progress,
     RateLimiter,
     RecoveryReport,
+    ServingGate,
 )
 from tiering.moves.orphans import remove_orphan_temps
 
@@ -24,6 +25,7 @@ __all__ = [
     "Progress",
     "RateLimiter",
     "RecoveryReport",
+    "ServingGate",
     "Content",
     "FileOps",
     "MigrationInfo",

@@ -25,6 +25,7 @@ __all__ = [
     "Progress",
     "ProgressBoard",
     "RateLimiter",
+    "ServingGate",
     "lower_priority",
 ]
 
@@ -113,6 +114,60 @@ class RateLimiter:
                 cancel.wait(delay)
             else:
                 time.sleep(delay)
+
+
+class ServingGate:
+    """Moves yield to serving: while requests are being served, a move rests after each chunk
+    it copies, and once at its end for its other steps, ``share`` times as long as it worked.
+
+    A move's work competes with serving for what a small host has little of: the cores (the
+    page-cache copies, the hash, the catalog's commits and fsyncs) and the server's GIL, which
+    its event loop needs for every request (``tierd bench serving``: with 16 client processes
+    on 2 cores, moves cost a fifth of the requests). The copy thread's lower CPU priority does
+    not give it back: the kernel's writeback and the move's other steps run at the process's.
+    Resting does, whatever the resource: a move takes at most ``1 + share`` times as long while
+    serving is busy (twice, by default; each rest at most ``MAX_REST_S``), and runs at full
+    speed otherwise.
+
+    Serving calls :meth:`touch` as each request opens a file (one float stored, no lock: the
+    request path pays nothing measurable); a request within the last ``active_s`` means busy.
+    """
+
+    SHARE = 1.0
+    ACTIVE_S = 0.25
+    MAX_REST_S = 0.5
+
+    def __init__(self, share: float = SHARE, active_s: float = ACTIVE_S) -> None:
+        self.share = share
+        self.active_s = active_s
+        self._last = float("-inf")  # time.monotonic() of the latest request
+        self._lock = threading.Lock()
+        #: Rests taken so far, and their seconds (what a test or a debugger looks at).
+        self.rests = 0
+        self.rested_s = 0.0
+
+    def touch(self) -> None:
+        """A request is being served now."""
+        self._last = time.monotonic()
+
+    def busy(self) -> bool:
+        """Whether a request was served within the last ``active_s``."""
+        return time.monotonic() - self._last < self.active_s
+
+    def rest(self, worked_s: float, cancel: threading.Event | None = None) -> float:
+        """After ``worked_s`` seconds of a move's work: rest while serving is busy; returns the
+        seconds rested (0 when idle). ``cancel`` cuts the rest short."""
+        if self.share <= 0 or worked_s <= 0 or not self.busy():
+            return 0.0
+        delay = min(self.MAX_REST_S, worked_s * self.share)
+        with self._lock:
+            self.rests += 1
+            self.rested_s += delay
+        if cancel is not None:
+            cancel.wait(delay)
+        else:
+            time.sleep(delay)
+        return delay
 
 
 class ProgressBoard:

@@ -20,7 +20,14 @@ from collections.abc import Callable
 
 from tiering.catalog import Catalog, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
-from tiering.moves.concurrency import Claim, FileGuards, Progress, ProgressBoard, RateLimiter
+from tiering.moves.concurrency import (
+    Claim,
+    FileGuards,
+    Progress,
+    ProgressBoard,
+    RateLimiter,
+    ServingGate,
+)
 from tiering.moves.failures import Cancelled
 from tiering.moves.recovery import RecoveryReport, recover
 from tiering.moves.steps import CHUNK, COPY_NICE, STEPS, MoveRunner, MoveSettings
@@ -37,6 +44,7 @@ __all__ = [
     "Progress",
     "RateLimiter",
     "RecoveryReport",
+    "ServingGate",
 ]
 
 
@@ -77,6 +85,8 @@ class Mover:
         self.tiers = tiers
         self.guards = guards or FileGuards()
         self.limiter = limiter or RateLimiter()
+        #: Where moves yield to serving: the engine touches it as it serves each request.
+        self.gate = ServingGate()
         # One settings object shared with the runner: ``room``, ``chunk_size`` and ``hook``
         # below are views of it, so a change made here is seen by a move at its next step.
         self.settings = MoveSettings(
@@ -90,6 +100,7 @@ class Mover:
             journal,
             tiers,
             limiter=self.limiter,
+            gate=self.gate,
             board=self._board,
             settings=self.settings,
         )

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from tiering.catalog import Catalog, FileRecord, FileState, Migration, MigrationPhase
@@ -58,6 +58,7 @@ from tiering.moves.concurrency import (
     Progress,
     ProgressBoard,
     RateLimiter,
+    ServingGate,
     lower_priority,
 )
 from tiering.moves.failures import (
@@ -117,6 +118,26 @@ class MoveSettings:
             self.hook(step)
 
 
+@dataclass
+class _Pace:
+    """A move's work since it last rested, for :class:`ServingGate`: the move rests after each
+    chunk it copies, and once at its end for its other steps (open, sync, publish, switch,
+    unlink), so every step of it yields to serving, not the copy alone."""
+
+    gate: ServingGate
+    cancel: threading.Event | None
+    since: float = field(default_factory=time.monotonic)
+
+    def rest(self) -> None:
+        """Rest (while serving is busy) for the work done since the last rest."""
+        self.gate.rest(time.monotonic() - self.since, self.cancel)
+        self.since = time.monotonic()
+
+    def restart(self) -> None:
+        """What passed since the last rest was no work (a wait for the bandwidth cap)."""
+        self.since = time.monotonic()
+
+
 class MoveRunner:
     """Runs steps 2-10 of claimed moves; all per-move state lives in one :meth:`run` call.
 
@@ -126,6 +147,8 @@ class MoveRunner:
         The engine's catalog, migration journal and tiers.
     limiter:
         The bandwidth cap shared by all migrations.
+    gate:
+        Where moves yield to serving (see :class:`ServingGate`).
     board:
         Where each running move posts its bytes copied.
     settings:
@@ -139,6 +162,7 @@ class MoveRunner:
         tiers: Tiers,
         *,
         limiter: RateLimiter,
+        gate: ServingGate,
         board: ProgressBoard,
         settings: MoveSettings,
     ) -> None:
@@ -146,6 +170,7 @@ class MoveRunner:
         self.journal = journal
         self.tiers = tiers
         self.limiter = limiter
+        self.gate = gate
         self.board = board
         self.settings = settings
 
@@ -158,6 +183,7 @@ class MoveRunner:
         """
         intent, rec = claim.intent, claim.record
         src, dst = self.tiers.get(intent.src_tier), self.tiers.get(intent.dst_tier)
+        pace = _Pace(self.gate, cancel)
         writer: Writer | None = None
         published: Published | None = None
         source: Source | None = None
@@ -219,7 +245,7 @@ class MoveRunner:
                     ) from exc
                 self.settings.at("temp_created")
                 # -- 4. copy and hash in one pass ----------------------------------------------
-                copied = self._copy(claim, source, writer, st0.size, progress, cancel)
+                copied = self._copy(claim, source, writer, st0.size, progress, pace)
                 self.settings.at("copied")
                 # -- 5. sync (with the source's mode and times, so scan sees it unchanged) ----
                 writer.sync(mode=st0.mode, times_ns=(st0.atime_ns or st0.mtime_ns, st0.mtime_ns))
@@ -290,6 +316,9 @@ class MoveRunner:
         # -- 10. done --------------------------------------------------------------------------
         retry_busy(lambda: self.journal.finish(intent.id))
         self.settings.at("done")
+        # The steps since the last chunk rest too. The move is committed and done: only the
+        # file's guard is held meanwhile (an upload or delete of this file is FileBusy).
+        pace.rest()
         return self.journal.get(intent.id) or intent
 
     def _copy(
@@ -299,7 +328,7 @@ class MoveRunner:
         writer: Writer,
         size: int,
         progress: Progress | None,
-        cancel: threading.Event | None,
+        pace: _Pace,
     ) -> int:
         """Step 4: copy and hash, on a thread of its own at ``copy_nice`` below the process.
 
@@ -314,11 +343,12 @@ class MoveRunner:
         outlives the move.
         """
         nice = self.settings.copy_nice
+        cancel = pace.cancel
         chunks = source.chunks(self.settings.chunk_size)
         try:
             if nice <= 0 or size <= self.settings.chunk_size:
                 # One chunk costs less CPU than a thread and its start: copied here.
-                return self._copy_loop(claim, chunks, writer, size, progress, cancel, None)
+                return self._copy_loop(claim, chunks, writer, size, progress, pace, None)
             first = self._next(claim, chunks, cancel, None)
             stop = threading.Event()  # set when the waiting thread is interrupted
             done: list[int] = []
@@ -329,7 +359,7 @@ class MoveRunner:
                 lowered.wait()
                 try:
                     done.append(
-                        self._copy_loop(claim, chunks, writer, size, progress, cancel, stop, first)
+                        self._copy_loop(claim, chunks, writer, size, progress, pace, stop, first)
                     )
                 except BaseException as exc:  # re-raised in the move's thread below
                     failed.append(exc)
@@ -389,13 +419,15 @@ class MoveRunner:
         writer: Writer,
         size: int,
         progress: Progress | None,
-        cancel: threading.Event | None,
+        pace: _Pace,
         stop: threading.Event | None,
         first: memoryview | None | Literal[False] = False,
     ) -> int:
-        """Write and hash ``chunks`` (after ``first``, when the caller already read it)."""
+        """Write and hash ``chunks`` (after ``first``, when the caller already read it); after
+        each chunk, rest while serving is busy (see :class:`ServingGate`)."""
         off = 0
         iid = claim.intent.id
+        cancel = pace.cancel
         chunk = self._next(claim, chunks, cancel, stop) if first is False else first
         while chunk is not None:
             n = len(chunk)
@@ -409,7 +441,9 @@ class MoveRunner:
                 progress(off, size)
             if off == n:
                 self.settings.at("copying")
+            pace.rest()
             self.limiter.acquire(n, cancel)
+            pace.restart()
             chunk = self._next(claim, chunks, cancel, stop)
         return off
 

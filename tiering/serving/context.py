@@ -177,6 +177,8 @@ class LoadContext:
         remote file, read by ranged reads without a local copy; a changed object raises
         :class:`~tiering.errors.FileChanged` here or at its first read, never stale bytes.
         """
+        # A load being served: moves yield to it, whichever copy serves it (see ServingGate).
+        self.engine.mover.gate.touch()
         if isinstance(ref, int) and not isinstance(ref, bool):
             file_id = ref
         elif isinstance(ref, str):
