@@ -21,7 +21,13 @@ from tests.conftest import LiveServer, free_port, make_settings, wait_for
 from tests.fleet.procs import TierdProcess, fleet_of
 from tiering.catalog.db import Database
 from tiering.catalog.pieces import PieceDigests, Pieces
-from tiering.fleet.peerfetch import NotHeld, PeerFailed, StaleGeneration, fetch_piece
+from tiering.fleet.peerfetch import (
+    NotHeld,
+    PeerFailed,
+    PeerHttp,
+    StaleGeneration,
+    fetch_piece,
+)
 from tiering.fleet.pieces import ALGORITHM, BadPiece, digest, spans
 from tiering.tiers.paths import RESERVED_DIR
 
@@ -136,8 +142,11 @@ def test_a_peer_serves_its_verified_copy_at_the_generation_asked(
         # A receiver with the old generation's map is told to start over at the current one.
         old = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
         stale = PieceDigests(rec["id"], gen, len(data), MiB, ALGORITHM, tuple(old), "h", 0.0)
-        with pytest.raises(StaleGeneration) as info:
-            fetch_piece(c0, h0.url, TOKEN, "llm/a.bin", stale, 0)
+        with (
+            pytest.raises(StaleGeneration) as info,
+            PeerHttp(timeout_s=30, connect_s=5, connections=1) as http,
+        ):
+            fetch_piece(http, h0.url, TOKEN, "llm/a.bin", stale, 0)
         assert info.value.current == now
 
 
@@ -162,7 +171,7 @@ def test_a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(
     pieces = PieceDigests(
         rec["id"], rec["generation"], len(data), MiB, ALGORITHM, tuple(digests), "host-0", 0.0
     )
-    with httpx.Client(timeout=30) as http:
+    with PeerHttp(timeout_s=30, connect_s=5, connections=2) as http:
         for i, (o, n) in enumerate(spans(len(data), MiB)):
             assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, i) == data[o : o + n]
         with pytest.raises(NotHeld):

@@ -40,8 +40,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-import httpx
-
 from tiering.catalog import FileRecord
 from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
@@ -52,9 +50,9 @@ from tiering.fleet.peerfetch import (
     NotHeld,
     PeerBusy,
     PeerFailed,
+    PeerHttp,
     StaleGeneration,
     fetch_piece,
-    peer_client,
 )
 from tiering.fleet.pieces import (
     ALGORITHM,
@@ -196,7 +194,7 @@ class PieceFill:
         later = Avoid(base_s=NOT_HELD_S, max_s=NOT_HELD_S)
         inflight: dict[Future[None], tuple[int, str | None]] = {}
         with (
-            peer_client(httpx.Timeout(30.0, connect=5.0), f.workers) as http,
+            PeerHttp(timeout_s=30.0, connect_s=5.0, connections=f.workers) as http,
             ThreadPoolExecutor(f.workers, thread_name_prefix="tierd-piece") as pool,
         ):
             try:
@@ -221,7 +219,7 @@ class PieceFill:
         missing: set[int],
         inflight: dict[Future[None], tuple[int, str | None]],
         pool: ThreadPoolExecutor,
-        http: httpx.Client,
+        http: PeerHttp,
         avoid: Avoid,
         down: Avoid,
         later: Avoid,
@@ -361,7 +359,7 @@ class PieceFill:
         missing.discard(index)
 
     # -- one piece -----------------------------------------------------------------------------
-    def _from_peer(self, http: httpx.Client, peer: str, url: str, index: int) -> None:
+    def _from_peer(self, http: PeerHttp, peer: str, url: str, index: int) -> None:
         m = self.map
         assert m is not None
         t0 = time.perf_counter()

@@ -21,9 +21,12 @@ fills of host copies take their pieces through :func:`fetch_piece`
 from __future__ import annotations
 
 import functools
+import json
 import ssl
+from typing import Any
+from urllib.parse import urlencode
 
-import httpx
+import urllib3
 
 from tiering.catalog.pieces import PieceDigests
 from tiering.errors import Conflict, Unavailable
@@ -36,7 +39,7 @@ __all__ = [
     "StaleGeneration",
     "fetch_piece",
     "fetch_range",
-    "peer_client",
+    "PeerHttp",
 ]
 
 ROUTE = "/v1/peer/content"
@@ -78,21 +81,73 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def peer_client(timeout: httpx.Timeout, connections: int) -> httpx.Client:
-    """An HTTP client for peer reads: ``connections`` kept open, the process's one TLS
-    context (peers on ``https`` are verified as usual)."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.Client(timeout=timeout, limits=limits, verify=_tls())
+class PeerHttp:
+    """HTTP for peer reads: a pool of ``connections`` kept open per peer, the process's one TLS
+    context (peers on ``https`` are verified as usual), and each body read straight into a
+    buffer of its announced length.
+
+    urllib3 (already here under botocore), not httpx: a piece's body arrives through
+    ``readinto`` in a few large reads, where httpx's parser hands it over 64 KiB at a time,
+    joined at the end. Measured on the 2-core machine, 8 MiB ranges from a local nginx: 1.17 ms
+    of CPU a MiB with httpx, 0.31 with this; an 8-host distribution moves 1 GiB through it."""
+
+    def __init__(self, *, timeout_s: float, connect_s: float, connections: int) -> None:
+        self._pool = urllib3.PoolManager(
+            num_pools=64,
+            maxsize=connections,
+            timeout=urllib3.Timeout(connect=connect_s, read=timeout_s),
+            retries=False,
+            ssl_context=_tls(),
+        )
+
+    def get(
+        self, url: str, params: dict[str, Any], headers: dict[str, str], length: int
+    ) -> tuple[int, dict[str, str], bytes | bytearray]:
+        """``GET url?params``: its status, headers and body. A 2xx body of ``length`` bytes is
+        read into one buffer; any other is read whole (an error's JSON), at most
+        ``length + 1`` bytes of a 2xx of another length (enough to tell it is wrong)."""
+        r = self._pool.request(
+            "GET", f"{url}?{urlencode(params)}", headers=headers, preload_content=False
+        )
+        try:
+            got = {k.lower(): v for k, v in r.headers.items()}
+            if not 200 <= r.status < 300:
+                return r.status, got, r.read(1 << 20)
+            buf = bytearray(length + 1)
+            view, n = memoryview(buf), 0
+            with view:
+                while n < len(buf):
+                    step = r.readinto(view[n:])
+                    if not step:
+                        break
+                    n += step
+            return r.status, got, buf[:n] if n != length else _trimmed(buf, length)
+        finally:
+            r.release_conn()
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    def __enter__(self) -> PeerHttp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _trimmed(buf: bytearray, length: int) -> bytearray:
+    del buf[length:]  # the one spare byte, in place: no copy of the piece
+    return buf
 
 
 def fetch_piece(
-    client: httpx.Client,
+    client: PeerHttp,
     peer: str,
     token: str,
     path: str,
     pieces: PieceDigests,
     index: int,
-) -> bytes:
+) -> bytes | bytearray:
     """Piece ``index`` of ``pieces``' generation of ``path`` from the peer at URL ``peer``,
     verified against its digest (see the module docstring for what is raised)."""
     offset, length = piece_span(index, pieces.size, pieces.piece_size)
@@ -104,7 +159,7 @@ def fetch_piece(
 
 
 def fetch_range(
-    client: httpx.Client,
+    client: PeerHttp,
     peer: str,
     token: str,
     path: str,
@@ -113,7 +168,7 @@ def fetch_range(
     length: int,
     *,
     what: str = "",
-) -> bytes:
+) -> bytes | bytearray:
     """Bytes ``[offset, offset + length)`` of ``generation`` of ``path`` from the peer at URL
     ``peer``, exactly ``length`` of them, as the peer vouches for them (its verified copy):
     unchecked here, for a receiver with no piece map (see the module docstring for what is
@@ -123,36 +178,36 @@ def fetch_range(
         headers["Range"] = f"bytes={offset}-{offset + length - 1}"
     params: dict[str, str | int] = {"path": path, "generation": generation}
     try:
-        r = client.get(peer.rstrip("/") + ROUTE, params=params, headers=headers)
-    except httpx.HTTPError as exc:
+        status, got, body = client.get(peer.rstrip("/") + ROUTE, params, headers, length)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise PeerFailed(f"peer {peer}: {exc}", peer=peer) from exc
     what = what or f"bytes {offset}+{length}"
     where = f"peer {peer}, {path!r} at generation {generation}, {what}"
-    if r.status_code == 409:
-        current = _error(r).get("generation")
+    if status == 409:
+        current = _error(body).get("generation")
         raise StaleGeneration(
             f"{where}: the file is at generation {current}",
             current if isinstance(current, int) else None,
         )
-    if r.status_code == 404 and _error(r).get("code") == "not_held":
+    if status == 404 and _error(body).get("code") == "not_held":
         raise NotHeld(f"{where}: not held there", peer=peer)
-    if r.status_code == 429:
+    if status == 429:
         raise PeerBusy(f"{where}: busy", peer=peer)
     want = 206 if length else 200
-    if r.status_code != want or r.headers.get(GENERATION_HEADER) != str(generation):
+    if status != want or got.get(GENERATION_HEADER) != str(generation):
         raise PeerFailed(
-            f"{where}: answered {r.status_code} ({_error(r).get('code', 'no error code')})",
+            f"{where}: answered {status} ({_error(body).get('code', 'no error code')})",
             peer=peer,
-            status=r.status_code,
+            status=status,
         )
-    if len(r.content) != length:
-        raise PeerFailed(f"{where}: {len(r.content)} bytes, not {length}", peer=peer)
-    return r.content
+    if len(body) != length:
+        raise PeerFailed(f"{where}: {len(body)} bytes, not {length}", peer=peer)
+    return body
 
 
-def _error(r: httpx.Response) -> dict[str, object]:
+def _error(raw: bytes | bytearray) -> dict[str, object]:
     try:
-        body = r.json()
+        body = json.loads(raw)
     except ValueError:
         return {}
     err = body.get("error") if isinstance(body, dict) else None

@@ -39,8 +39,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-
 from tiering.catalog import Copies, FileRecord
 from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
@@ -48,10 +46,10 @@ from tiering.catalog.pieces import PieceDigests, Pieces
 from tiering.errors import FileChanged
 from tiering.fleet.peerfetch import (
     PeerFailed,
+    PeerHttp,
     StaleGeneration,
     fetch_piece,
     fetch_range,
-    peer_client,
 )
 from tiering.fleet.pieces import PIECE_SIZE, Avoid, BadPiece, piece_span
 from tiering.fleet.view import UP, locate
@@ -88,7 +86,7 @@ class PeerReads:
         self.host_id = host_id
         self.token = token
         self.host_timeout_s = host_timeout_s
-        self.client = peer_client(httpx.Timeout(60.0, connect=3.0), connections)
+        self.client = PeerHttp(timeout_s=60.0, connect_s=3.0, connections=connections)
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="tierd-peer")
         self._lock = threading.Lock()
         self._avoid = Avoid()
@@ -175,7 +173,7 @@ class PeerRanges(RangeReader):
         self._fallback = fallback
         self._bucket: Source | None = None
         self._failed: set[str] = set()
-        self._kept: OrderedDict[int, bytes] = OrderedDict()
+        self._kept: OrderedDict[int, bytes | bytearray] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, view: memoryview, offset: int) -> None:
@@ -218,7 +216,7 @@ class PeerRanges(RangeReader):
             bucket.close()
 
     # -- inside ------------------------------------------------------------------------------
-    def _piece(self, index: int) -> bytes | None:
+    def _piece(self, index: int) -> bytes | bytearray | None:
         """Piece ``index``, verified: kept, or from the first peer that gives it."""
         with self._lock:
             kept = self._kept.get(index)
@@ -238,7 +236,7 @@ class PeerRanges(RangeReader):
                     self._kept.popitem(last=False)
         return data
 
-    def _from_peers(self, fetch: Callable[[str], bytes]) -> bytes | None:
+    def _from_peers(self, fetch: Callable[[str], bytes | bytearray]) -> bytes | bytearray | None:
         """``fetch(url)`` of the first peer that answers with good bytes; None when none is
         left. A changed file raises :class:`~tiering.errors.FileChanged`."""
         now = time.time()
