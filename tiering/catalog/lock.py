@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tiering.catalog.backends import SQLITE, backend_of, make_engine, redact
 from tiering.errors import Unavailable
@@ -200,7 +200,8 @@ class CatalogLock:
             self._fd = -1
         if self._conn is not None:
             conn, engine, self._conn, self._engine = self._conn, self._engine, None, None
-            with contextlib.suppress(DBAPIError):  # the server is gone, and the lock with it
+            # Any failure here means the session is gone or broken: the lock goes with it.
+            with contextlib.suppress(SQLAlchemyError):
                 # Unlocked before the session closes: a closed session's backend lets go of
                 # its locks only when it exits, a moment later on a busy server, and a tierd
                 # started at once after this one would find its host id still held.
