@@ -78,17 +78,21 @@ def test_cancel_stops_the_copy(ld: Loader, monkeypatch: pytest.MonkeyPatch) -> N
     rec = put(eng, "c.bin", os.urandom(2 * MiB - 1))
     real = os.preadv
 
-    asked = threading.Event()
+    asked, reading = threading.Event(), threading.Event()
 
     def slow(fd: int, buffers: list[memoryview], offset: int) -> int:
         # Every read waits for the cancel: on a loaded machine (the suite's other workers) a
         # read that only slept could finish the copy before the cancel came.
+        reading.set()
         asked.wait(10)
         time.sleep(0.05)
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", slow)
     job = ld.prefetch([rec.id], target="memory")
+    # The cancel comes while the copy's reads are in flight, its last one included (a fill
+    # that looked for a cancel only before each read kept the copy: seen once under load).
+    assert reading.wait(10)
     ld.jobs.cancel(job.id)
     asked.set()
     assert finished(job).state == "cancelled"

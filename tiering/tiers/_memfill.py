@@ -90,6 +90,8 @@ def read_whole(
                 progress(n)
         if pos != size:
             raise _short(source, pos, size)
+    # A cancel that came while the last chunk was read still stops the fill: nothing is kept.
+    _check(cancel)
     return hasher.value()
 
 
