@@ -41,7 +41,7 @@ def test_load_past_end(storage, f, device_empty):
         storage.load_to_gpu(f, -4096, device_empty(4096))
 
 
-@pytest.mark.parametrize("dtype", ["float7", object, "U4", "M8[s]"])
+@pytest.mark.parametrize("dtype", ["float7", object, "U4", "M8[s]", ",", "i4,("])
 def test_unknown_dtype(storage, f, dtype):
     with pytest.raises(InvalidDtype):
         storage.read(f, 0, 4096, dtype=dtype)

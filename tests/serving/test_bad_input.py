@@ -109,6 +109,13 @@ CASES = [
         "invalid_dtype",
     ),
     (
+        "a comma, which NumPy parses as a field list with ast (the fuzzer's SyntaxError)",
+        "/v1/load",
+        lambda e: {"file_id": _f(e, "odd.bin"), "dtype": ","},
+        422,
+        "invalid_dtype",
+    ),
+    (
         "shape mismatch",
         "/v1/load",
         lambda e: {"file_id": _f(e, "m.bin"), "dtype": "float32", "shape": [3, 3]},

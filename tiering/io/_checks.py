@@ -28,7 +28,8 @@ def parse_dtype(dtype: Any) -> np.dtype[Any]:
     """``dtype`` as a NumPy dtype whose items can be read from raw bytes."""
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
-    except TypeError as exc:
+    # NumPy parses comma strings ("i4,f8") with ast: "," is a SyntaxError, not a TypeError.
+    except (TypeError, ValueError, SyntaxError) as exc:
         raise InvalidDtype(f"not a dtype: {dtype!r}", dtype=str(dtype)) from exc
     if dt.hasobject or dt.itemsize == 0 or dt.kind in "OSUMm":
         raise InvalidDtype(f"dtype {dt} cannot be read from raw bytes", dtype=str(dt))

@@ -25,7 +25,8 @@ def parse_dtype(spec: str) -> np.dtype[Any]:
     """
     try:
         dt: np.dtype[Any] = np.dtype(spec)
-    except (TypeError, ValueError) as exc:
+    # NumPy parses comma strings ("i4,f8") with ast: "," is a SyntaxError, not a TypeError.
+    except (TypeError, ValueError, SyntaxError) as exc:
         raise InvalidDtype(f"not a dtype: {spec!r}", dtype=str(spec)) from exc
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise InvalidDtype(f"dtype {spec!r} is not a plain numeric dtype", dtype=str(spec))
