@@ -92,6 +92,7 @@ def test_two_device_rows_and_a_wrong_expectation(tmp_path: Path) -> None:
     assert report.rows == {} and "2 GPUs" in report.setup["two_gpu"]
 
 
+@pytest.mark.slow  # two more gloo ranks (10 s); the rows' own test above runs in every suite
 def test_a_failed_rank_is_a_printable_note(tmp_path: Path) -> None:
     """A rank that fails gives its row no figure and the error as its note, which the table
     prints as it is (gloo's errors hold "[/path:line]", which rich would take for markup)."""
