@@ -149,12 +149,16 @@ def fleet_of(
     bucket: str,
     settings: Mapping[str, Any] | None = None,
     endpoints: Mapping[int, str] | None = None,
+    memory_bytes: int = 0,
 ) -> Iterator[list[TierdProcess]]:
     """``n`` tierd processes, ``host-0`` ... , each with an ``nvme`` directory tier of its own
     above the shared bucket tier ``s3``, on one catalog; the first started alone (it upgrades
     the schema), then the others together; stopped at the end whatever happened.
     ``endpoints`` gives a host another way to the bucket (a fault proxy in front of the same
-    server)."""
+    server); ``memory_bytes``, a memory tier of that quota above them on every host."""
+    memory = (
+        [{"name": "ram", "kind": "memory", "quota_bytes": memory_bytes}] if memory_bytes else []
+    )
     procs = []
     for i in range(n):
         root = base / f"host-{i}"
@@ -167,6 +171,7 @@ def fleet_of(
                     "heartbeat_interval_s": 0.2,
                     "access_flush_interval_s": 0.1,
                     "tiers": [
+                        *memory,
                         {"name": "nvme", "path": str(root / "nvme")},
                         object_tier((endpoints or {}).get(i, endpoint), bucket),
                     ],

@@ -3,7 +3,8 @@ host 2 reaching the bucket through a fault proxy. Host 0 holds a verified copy o
 load of it on a host that holds nothing reads host 0's copy (``source`` ``peer``), the bucket
 sending nothing, each piece checked against the catalog's piece map where there is one; with
 the bucket down, host 2 still loads it from host 0; a killed peer is passed over for another
-one; a piece that rotted on a peer's disk is caught by its digest and read from the bucket."""
+one; a piece that rotted on a peer's disk is caught by its digest and read from the bucket.
+A fill of the memory tier reads a peer's copy too, the bucket down."""
 
 from __future__ import annotations
 
@@ -188,3 +189,41 @@ def test_loads_read_a_peers_copy_even_with_the_bucket_down(
     finally:
         reads.close()
         db.dispose()
+
+
+def test_a_memory_fill_reads_a_peers_copy_with_the_bucket_down(
+    tmp_path: Path,
+    pg_url: str,
+    moto_endpoint: str,
+    s3_bucket: str,
+    s3_client: Any,
+    s3_env: Any,
+    fault_proxy: FaultProxy,
+) -> None:
+    for rel, data in MODEL.items():
+        s3_client.put_object(Bucket=s3_bucket, Key=f"models/{rel}", Body=data)
+    settings = {"fleet_token": TOKEN, "fleet_poll_interval_s": 0.1, "memory_floor_bytes": 0}
+    with fleet_of(
+        tmp_path, 2, catalog_url=pg_url, endpoint=moto_endpoint, bucket=s3_bucket,
+        settings=settings, endpoints={1: fault_proxy.url}, memory_bytes=16 * MiB,
+    ) as (h0, h1):  # fmt: skip
+        _prefetch_on(h0, "host-0")
+        down = fault_proxy.fail("reset", times=1 << 30)  # host 1 reaches no bucket
+        received = _metric(h1, RECEIVED)
+        with h1.client() as c:
+            r = c.post("/v1/prefetch", json={"paths": list(MODEL), "target": "memory"})
+            assert r.status_code == 202, r.text
+
+            def done() -> dict[str, Any] | None:
+                doc: dict[str, Any] = c.get(f"/v1/jobs/{r.json()['id']}").json()
+                return doc if doc["state"] not in ("queued", "running") else None
+
+            job = wait_for(done, timeout=60, what="the memory prefetch")
+            assert job["state"] == "done", job
+        assert _metric(h1, RECEIVED) == received + sum(len(v) for v in MODEL.values())
+        # Host 1's memory holds the model, every byte the bucket's, and serves it (a copy of
+        # a shared file is current by the catalog's ETag: the bucket is not asked).
+        for rel, want in MODEL.items():
+            assert _load(h1, rel) == ("memory", want)
+        with fault_proxy.state.lock:
+            fault_proxy.state.rules.remove(down)

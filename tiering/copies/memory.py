@@ -33,7 +33,7 @@ from tiering.periodic import Periodic
 from tiering.placement.cache import CachedCopy, CachePlan, plan_cache
 from tiering.placement.fleetheat import LocalHeat, heat_for_promotion, local_heat
 from tiering.placement.policy import Policy
-from tiering.tiers import FillCancelled, MemoryEntry, MemoryTier
+from tiering.tiers import FillCancelled, MemoryEntry, MemoryTier, Source
 
 __all__ = ["CachePassReport", "MemoryCache"]
 
@@ -91,6 +91,10 @@ class MemoryCache:
         self._pressure = Periodic(self.relieve_pressure, pressure_interval_s, "tierd-memory-watch")
         self.passes = 0
         self.last_pass: CachePassReport | None = None
+        #: Another host's verified copy of a shared file, as a source (None: no peer holds
+        #: the whole current generation). Set by the serving layer, which holds the fleet's
+        #: peer reads: a fill reads peers before the bucket, as loads do.
+        self.peer_source: Callable[[FileRecord], Source | None] | None = None
 
     @classmethod
     def build(
@@ -269,11 +273,20 @@ class MemoryCache:
     ) -> MemoryEntry:
         assert self._files is not None
         limit = (lambda n: self.limiter.acquire(n, stop)) if throttle else None
-        content = self._files.open_content(rec.id)
-        with content.source as source:
-            if content.record.generation != rec.generation:
-                raise FileChanged(f"{rec.relpath!r} changed before it was copied into memory")
-            checksum = self.tier.fill(entry, source, cancel=stop, throttle=limit, progress=progress)
+        peer = self.peer_source(rec) if self.peer_source is not None else None
+        if peer is not None:  # checked below against the catalog's checksum, as any source
+            with peer:
+                checksum = self.tier.fill(
+                    entry, peer, cancel=stop, throttle=limit, progress=progress
+                )
+        else:
+            content = self._files.open_content(rec.id)
+            with content.source as source:
+                if content.record.generation != rec.generation:
+                    raise FileChanged(f"{rec.relpath!r} changed before it was copied into memory")
+                checksum = self.tier.fill(
+                    entry, source, cancel=stop, throttle=limit, progress=progress
+                )
         if rec.checksum is not None and checksum != rec.checksum:
             raise IntegrityError(
                 f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum (read "

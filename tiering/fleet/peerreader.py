@@ -287,7 +287,11 @@ class PeerSource(Source):
 
     def __init__(self, rec: FileRecord, ranges: PeerRanges) -> None:
         self.relpath = rec.relpath
-        self.stat = Stat(size=rec.size, mtime_ns=rec.mtime_ns, version=ranges.version)
+        # The catalog's ETag: the bytes are its generation's (each request names it, every
+        # piece or the whole copy checked), so a copy made from them is a copy of that object.
+        self.stat = Stat(
+            size=rec.size, mtime_ns=rec.mtime_ns, version=ranges.version, etag=rec.etag
+        )
         self._ranges = ranges
 
     @property

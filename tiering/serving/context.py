@@ -77,6 +77,8 @@ class LoadContext:
             if cfg.fleet_token
             else None
         )
+        if self.peers is not None and engine.memory is not None:
+            engine.memory.peer_source = self.peer_source  # memory fills read peers too
 
     def _record_access(self, file_id: int) -> None:
         assert self.engine.access is not None
@@ -97,6 +99,9 @@ class LoadContext:
         for s in storages:
             s.close()
         if self.peers is not None:
+            memory = self.engine.memory
+            if memory is not None and memory.peer_source == self.peer_source:
+                memory.peer_source = None
             self.peers.close()
 
     # -- devices -----------------------------------------------------------------------------
@@ -198,7 +203,7 @@ class LoadContext:
                     yield opened, file_id
                 return
         if copies != "none" and self.peers is not None:
-            opened = self._open_peer(file_id, storage, self.peers)
+            opened = self._open_peer(file_id, storage)
             if opened is not None:
                 with opened:
                     yield opened, file_id
@@ -279,14 +284,14 @@ class LoadContext:
         self.engine.access.record(file_id)
         return f
 
-    def _open_peer(
-        self, file_id: int, storage: GpuDirectStorage, peers: PeerReads
-    ) -> GdsFile | None:
+    def peer_source(self, rec: FileRecord) -> PeerSource | None:
         """A fleet's shared file read from the peers that hold its current generation whole
-        (see :mod:`tiering.fleet.peerreader`), opened for ``storage`` as a remote file of its
-        tier; counts one access. None: not a shared file, or no peer holds it."""
-        rec = self.engine.catalog.get(file_id)  # not cached: a peer serves only the current
-        if rec.host is not None or rec.state not in (FileState.STABLE, FileState.MIGRATING):
+        (see :mod:`tiering.fleet.peerreader`; the bucket for what no peer gives). None: not a
+        shared file, no peer holds it, or no peer reads on this host."""
+        peers = self.peers
+        if peers is None or rec.host is not None:
+            return None
+        if rec.state not in (FileState.STABLE, FileState.MIGRATING):
             return None
         tier = self.engine.tiers.get(rec.tier)
         if not tier.capabilities.shared:
@@ -299,9 +304,16 @@ class LoadContext:
         except Exception as exc:  # peers are a faster way, never the only one: the bucket
             log.warning("no peer read of %s: %s", rec.relpath, exc)
             return None
-        if ranges is None:
+        return None if ranges is None else PeerSource(rec, ranges)
+
+    def _open_peer(self, file_id: int, storage: GpuDirectStorage) -> GdsFile | None:
+        """:meth:`peer_source` of the file, opened for ``storage`` as a remote file of its
+        tier; counts one access."""
+        rec = self.engine.catalog.get(file_id)  # not cached: a peer serves only the current
+        source = self.peer_source(rec)
+        if source is None:
             return None
-        source = PeerSource(rec, ranges)
+        tier = self.engine.tiers.get(rec.tier)
         try:
             f = storage.open_source(source, tier=tier.name, rank=tier.rank)  # it owns source
         except BaseException:
