@@ -61,6 +61,9 @@ def test_expected_digests_are_chunks_of_the_tensors(tmp_path: Path) -> None:
         expected_digests(paths, 2, "pipeline")
 
 
+# Two gloo ranks, each importing torch and loading over REST: ~20 CPU-seconds on the 2-core CI
+# machine, the suite's tightest budget. The per-rank checks above run in every suite.
+@pytest.mark.slow
 def test_two_device_rows_and_a_wrong_expectation(tmp_path: Path) -> None:
     """``tierd bench models``' two-GPU rows, run on two ``cpu`` ranks: tierd per rank over
     REST, fastsafetensors where installed, their ratio; then a wrong checksum is caught."""
