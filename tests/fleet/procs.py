@@ -46,20 +46,23 @@ class TierdProcess:
     def __init__(self, root: Path, host_id: str, settings: Mapping[str, Any]) -> None:
         self.root = root
         self.host_id = host_id
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         root.mkdir(parents=True, exist_ok=True)
         self.log = root / "tierd.log"
         self.settings = {
             "data_dir": str(root),
             "host": "127.0.0.1",
-            "port": self.port,
             "host_id": host_id,
-            "advertise_url": self.url,
             "watch": False,
             **settings,
         }
+        self._new_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_at = 0
+
+    def _new_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.settings.update(port=self.port, advertise_url=self.url)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
@@ -74,6 +77,7 @@ class TierdProcess:
         """Start the process; :meth:`wait_ready` waits for it to serve."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
         with self.log.open("ab") as log:
+            self._log_at = log.tell()
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _CODE, "serve"],
                 stdout=log,
@@ -87,6 +91,12 @@ class TierdProcess:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
+            if self.proc.poll() is not None and self._lost_port():
+                # Another process (an xdist worker's) took the free port between free_port()
+                # and this server's bind: the same host again on another port.
+                self._new_port()
+                self.launch()
+                continue
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"tierd {self.host_id} exited {self.proc.returncode}:\n{self.log_tail()}"
@@ -100,6 +110,14 @@ class TierdProcess:
                 self.kill9()
                 raise AssertionError(f"tierd {self.host_id} did not start:\n{self.log_tail()}")
             time.sleep(0.05)
+
+    def _lost_port(self) -> bool:
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self._log_at)
+                return b"address already in use" in f.read()
+        except OSError:
+            return False
 
     def kill9(self) -> None:
         """SIGKILL, as a crash: nothing of tierd's runs after it."""
