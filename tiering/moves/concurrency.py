@@ -44,6 +44,9 @@ class Claim:
     done: threading.Event = field(default_factory=threading.Event)
     result: Migration | None = None
     error: BaseException | None = None
+    #: Seconds of the move's last steps not rested for yet (see :class:`ServingGate`): rested
+    #: after the file's guard is let go, so the file is not busy meanwhile.
+    owed_rest_s: float = 0.0
 
 
 class FileGuards:

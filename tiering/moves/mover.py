@@ -221,6 +221,8 @@ class Mover:
             self._board.pop(claim.intent.id)
             self.guards.release(claim.record.id)
             claim.done.set()
+            if claim.owed_rest_s > 0:  # this mover thread yields to serving, the file free
+                self.gate.rest(claim.owed_rest_s, cancel)
 
     # -- recovery ----------------------------------------------------------------------------
     def recover(self) -> RecoveryReport:

@@ -316,9 +316,10 @@ class MoveRunner:
         # -- 10. done --------------------------------------------------------------------------
         retry_busy(lambda: self.journal.finish(intent.id))
         self.settings.at("done")
-        # The steps since the last chunk rest too. The move is committed and done: only the
-        # file's guard is held meanwhile (an upload or delete of this file is FileBusy).
-        pace.rest()
+        # The steps since the last chunk rest too, once the file's guard is let go (the mover
+        # rests after its run): a rest holding it kept the file busy, and a planner pass then
+        # skipped it (a pin's move waited for the next periodic pass).
+        claim.owed_rest_s = time.monotonic() - pace.since
         return self.journal.get(intent.id) or intent
 
     def _copy(

@@ -206,6 +206,7 @@ class Scheduler:
     # -- the thread --------------------------------------------------------------------------
     def _loop(self) -> None:
         next_pass = time.monotonic() + self._interval()
+        owed = False  # a wake that came while moves ran: its pass runs when they end
         while not self._stopped.is_set():
             with self._cv:
                 self._dispatch()
@@ -216,12 +217,17 @@ class Scheduler:
                 woken, self._wake = self._wake, False
             if self._stopped.is_set():
                 break
-            if woken or time.monotonic() >= next_pass:
+            if woken or owed or time.monotonic() >= next_pass:
                 next_pass = time.monotonic() + self._interval()
                 try:
                     self._check_host()
                     policy = self._policy()
-                    if policy.enabled and not self.busy():
+                    if policy.enabled and self.busy():
+                        # Kept, not dropped: a pin arriving while the last moves finish would
+                        # otherwise wait a whole interval. A worker's end notifies this loop.
+                        owed = owed or woken
+                    elif policy.enabled:
+                        owed = False
                         self.run_pass(policy)
                     self._resume()
                 except CatalogUnreachable as exc:
