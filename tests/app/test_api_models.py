@@ -177,9 +177,14 @@ def test_load_all_into_cpu(root: Path) -> None:
         ] == [{k: v for k, v in t.items() if k not in strip} for t in same["tensors"].values()]
         for b in raw["buffers"] + same["buffers"]:
             data.release(b["buffer_id"])
+
         # Every load counts one access of each shard it read (and of the index): heat.
-        wait_for(lambda: data.models()[0]["heat_max"] >= 2.9, what="accesses counted")
-        assert data.models()[0]["heat_sum"] >= 5.8
+        # Accesses reach the catalog in batches: wait for all of them, not the first.
+        def counted() -> bool:
+            m = data.models()[0]
+            return bool(m["heat_max"] >= 2.9 and m["heat_sum"] >= 5.8)
+
+        wait_for(counted, what="accesses counted")
 
 
 def test_load_names_and_prefix(root: Path) -> None:
