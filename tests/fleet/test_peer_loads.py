@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from sqlalchemy import delete
@@ -56,18 +57,24 @@ def three(
         yield procs
 
 
+def _job_done(c: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    """POST ``body`` to ``path`` (a job-starting route), wait for the job, and check it done."""
+    r = c.post(path, json=body)
+    assert r.status_code == 202, r.text
+    jobs = "/v1/fleet/jobs" if path.startswith("/v1/fleet/") else "/v1/jobs"
+
+    def done() -> dict[str, Any] | None:
+        doc: dict[str, Any] = c.get(f"{jobs}/{r.json()['id']}").json()
+        return doc if doc["state"] not in ("queued", "running") else None
+
+    doc = wait_for(done, timeout=60, what=f"the job of {path}")
+    assert doc["state"] == "done", doc
+
+
 def _prefetch_on(p: TierdProcess, host: str) -> None:
     with p.client() as c:
-        r = c.post("/v1/fleet/prefetch", json={"paths": list(MODEL), "hosts": [host],
-                                               "target": "nvme"})  # fmt: skip
-        assert r.status_code == 202, r.text
-
-        def done() -> dict[str, Any] | None:
-            doc: dict[str, Any] = c.get(f"/v1/fleet/jobs/{r.json()['id']}").json()
-            return doc if doc["state"] not in ("queued", "running") else None
-
-        doc = wait_for(done, timeout=60, what="the prefetch")
-        assert doc["state"] == "done", doc
+        _job_done(c, "/v1/fleet/prefetch",
+                  {"paths": list(MODEL), "hosts": [host], "target": "nvme"})  # fmt: skip
 
 
 def _load(p: TierdProcess, rel: str) -> tuple[str, bytes]:
@@ -211,15 +218,7 @@ def test_a_memory_fill_reads_a_peers_copy_with_the_bucket_down(
         down = fault_proxy.fail("reset", times=1 << 30)  # host 1 reaches no bucket
         received = _metric(h1, RECEIVED)
         with h1.client() as c:
-            r = c.post("/v1/prefetch", json={"paths": list(MODEL), "target": "memory"})
-            assert r.status_code == 202, r.text
-
-            def done() -> dict[str, Any] | None:
-                doc: dict[str, Any] = c.get(f"/v1/jobs/{r.json()['id']}").json()
-                return doc if doc["state"] not in ("queued", "running") else None
-
-            job = wait_for(done, timeout=60, what="the memory prefetch")
-            assert job["state"] == "done", job
+            _job_done(c, "/v1/prefetch", {"paths": list(MODEL), "target": "memory"})
         assert _metric(h1, RECEIVED) == received + sum(len(v) for v in MODEL.values())
         # Host 1's memory holds the model, every byte the bucket's, and serves it (a copy of
         # a shared file is current by the catalog's ETag: the bucket is not asked).

@@ -273,20 +273,16 @@ class MemoryCache:
     ) -> MemoryEntry:
         assert self._files is not None
         limit = (lambda n: self.limiter.acquire(n, stop)) if throttle else None
-        peer = self.peer_source(rec) if self.peer_source is not None else None
-        if peer is not None:  # checked below against the catalog's checksum, as any source
-            with peer:
-                checksum = self.tier.fill(
-                    entry, peer, cancel=stop, throttle=limit, progress=progress
-                )
-        else:
+        # A peer's verified copy first; checked below against the catalog's checksum, as any.
+        source = self.peer_source(rec) if self.peer_source is not None else None
+        if source is None:
             content = self._files.open_content(rec.id)
-            with content.source as source:
-                if content.record.generation != rec.generation:
-                    raise FileChanged(f"{rec.relpath!r} changed before it was copied into memory")
-                checksum = self.tier.fill(
-                    entry, source, cancel=stop, throttle=limit, progress=progress
-                )
+            source = content.source
+            if content.record.generation != rec.generation:
+                source.close()
+                raise FileChanged(f"{rec.relpath!r} changed before it was copied into memory")
+        with source:
+            checksum = self.tier.fill(entry, source, cancel=stop, throttle=limit, progress=progress)
         if rec.checksum is not None and checksum != rec.checksum:
             raise IntegrityError(
                 f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum (read "
