@@ -204,7 +204,12 @@ def _network_doc(report: Any, counts: tuple[int, ...]) -> dict[str, Any]:
     return doc
 
 
-def test_network_mode_on_loopback(tmp_path: Path, pg_url: str) -> None:
+def test_network_mode_on_loopback(
+    tmp_path: Path, pg_url: str, request: pytest.FixtureRequest
+) -> None:
+    if why_no_netns() is None and not request.config.getoption("--runslow"):
+        # Suite time: the namespace test below runs the same distribution, on shaped links.
+        pytest.skip("network namespaces are here: the namespace test covers it (--runslow)")
     report = fleetnet.run(
         128 << 10, 2, (1, 2), 1, netns=False, poll_interval=0.2, catalog_url=pg_url,
         directory=tmp_path,

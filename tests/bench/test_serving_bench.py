@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tests.conftest import LiveServer, make_settings
 from tests.helpers import cli_text
-from tierd_bench.serving import KINDS, run
+from tierd_bench.serving import KINDS, _set_policy, run
 
 from .test_cli_bench import run_to_json
 
@@ -40,9 +41,13 @@ def test_bench_serving_reports_both_phases_and_the_ratios(tmp_path: Path) -> Non
 
 
 def test_bench_serving_keeps_the_policys_cap_by_default(tmp_path: Path) -> None:
-    report = run(0.5, repeats=1, clients=2, movers=1, move_size=128 << 10, directory=tmp_path)
-    assert report.setup["cap_bytes_per_s"] == 256 << 20  # the policy's default
-    assert "capped at 256 MiB/s" in report.title
+    # The bench's policy step against a tierd in-process (a whole run takes ~10 s of suite).
+    with LiveServer(make_settings(tmp_path / "data", watch=False)) as srv, srv.client() as http:
+        assert _set_policy(http, "policy", 3) == 256 << 20  # the policy's default
+        doc = http.get("/v1/policy").json()["policy"]
+        assert doc["enabled"] is False and doc["concurrency"] >= 3
+        assert _set_policy(http, 0, 1) is None
+        assert _set_policy(http, 64, 1) == 64 << 20
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,62 @@ def _prefetch_on(p: TierdProcess, host: str) -> None:
         assert doc["state"] == "done", doc
 
 
-def test_a_peer_serves_its_verified_copy_at_the_generation_asked(
+def test_peer_reads_on_three_hosts(
+    three: list[TierdProcess], s3_client: Any, s3_bucket: str, pg_url: str
+) -> None:
+    """Two parts on one fleet (suite time: a fleet of three takes about 15 s to start)."""
+    _a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(three, pg_url)
+    _a_peer_serves_its_verified_copy_at_the_generation_asked(three, s3_client, s3_bucket)
+
+
+def _a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(
+    three: list[TierdProcess], pg_url: str
+) -> None:
+    h0, h1, _ = three
+    _prefetch_on(h0, "host-0")
+    data = MODEL["llm/a.bin"]
+    with h0.client() as c0:
+        rec = _record(c0, "llm/a.bin")
+    # The fill recorded the generation's map from the bucket's bytes, final once it matched.
+    db = Database(pg_url)
+    try:
+        recorded = Pieces(db).map(rec["id"], rec["generation"])
+    finally:
+        db.dispose()
+    assert recorded is not None and recorded.final and recorded.recorded_by == "host-0"
+    assert recorded.digests == (digest(data),)  # one 8 MiB piece
+    # Smaller pieces make the test's point (1 MiB: four, the last short).
+    digests = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
+    pieces = PieceDigests(
+        rec["id"], rec["generation"], len(data), MiB, ALGORITHM, tuple(digests), "host-0", 0.0
+    )
+    with PeerHttp(timeout_s=30, connect_s=5, connections=2) as http:
+        for i, (o, n) in enumerate(spans(len(data), MiB)):
+            assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, i) == data[o : o + n]
+        with pytest.raises(NotHeld):
+            fetch_piece(http, h1.url, TOKEN, "llm/a.bin", pieces, 0)
+        with pytest.raises(PeerFailed) as refused:
+            fetch_piece(http, h0.url, "not-the-credential", "llm/a.bin", pieces, 0)
+        assert refused.value.details["status"] == 401
+        with pytest.raises(PeerFailed):
+            fetch_piece(http, f"http://127.0.0.1:{free_port()}", TOKEN, "llm/a.bin", pieces, 0)
+        # The peer's copy rots on its disk: it serves the wrong bytes, the digest catches them.
+        copy = h0.root / "nvme" / RESERVED_DIR / f"{rec['id']}.{rec['generation']}"
+        with copy.open("r+b") as f:
+            f.seek(2 * MiB + 100)
+            good = f.read(1)
+            f.seek(2 * MiB + 100)
+            f.write(bytes([good[0] ^ 0xFF]))
+        with pytest.raises(BadPiece) as bad:
+            fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 2)
+        assert bad.value.index == 2
+        assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 1) == data[MiB : 2 * MiB]
+        with copy.open("r+b") as f:  # healed, for the next part on the same fleet
+            f.seek(2 * MiB + 100)
+            f.write(good)
+
+
+def _a_peer_serves_its_verified_copy_at_the_generation_asked(
     three: list[TierdProcess], s3_client: Any, s3_bucket: str
 ) -> None:
     h0, h1, h2 = three
@@ -148,50 +203,6 @@ def test_a_peer_serves_its_verified_copy_at_the_generation_asked(
         ):
             fetch_piece(http, h0.url, TOKEN, "llm/a.bin", stale, 0)
         assert info.value.current == now
-
-
-def test_a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(
-    three: list[TierdProcess], pg_url: str
-) -> None:
-    h0, h1, _ = three
-    _prefetch_on(h0, "host-0")
-    data = MODEL["llm/a.bin"]
-    with h0.client() as c0:
-        rec = _record(c0, "llm/a.bin")
-    # The fill recorded the generation's map from the bucket's bytes, final once it matched.
-    db = Database(pg_url)
-    try:
-        recorded = Pieces(db).map(rec["id"], rec["generation"])
-    finally:
-        db.dispose()
-    assert recorded is not None and recorded.final and recorded.recorded_by == "host-0"
-    assert recorded.digests == (digest(data),)  # one 8 MiB piece
-    # Smaller pieces make the test's point (1 MiB: four, the last short).
-    digests = [digest(data[o : o + n]) for o, n in spans(len(data), MiB)]
-    pieces = PieceDigests(
-        rec["id"], rec["generation"], len(data), MiB, ALGORITHM, tuple(digests), "host-0", 0.0
-    )
-    with PeerHttp(timeout_s=30, connect_s=5, connections=2) as http:
-        for i, (o, n) in enumerate(spans(len(data), MiB)):
-            assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, i) == data[o : o + n]
-        with pytest.raises(NotHeld):
-            fetch_piece(http, h1.url, TOKEN, "llm/a.bin", pieces, 0)
-        with pytest.raises(PeerFailed) as refused:
-            fetch_piece(http, h0.url, "not-the-credential", "llm/a.bin", pieces, 0)
-        assert refused.value.details["status"] == 401
-        with pytest.raises(PeerFailed):
-            fetch_piece(http, f"http://127.0.0.1:{free_port()}", TOKEN, "llm/a.bin", pieces, 0)
-        # The peer's copy rots on its disk: it serves the wrong bytes, the digest catches them.
-        copy = h0.root / "nvme" / RESERVED_DIR / f"{rec['id']}.{rec['generation']}"
-        with copy.open("r+b") as f:
-            f.seek(2 * MiB + 100)
-            good = f.read(1)
-            f.seek(2 * MiB + 100)
-            f.write(bytes([good[0] ^ 0xFF]))
-        with pytest.raises(BadPiece) as bad:
-            fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 2)
-        assert bad.value.index == 2
-        assert fetch_piece(http, h0.url, TOKEN, "llm/a.bin", pieces, 1) == data[MiB : 2 * MiB]
 
 
 # -- in-process: memory, no credential configured, bad input --------------------------------------
