@@ -310,12 +310,15 @@ def bench_codec(
     threads: Annotated[
         int | None, typer.Option("--threads", help="Threads of the all-cores figures.", min=1)
     ] = None,
+    device: DeviceOpt = "auto",
     json_path: JsonOpt = None,
 ) -> None:
-    """tierd's compressed format on this CPU: ratio, encode and decode GB/s, against a raw read."""
+    """tierd's compressed format: ratio, CPU encode and decode GB/s against a raw read, and on
+    a GPU loads decoded there (nvCOMP) against plain ones."""
     from tierd_bench.codec import run
 
-    report = run(_size(size, minimum=8 << 20), repeats=repeats, threads=threads, say=progress())
+    nbytes = _size(size, minimum=8 << 20)
+    report = run(nbytes, repeats=repeats, threads=threads, device=device, say=progress())
     _finish(report, json_path)
 
 

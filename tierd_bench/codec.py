@@ -7,7 +7,9 @@ distributed, in a safetensors file of a few tensors), it reports:
 - CPU encode and decode in GB/s of logical (model) bytes and of stored bytes, on one core
   and on every core (chunks spread over a thread pool: zstd releases the GIL);
 - in the same run, a plain read of the same logical bytes from the page cache, the path a
-  compressed tier replaces.
+  compressed tier replaces;
+- on a GPU (``--device``), loads into it: plain, decoded on the GPU by nvCOMP, and decoded on
+  the host (:mod:`tierd_bench._codec_gpu`).
 
 Every decode is checked equal to the input.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._measure import MiB, format_size, gbps, timed
+from ._measure import MiB, default_device, format_size, gbps, timed
 from ._report import BenchRow, Report
 
 __all__ = ["run", "synthetic_bf16"]
@@ -59,16 +61,21 @@ def run(
     *,
     repeats: int = 3,
     threads: int | None = None,
+    device: str = "cpu",
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
-    """Measure the codec on a ``size``-byte synthetic bf16 checkpoint (see the module)."""
+    """Measure the codec on a ``size``-byte synthetic bf16 checkpoint (see the module); with a
+    ``cuda:N`` device (``auto``: one when there is a GPU), also loads into it
+    (:mod:`tierd_bench._codec_gpu`)."""
     from tiering.codec import CHUNK, CODEC, LEVEL, Container, encode_bytes, encode_chunk
     from tiering.codec import two_byte_spans as spans_of
 
     if size < CHUNK or repeats < 1:
         raise ValueError(f"size must be at least {format_size(CHUNK)}, repeats at least 1")
     cores = threads or os.cpu_count() or 1
+    device = default_device() if device == "auto" else device
     setup = {"size_bytes": size, "repeats": repeats, "threads": cores, "codec": CODEC}
+    setup["device"] = device
     setup |= {"zstd_level": LEVEL, "chunk_bytes": CHUNK, "weights": "Normal(0, 0.02) bf16"}
     report = Report(
         "codec",
@@ -133,6 +140,10 @@ def run(
     say("reading through tiers")
     _tier_reads(report, data, repeats, say)
     report.compare("read_compressed", "read_raw")
+    if device.startswith("cuda"):
+        from ._codec_gpu import gpu_rows
+
+        gpu_rows(report, data, device, repeats, say)
     return report
 
 

@@ -47,3 +47,18 @@ def test_the_synthetic_checkpoint_is_bf16_safetensors() -> None:
     n = int.from_bytes(data[:8], "little")
     assert (8 + n) % 8 == 0
     assert two_byte_spans(data) == [(8 + n, len(data))]
+
+
+@pytest.mark.gpu
+def test_codec_bench_on_a_gpu_loads_plain_decoded_there_and_on_the_host() -> None:
+    from tests.io.conftest import cuda_ok
+
+    if not cuda_ok():
+        pytest.skip("needs CuPy and a CUDA device")
+    report = run(24 << 20, repeats=1, threads=2, device="cuda:0")
+    rows = report.rows
+    for key in ("gpu_ceiling", "gpu_plain", "gpu_host_decode"):
+        assert rows[key].value is not None and rows[key].value > 0, key
+    if report.setup["gpu_decode"] == "nvCOMP":
+        assert rows["gpu_nvcomp"].vs == "gpu_plain"
+        assert rows["gpu_nvcomp"].value is not None and "nvcomp" in (rows["gpu_nvcomp"].note or "")

@@ -105,8 +105,8 @@ def test_a_copy_that_does_not_decode_is_never_published(
     seen = [0]
 
     def flaky(fd: int, data: bytes | memoryview) -> int:
-        seen[0] += 1
-        if seen[0] == 3:  # inside the container's chunks
+        seen[0] += len(data) > 4096
+        if seen[0] == 2 and len(data) > 4096:  # inside the container's chunks
             bad = bytearray(data)
             bad[len(bad) // 2] ^= 1
             return real_write(fd, bytes(bad))

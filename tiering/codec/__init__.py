@@ -8,9 +8,10 @@ interleaved bytes gets about 0.8. Slow tiers then read a third fewer bytes per m
 Layout of a container (all integers little-endian)::
 
     MAGIC (8 bytes: \\x89 T I E R D Z \\n)
-    chunk 0 stored bytes | chunk 1 stored bytes | ...
-    index: one 24-byte entry per chunk (kind u8, 3 pad, stored length u32,
-           stored offset u64, xxh3-64 of the chunk's logical bytes u64)
+    chunk 0 stored bytes | chunk 1 stored bytes | ...   (each starting at a multiple of 16)
+    index: one 32-byte entry per chunk (kind u8, 3 pad, stored length u32,
+           stored offset u64, xxh3-64 of the chunk's logical bytes u64,
+           xxh3-64 of its stored bytes u64)
     footer, 64 bytes: MAGIC, version u16, flags u16, chunk size u32, logical size u64,
            chunk count u64, index offset u64, index length u64, index xxh3-64 u64,
            then the xxh3-64 of those 56 bytes
@@ -27,7 +28,9 @@ Layout of a container (all integers little-endian)::
   standard frames with their content size: nvCOMP's batched Zstd decoder can take every frame
   of a range as one batch on the GPU, and ``zstandard`` decodes the same frames on the CPU.
 - Every chunk decoded is checked against its digest: a damaged file is an error naming it and
-  the chunk (:class:`CorruptContainer`), never wrong bytes.
+  the chunk (:class:`CorruptContainer`), never wrong bytes. A decoder on the GPU (where the
+  logical bytes never reach the host) checks the digest of the stored bytes before it moves
+  them instead: the writer published them only after they decoded back to the logical bytes.
 - A file under :data:`MIN_SIZE`, or whose first :data:`PROBE` bytes gain under
   :data:`MIN_GAIN`, is not put in a container at all (:class:`Encoder` passes it through).
 

@@ -19,6 +19,7 @@ from tiering.codec._format import (
     Footer,
     Kind,
     digest,
+    frame_spans,
     read_frame_table,
     unpack_index,
 )
@@ -26,10 +27,13 @@ from tiering.codec._format import (
 if TYPE_CHECKING:
     import zstandard
 
-__all__ = ["Container", "ReadAt", "is_container"]
+__all__ = ["Container", "ReadAt", "ReadInto", "is_container"]
 
 ReadAt = Callable[[int, int], bytes]
 """``read(n, offset)``: ``n`` bytes of the stored file at ``offset`` (fewer only at its end)."""
+ReadInto = Callable[[memoryview, int], int]
+"""``read_into(view, offset)``: the stored file's bytes at ``offset`` into ``view``; how many
+(fewer only at its end)."""
 
 #: Decoded chunks an open container keeps: a reader going forward in pieces smaller than a
 #: chunk decodes each chunk once, and two readers' interleaved ranges do not thrash.
@@ -51,7 +55,13 @@ class Container:
     """
 
     def __init__(
-        self, name: str, read: ReadAt, stored_size: int, footer: Footer, index: list[ChunkEntry]
+        self,
+        name: str,
+        read: ReadAt,
+        stored_size: int,
+        footer: Footer,
+        index: list[ChunkEntry],
+        read_into: ReadInto | None = None,
     ) -> None:
         self.name = name
         self.stored_size = stored_size
@@ -60,6 +70,7 @@ class Container:
         self.chunk_size = footer.chunk_size
         self.index = index
         self._read = read
+        self._read_into = read_into
         self._dctx = threading.local()
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -75,9 +86,37 @@ class Container:
         raw = read(footer.index_length, footer.index_offset) if footer.index_length else b""
         return cls(name, read, stored_size, footer, unpack_index(raw, footer, stored_size, name))
 
-    def reading(self, read: ReadAt) -> Container:
-        """The same container read through ``read`` (its footer and index not read again)."""
-        return Container(self.name, read, self.stored_size, self.footer, self.index)
+    def reading(self, read: ReadAt, read_into: ReadInto | None = None) -> Container:
+        """The same container read through ``read`` (and ``read_into``, where the reader can
+        read into a caller's buffer; its footer and index not read again)."""
+        return Container(self.name, read, self.stored_size, self.footer, self.index, read_into)
+
+    def logical_length(self, c: int) -> int:
+        """How many logical bytes chunk ``c`` holds (all but the last: the chunk size)."""
+        return min(self.chunk_size, self.size - c * self.chunk_size)
+
+    def read_stored(self, c: int, into: memoryview) -> memoryview:
+        """Chunk ``c``'s stored bytes read into the start of ``into`` (flat bytes, at least
+        the chunk's stored length) and checked against their digest: for a decoder that does
+        not see the logical bytes on the host (a GPU's). Returns the part of ``into`` filled.
+        """
+        e = self.index[c]
+        view = into[: e.length]
+        if self._read_into is not None:
+            got = self._read_into(view, e.offset)
+        else:
+            data = self._read(e.length, e.offset)
+            got = len(data)
+            view[:got] = data
+        if got != e.length:
+            raise self._corrupt(c, "it is cut short")
+        if digest(view) != e.stored_xxh3:
+            raise self._corrupt(c, "its stored bytes do not match their checksum")
+        return view
+
+    def corrupt(self, c: int, why: str) -> CorruptContainer:
+        """The error for chunk ``c`` found damaged (``why``), naming the file and the chunk."""
+        return self._corrupt(c, why)
 
     # -- reading -------------------------------------------------------------------------------
     def readinto(self, buf: memoryview, offset: int) -> int:
@@ -191,19 +230,19 @@ class Container:
 
     def _frames(self, stored: memoryview, out: np.ndarray, c: int) -> int:
         """Decode the chunk's frames into ``out``; returns where the frames end."""
-        sizes, at = read_frame_table(stored, self.name, c)
+        sizes, start = read_frame_table(stored, self.name, c)
         n = len(out)
         if len(sizes) != -(-n // FRAME):
             raise self._corrupt(c, "its frame table has the wrong count")
+        starts, end = frame_spans(sizes, start)
         dctx = self._decompressor()
-        for i, s in enumerate(sizes):
+        for i, (at, s) in enumerate(zip(starts, sizes, strict=True)):
             want = min(FRAME, n - i * FRAME)
             part = dctx.decompress(stored[at : at + s], max_output_size=want)
             if len(part) != want:
                 raise self._corrupt(c, f"frame {i} decodes to {len(part)} bytes, not {want}")
             out[i * FRAME : i * FRAME + want] = np.frombuffer(part, dtype=np.uint8)
-            at += s
-        return at
+        return end
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         import zstandard

@@ -19,6 +19,7 @@ from tiering.codec._format import (
     digest,
     frame_table,
     pack_index,
+    padding,
 )
 
 if TYPE_CHECKING:
@@ -91,8 +92,10 @@ def _covered(spans: list[tuple[int, int]], begin: int, end: int) -> int:
 
 
 def _frames(cctx: zstandard.ZstdCompressor, data: memoryview) -> tuple[list[bytes], list[int]]:
+    """The frames of ``data``, each followed by its padding (see ``frame_spans``), and their
+    unpadded lengths."""
     frames = [cctx.compress(data[i : i + FRAME]) for i in range(0, len(data), FRAME)]
-    return frames, [len(f) for f in frames]
+    return [f + bytes(padding(len(f))) for f in frames], [len(f) for f in frames]
 
 
 def _split2(cctx: zstandard.ZstdCompressor, data: memoryview) -> list[bytes]:
@@ -209,10 +212,16 @@ class Encoder:
         self._held.clear()
 
     def _put(self, kind: Kind, parts: list[bytes], xxh: int) -> None:
+        import xxhash
+
+        self._emit(bytes(padding(self.stored)))  # every chunk starts aligned
         offset = self.stored
+        stored = xxhash.xxh3_64()
         for p in parts:
+            stored.update(p)
             self._emit(p)
-        self._entries.append(ChunkEntry(kind, offset, self.stored - offset, xxh))
+        entry = ChunkEntry(kind, offset, self.stored - offset, xxh, stored.intdigest())
+        self._entries.append(entry)
 
     def _drain(self, *, final: bool) -> None:
         """Encode the whole chunks buffered (and with ``final``, the rest)."""

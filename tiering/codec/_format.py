@@ -14,21 +14,29 @@ __all__ = [
     "FRAME",
     "HEADER",
     "MAGIC",
+    "ALIGN",
     "VERSION",
     "ChunkEntry",
     "CorruptContainer",
     "Footer",
     "Kind",
     "digest",
+    "frame_spans",
     "frame_table",
     "pack_index",
+    "padding",
     "unpack_index",
 ]
 
 #: First and last 8 bytes of every container: a non-ASCII lead byte (no text file starts so)
 #: and a newline, as PNG's signature does, so a tool that meets the file can tell what it is.
 MAGIC = b"\x89TIERDZ\n"
-VERSION = 1
+VERSION = 2
+#: Every chunk, every frame and a SPLIT2 chunk's low bytes start at a multiple of this many
+#: bytes of the file (zero padding between): a GPU decoder moves a chunk's stored bytes to
+#: device memory as they are and hands nvCOMP each frame where it lies (it wants its inputs
+#: aligned; 16 bytes is enough for every codec it has).
+ALIGN = 16
 #: Logical bytes per chunk: the fleet's piece size, so a piece is one chunk's decode.
 CHUNK = 8 << 20
 #: Input bytes per zstd frame: many small independent frames are what a GPU decodes in
@@ -40,8 +48,10 @@ HEADER = len(MAGIC)
 # index xxh3-64; then the xxh3-64 of those 56 bytes.
 _FOOTER = struct.Struct("<8sHHIQQQQQ")
 FOOTER = _FOOTER.size + 8
-# kind, 3 pad bytes, stored length, stored offset, xxh3-64 of the logical bytes.
-_ENTRY = struct.Struct("<B3xIQQ")
+# kind, 3 pad bytes, stored length, stored offset, xxh3-64 of the logical bytes, xxh3-64 of
+# the stored bytes (what a GPU decoder checks on the host before it moves them; the logical
+# bytes then exist only in device memory).
+_ENTRY = struct.Struct("<B3xIQQQ")
 _U32 = struct.Struct("<I")
 
 
@@ -58,8 +68,10 @@ class Kind(enum.IntEnum):
       is smaller than ZSTD.
 
     A frame table is a u32 frame count then one u32 stored length per frame; frame ``i``
-    decodes to ``FRAME`` bytes, the last to what remains. Every frame is a standard zstd frame
-    with its content size and no checksum, as nvCOMP's batched decoder and ``zstandard`` read.
+    decodes to ``FRAME`` bytes, the last to what remains. The table, every frame and the low
+    bytes start at a multiple of :data:`ALIGN` from the chunk's start (:func:`frame_spans`).
+    Every frame is a standard zstd frame with its content size and no checksum, as nvCOMP's
+    batched decoder and ``zstandard`` read.
     """
 
     RAW = 0
@@ -88,6 +100,8 @@ class ChunkEntry:
     offset: int
     length: int
     xxh3: int
+    #: xxh3-64 of the stored bytes ``[offset, offset + length)``.
+    stored_xxh3: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,9 @@ class Footer:
 
 
 def pack_index(entries: list[ChunkEntry]) -> bytes:
-    return b"".join(_ENTRY.pack(e.kind, e.length, e.offset, e.xxh3) for e in entries)
+    return b"".join(
+        _ENTRY.pack(e.kind, e.length, e.offset, e.xxh3, e.stored_xxh3) for e in entries
+    )
 
 
 def unpack_index(raw: bytes, footer: Footer, stored_size: int, name: str) -> list[ChunkEntry]:
@@ -142,16 +158,34 @@ def unpack_index(raw: bytes, footer: Footer, stored_size: int, name: str) -> lis
     if footer.index_length != footer.chunks * _ENTRY.size:
         raise CorruptContainer(f"{name}: the index has the wrong length", path=name)
     out = []
-    for kind, length, offset, xxh in _ENTRY.iter_unpack(raw):
+    for kind, length, offset, xxh, sxxh in _ENTRY.iter_unpack(raw):
         if kind not in Kind.__members__.values() or offset + length > stored_size:
             raise CorruptContainer(f"{name}: the index names a bad chunk", path=name)
-        out.append(ChunkEntry(Kind(kind), offset, length, xxh))
+        out.append(ChunkEntry(Kind(kind), offset, length, xxh, sxxh))
     return out
 
 
+def padding(n: int) -> int:
+    """Zero bytes after ``n`` bytes up to the next multiple of :data:`ALIGN`."""
+    return -n % ALIGN
+
+
 def frame_table(sizes: list[int]) -> bytes:
-    """The table that leads a ZSTD or SPLIT2 chunk: the count, then each frame's length."""
-    return _U32.pack(len(sizes)) + b"".join(_U32.pack(s) for s in sizes)
+    """The table that leads a ZSTD or SPLIT2 chunk: the count, then each frame's length,
+    padded to :data:`ALIGN`."""
+    table = _U32.pack(len(sizes)) + b"".join(_U32.pack(s) for s in sizes)
+    return table + bytes(padding(len(table)))
+
+
+def frame_spans(sizes: list[int], start: int) -> tuple[list[int], int]:
+    """Where each frame of ``sizes`` starts within its chunk, the first at ``start`` (the
+    table's aligned end), each at the next multiple of :data:`ALIGN`; and where they end
+    (aligned: the low bytes of a SPLIT2 chunk start there)."""
+    at, starts = start, []
+    for s in sizes:
+        starts.append(at)
+        at += s + padding(s)
+    return starts, at
 
 
 def read_frame_table(stored: memoryview, name: str, chunk: int) -> tuple[list[int], int]:
@@ -162,6 +196,7 @@ def read_frame_table(stored: memoryview, name: str, chunk: int) -> tuple[list[in
         if end > len(stored):
             raise struct.error("frame table runs past the chunk")
         sizes = [s for (s,) in _U32.iter_unpack(stored[4:end])]
+        end += padding(end)
     except struct.error as exc:
         raise CorruptContainer(
             f"{name}: chunk {chunk} of the compressed file is damaged ({exc})",

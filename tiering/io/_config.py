@@ -140,6 +140,10 @@ class GdsConfig:
     remote_url_expires_s:
         Lifetime of the presigned GET URL a KvikIO read uses; an open file presigns a new
         one when half of it has passed.
+    gpu_decode:
+        Compressed files loaded into GPU memory cross PCIe as their stored bytes and are
+        decoded there by nvCOMP (:mod:`tiering.io._decode_gpu`), where it is installed.
+        False decodes them on the host and copies the logical bytes (the bench compares).
     """
 
     enabled: bool = True
@@ -164,6 +168,7 @@ class GdsConfig:
     remote_kvikio_task_size: int = 8 * MiB
     remote_kvikio_min_bytes: int = 16 * MiB
     remote_url_expires_s: int = 3600
+    gpu_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:

@@ -50,6 +50,7 @@ from tiering.tiers import Source
 
 from ._backends import KVIKIO_HINT, Staging, _host_view
 from ._config import GdsConfig
+from ._decode_gpu import GpuDecoder, available
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
@@ -237,10 +238,27 @@ class RemoteReads:
         self._staging = _StagingPool(
             config.remote_piece_size, config.remote_pieces, config.remote_stagings
         )
+        self._gpu_decode = config.gpu_decode
+        self._decoder: GpuDecoder | None = None
+        self._decoder_lock = threading.Lock()
 
     def close(self) -> None:
-        """Free the pinned staging kept for reuse."""
+        """Free the pinned staging kept for reuse, and the GPU decoder's buffers."""
         self._staging.clear()
+        with self._decoder_lock:
+            if self._decoder is not None:
+                self._decoder.close()
+            self._decoder = None
+
+    def decoder(self) -> GpuDecoder | None:
+        """The GPU decoder of compressed files (made at first need), or None where
+        ``gpu_decode`` is off or nvCOMP is not installed (they are decoded on the host)."""
+        if not self._gpu_decode or available() is not None:
+            return None
+        with self._decoder_lock:
+            if self._decoder is None:
+                self._decoder = GpuDecoder(self._device)
+            return self._decoder
 
     def read(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> IoReport:
         """Read ``segments`` of ``file`` into flat uint8 ``dst``; counted as one operation."""
@@ -252,7 +270,9 @@ class RemoteReads:
         try:
             # The reads need this device current; the caller's thread gets its own back.
             with self._device.current():
-                if nbytes and self._by_kvikio(file, dst, segments, nbytes):
+                if nbytes and self._decoded_on_device(file, dst, segments):
+                    engine = "nvcomp"
+                elif nbytes and self._by_kvikio(file, dst, segments, nbytes):
                     engine = "kvikio"
                 elif nbytes and isinstance(dst, np.ndarray):
                     self._python_to_host(file, dst, segments)
@@ -262,6 +282,18 @@ class RemoteReads:
         finally:
             seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok, source)
         return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine, source=source)
+
+    def _decoded_on_device(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> bool:
+        """A compressed file into device memory: its stored bytes moved and decoded there
+        (:mod:`tiering.io._decode_gpu`); False where it is read as its logical bytes."""
+        container = file.ranges.encoded
+        if container is None or isinstance(dst, np.ndarray):
+            return False
+        decoder = self.decoder()
+        if decoder is None:
+            return False
+        decoder.read(container, dst, segments)
+        return True
 
     def _by_kvikio(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int

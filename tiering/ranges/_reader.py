@@ -76,6 +76,11 @@ class RangeReader(abc.ABC):
     #: ``object_store``, ``peer`` for another host of the fleet, or ``storage`` for a
     #: compressed file of a directory tier (decoded as it is read).
     source: ClassVar[Literal["object_store", "peer", "storage"]] = "object_store"
+    #: The stored form, where these bytes are decoded as they are read: a compressed file's
+    #: :class:`tiering.codec.Container` (a room beside this one, so not named in the type).
+    #: A reader into GPU memory moves its stored bytes and decodes them where they land;
+    #: None where the bytes are read as they are.
+    encoded: Any = None
 
     def __init__(
         self, name: str, size: int, version: str, *, pool: Executor, part_size: int

@@ -69,7 +69,7 @@ class CompressedRanges(RangeReader):
 
     def __init__(self, container: Container, version: str, pool: Executor) -> None:
         super().__init__(container.name, container.size, version, pool=pool, part_size=CHUNK)
-        self.container = container
+        self.container = self.encoded = container
 
     def get(self, view: memoryview, offset: int) -> None:
         n = self.container.readinto(view, offset)

@@ -126,7 +126,7 @@ class CompressedSource(DirectorySource):
         super().__init__(tier, relpath, fd, st)
         # Chunks are read through the source's fd as it is at each read: once the source is
         # closed a late read fails (EBADF) rather than read whatever file took the number.
-        self.container = c.reading(self._pread)
+        self.container = c.reading(self._pread, self._pread_into)
         self.stat = logical_stat(self.disk, c.size)
         self._ranges = CompressedRanges(self.container, self.disk.version, tier.decode_pool())
 
@@ -142,6 +142,15 @@ class CompressedSource(DirectorySource):
 
     def _pread(self, n: int, offset: int) -> bytes:
         return pread_exact(self.fd, n, offset)
+
+    def _pread_into(self, view: memoryview, offset: int) -> int:
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got == 0:
+                break
+            done += got
+        return done
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
         """In order, with the next chunks decoding on the tier's pool meanwhile (a move or a

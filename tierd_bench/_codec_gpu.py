@@ -1,0 +1,106 @@
+"""``tierd bench codec --device cuda:N``: compressed files into GPU memory (issue 29).
+
+The same checkpoint, in the page cache, three ways into one GPU, in one run:
+
+- stored plain, loaded by tierd (the path a compressed tier replaces), beside the pinned
+  host → device copy, the ceiling of any load of raw bytes;
+- stored compressed, its stored bytes moved and decoded on the GPU by nvCOMP;
+- stored compressed, decoded on the host and the logical bytes copied (``gpu_decode`` off:
+  what a host without nvCOMP gets).
+
+Rates are of model (logical) bytes. Every load is checked equal to the checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ._measure import GiB, MiB, free_gpu, gbps, timed
+from ._report import BenchRow, Report
+
+__all__ = ["gpu_rows"]
+
+
+def gpu_rows(
+    report: Report, data: bytes, device: str, repeats: int, say: Callable[[str], None]
+) -> None:
+    """Add the GPU rows for ``data`` loaded into ``device`` (see the module)."""
+    from tiering.config import TierConfig
+    from tiering.io import GdsConfig, GpuDirectStorage
+    from tiering.io._decode_gpu import available
+    from tiering.tiers import DirectoryTier
+
+    cp = importlib.import_module("cupy")
+    why = available()
+    report.setup["gpu_decode"] = why or "nvCOMP"
+    want = np.frombuffer(data, np.uint8)
+    say("pinned ceiling")
+    n = min(GiB, len(data))
+    host = cp.cuda.alloc_pinned_memory(n)
+    src = np.frombuffer(host, np.uint8, n)
+    src[:] = 1
+    with cp.cuda.Device(int(device.split(":")[1])):
+        dst = cp.empty(n, cp.uint8)
+        t = timed(lambda: dst.set(src), max(5, repeats))
+    report.add(BenchRow("gpu_ceiling", "pinned host -> device copy", gbps(n, t), "GB/s"))
+    del dst, host, src
+    free_gpu()
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-gpu-") as tmp:
+        for key, mode, label, config in (
+            ("gpu_plain", "off", "plain tier -> GPU, tierd load", GdsConfig()),
+            ("gpu_nvcomp", "on", "compressed tier -> GPU, decoded on the GPU", GdsConfig()),
+            (
+                "gpu_host_decode",
+                "on",
+                "compressed tier -> GPU, decoded on the host",
+                GdsConfig(gpu_decode=False),
+            ),
+        ):
+            if key == "gpu_nvcomp" and why is not None:
+                report.add(BenchRow(key, label, None, "GB/s", note=why))
+                continue
+            say(label)
+            tier = DirectoryTier(TierConfig(mode, path=Path(tmp) / mode, compression=mode), 0)
+            try:
+                tier.check()
+                if tier.stat("model.safetensors") is None:
+                    with tier.writer("model.safetensors") as w:
+                        for i in range(0, len(data), 8 * MiB):
+                            w.write(data[i : i + 8 * MiB])
+                        w.publish()
+                with GpuDirectStorage(device, config) as gds:
+                    engines: set[str | None] = set()
+
+                    def load(tier: DirectoryTier = tier, gds: GpuDirectStorage = gds) -> None:
+                        src = tier.open("model.safetensors")
+                        lf = src.local_file()
+                        if lf is not None:
+                            src.close()
+                            f = gds.open_file(lf.path)
+                        else:
+                            f = gds.open_source(src, tier=tier.name, rank=0)
+                        with f:
+                            r = gds.read(f)
+                            cp.cuda.runtime.deviceSynchronize()
+                        engines.add(r.report.engine)
+                        load.last = r.array  # type: ignore[attr-defined]
+
+                    load()  # warm: the page cache, the decoder's buffers, the kernel
+                    if not np.array_equal(cp.asnumpy(load.last), want):  # type: ignore[attr-defined]
+                        raise AssertionError(f"{key}: the bytes loaded differ from the checkpoint")
+                    load.last = None  # type: ignore[attr-defined]
+                    secs = timed(load, repeats, warmup=0)
+                    load.last = None  # type: ignore[attr-defined]
+            finally:
+                tier.close()
+                free_gpu()
+            note = f"engine {', '.join(sorted(str(e) for e in engines))}"
+            report.add(BenchRow(key, label, gbps(len(data), secs), "GB/s", note=note))
+    report.compare("gpu_plain", "gpu_ceiling")
+    report.compare("gpu_nvcomp", "gpu_plain")
+    report.compare("gpu_host_decode", "gpu_plain")
