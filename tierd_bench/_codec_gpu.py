@@ -17,6 +17,7 @@ import importlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,25 +31,20 @@ def gpu_rows(
     report: Report, data: bytes, device: str, repeats: int, say: Callable[[str], None]
 ) -> None:
     """Add the GPU rows for ``data`` loaded into ``device`` (see the module)."""
-    from tiering.config import TierConfig
-    from tiering.io import GdsConfig, GpuDirectStorage
+    from tiering.io import GdsConfig
     from tiering.io._decode_gpu import available
-    from tiering.tiers import DirectoryTier
 
-    cp = importlib.import_module("cupy")
     why = available()
     report.setup["gpu_decode"] = why or "nvCOMP"
-    want = np.frombuffer(data, np.uint8)
     say("pinned ceiling")
-    n = min(GiB, len(data))
-    host = cp.cuda.alloc_pinned_memory(n)
-    src = np.frombuffer(host, np.uint8, n)
-    src[:] = 1
-    with cp.cuda.Device(int(device.split(":")[1])):
-        dst = cp.empty(n, cp.uint8)
-        t = timed(lambda: dst.set(src), max(5, repeats))
-    report.add(BenchRow("gpu_ceiling", "pinned host -> device copy", gbps(n, t), "GB/s"))
-    del dst, host, src
+    report.add(
+        BenchRow(
+            "gpu_ceiling",
+            "pinned host -> device copy",
+            _ceiling(device, len(data), repeats),
+            "GB/s",
+        )
+    )
     free_gpu()
     with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-gpu-") as tmp:
         for key, mode, label, config in (
@@ -65,42 +61,66 @@ def gpu_rows(
                 report.add(BenchRow(key, label, None, "GB/s", note=why))
                 continue
             say(label)
-            tier = DirectoryTier(TierConfig(mode, path=Path(tmp) / mode, compression=mode), 0)
-            try:
-                tier.check()
-                if tier.stat("model.safetensors") is None:
-                    with tier.writer("model.safetensors") as w:
-                        for i in range(0, len(data), 8 * MiB):
-                            w.write(data[i : i + 8 * MiB])
-                        w.publish()
-                with GpuDirectStorage(device, config) as gds:
-                    engines: set[str | None] = set()
-
-                    def load(tier: DirectoryTier = tier, gds: GpuDirectStorage = gds) -> None:
-                        src = tier.open("model.safetensors")
-                        lf = src.local_file()
-                        if lf is not None:
-                            src.close()
-                            f = gds.open_file(lf.path)
-                        else:
-                            f = gds.open_source(src, tier=tier.name, rank=0)
-                        with f:
-                            r = gds.read(f)
-                            cp.cuda.runtime.deviceSynchronize()
-                        engines.add(r.report.engine)
-                        load.last = r.array  # type: ignore[attr-defined]
-
-                    load()  # warm: the page cache, the decoder's buffers, the kernel
-                    if not np.array_equal(cp.asnumpy(load.last), want):  # type: ignore[attr-defined]
-                        raise AssertionError(f"{key}: the bytes loaded differ from the checkpoint")
-                    load.last = None  # type: ignore[attr-defined]
-                    secs = timed(load, repeats, warmup=0)
-                    load.last = None  # type: ignore[attr-defined]
-            finally:
-                tier.close()
-                free_gpu()
-            note = f"engine {', '.join(sorted(str(e) for e in engines))}"
+            secs, engines = _loads(Path(tmp) / mode, mode, data, device, config, repeats)
+            note = f"engine {', '.join(sorted(engines))}"
             report.add(BenchRow(key, label, gbps(len(data), secs), "GB/s", note=note))
     report.compare("gpu_plain", "gpu_ceiling")
     report.compare("gpu_nvcomp", "gpu_plain")
     report.compare("gpu_host_decode", "gpu_plain")
+
+
+def _ceiling(device: str, size: int, repeats: int) -> float:
+    """GB/s of a pinned host -> device copy of up to 1 GiB."""
+    cp = importlib.import_module("cupy")
+    n = min(GiB, size)
+    host = cp.cuda.alloc_pinned_memory(n)
+    src = np.frombuffer(host, np.uint8, n)
+    src[:] = 1
+    with cp.cuda.Device(int(device.split(":")[1])) as dev:
+        dst = cp.empty(n, cp.uint8)
+        # More runs than elsewhere: each is short, and this figure is the yardstick.
+        return gbps(n, timed(lambda: dst.set(src), max(5, repeats), sync=dev.synchronize))
+
+
+def _loads(
+    root: Path, mode: str, data: bytes, device: str, config: Any, repeats: int
+) -> tuple[float, set[str]]:
+    """Median seconds of whole-file loads of ``data`` from a tier at ``root`` whose
+    ``compression`` is ``mode`` into ``device``, and the engines that moved the bytes."""
+    from tiering.config import TierConfig
+    from tiering.io import GpuDirectStorage
+    from tiering.tiers import DirectoryTier
+
+    cp = importlib.import_module("cupy")
+    tier = DirectoryTier(TierConfig(mode, path=root, compression=mode), 0)
+    engines: set[str] = set()
+    try:
+        tier.check()
+        with tier.writer("model.safetensors") as w:
+            for i in range(0, len(data), 8 * MiB):
+                w.write(data[i : i + 8 * MiB])
+            w.publish()
+        with GpuDirectStorage(device, config) as gds:
+
+            def load() -> Any:
+                src = tier.open("model.safetensors")
+                lf = src.local_file()
+                if lf is not None:
+                    src.close()
+                    f = gds.open_file(lf.path)
+                else:
+                    f = gds.open_source(src, tier=tier.name, rank=0)
+                with f:
+                    r = gds.read(f)
+                    cp.cuda.runtime.deviceSynchronize()
+                engines.add(str(r.report.engine or "local"))
+                return r.array
+
+            # Warm (the page cache, the decoder's buffers, the kernel), and checked.
+            if cp.asnumpy(load()).tobytes() != data:
+                raise AssertionError(f"{mode}: the bytes loaded differ from the checkpoint")
+            free_gpu()
+            return timed(load, repeats, warmup=0), engines
+    finally:
+        tier.close()
+        free_gpu()

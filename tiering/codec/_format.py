@@ -146,9 +146,7 @@ class Footer:
 
 
 def pack_index(entries: list[ChunkEntry]) -> bytes:
-    return b"".join(
-        _ENTRY.pack(e.kind, e.length, e.offset, e.xxh3, e.stored_xxh3) for e in entries
-    )
+    return b"".join(_ENTRY.pack(e.kind, e.length, e.offset, e.xxh3, e.stored_xxh3) for e in entries)
 
 
 def unpack_index(raw: bytes, footer: Footer, stored_size: int, name: str) -> list[ChunkEntry]:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tiering.codec import CHUNK, FRAME, Container, Kind
-from tiering.codec._format import frame_spans, read_frame_table
+from tiering.codec._format import ALIGN, frame_spans, read_frame_table
 from tiering.ranges import settle
 
 from ._device import Device, import_cupy
@@ -72,10 +72,18 @@ def _nvcomp() -> tuple[Any, str | None]:
     with _probe_lock:
         if _probed is None:
             try:
-                _probed = (importlib.import_module("nvidia.nvcomp"), None)
+                nvcomp = importlib.import_module("nvidia.nvcomp")
+                nvcomp.set_device_allocator(_pool_alloc)
+                _probed = (nvcomp, None)
             except Exception as exc:  # ImportError, or its library failing to load
                 _probed = (None, f"nvCOMP is not available ({exc}); {NVCOMP_HINT}")
         return _probed
+
+
+def _pool_alloc(nbytes: int, stream: Any) -> Any:
+    """nvCOMP's scratch from CuPy's pool: its own allocator calls cudaMalloc and cudaFree for
+    every batch, and cudaFree waits for the whole device."""
+    return import_cupy().cuda.alloc(nbytes)
 
 
 def available() -> str | None:
@@ -93,6 +101,7 @@ class _Slot:
     stored: Any  # device, a chunk's stored bytes
     high: Any  # device, a SPLIT2 chunk's high bytes
     chunk: Any = None  # device, a whole chunk, for chunks only part of which is wanted
+    configs: dict[tuple[int, int], Any] = field(default_factory=dict)  # nvCOMP's, by shape
     pinned: Any = field(default=None, repr=False)  # keeps ``host``'s memory
 
 
@@ -112,7 +121,7 @@ class GpuDecoder:
     memory and one of pinned host memory while the decoder lives.
     """
 
-    def __init__(self, device: Device, workers: int = 4) -> None:
+    def __init__(self, device: Device, workers: int = 8) -> None:
         nvcomp, why = _nvcomp()
         if nvcomp is None:
             raise RuntimeError(why)
@@ -120,18 +129,29 @@ class GpuDecoder:
         self._device = device
         self._workers = workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tierd-gpu-decode")
-        self._tls = threading.local()
-        self._slots: list[_Slot] = []
+        self._slots: list[_Slot] = []  # every slot made
+        self._free: list[_Slot] = []
         self._lock = threading.Lock()
         self._kernel: Any = None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         with self._lock:
-            self._slots.clear()
+            slots, self._slots, self._free = self._slots, [], []
+        if not slots:
+            return
+        with self._device.current():
+            for slot in slots:
+                # Each codec goes before the stream it was made on (it synchronizes that
+                # stream when it is destroyed), then the buffers.
+                slot.stream.synchronize()
+                slot.codec = None
+                slot.stream = None
 
     # -- a call --------------------------------------------------------------------------------
-    def read(self, container: Container, dst: Any, segments: Sequence[tuple[int, int, int]]) -> None:
+    def read(
+        self, container: Container, dst: Any, segments: Sequence[tuple[int, int, int]]
+    ) -> None:
         """Every ``(file_offset, nbytes, dst_offset)`` of ``container``'s logical bytes into
         flat uint8 device array ``dst``; each chunk touched is read, checked and decoded once.
         Raises :class:`~tiering.codec.CorruptContainer` for a damaged chunk."""
@@ -152,44 +172,61 @@ class GpuDecoder:
         settle(futures)
 
     # -- one chunk, on a worker ----------------------------------------------------------------
-    def _slot(self) -> _Slot:
-        slot: _Slot | None = getattr(self._tls, "slot", None)
-        if slot is None:
-            cp = import_cupy()
-            self._device.make_current()
-            stream = cp.cuda.Stream(non_blocking=True)
-            codec = self._nvcomp.Codec(
-                algorithm="Zstd",
-                bitstream_kind=self._nvcomp.BitstreamKind.RAW,
-                cuda_stream=stream.ptr,
-                device_id=self._device.index,
-            )
-            room = CHUNK + CHUNK // 8  # a stored chunk is never over its logical size + tables
-            pinned = cp.cuda.alloc_pinned_memory(room)
-            slot = _Slot(
-                stream=stream,
-                codec=codec,
-                host=np.frombuffer(pinned, dtype=np.uint8, count=room),
-                stored=cp.empty(room, dtype=cp.uint8),
-                high=cp.empty(CHUNK // 2, dtype=cp.uint8),
-                pinned=pinned,
-            )
-            self._tls.slot = slot
-            with self._lock:
-                self._slots.append(slot)
-        return slot
-
-    def _chunk(self, container: Container, c: int, parts: list[_Part], base: int) -> None:
+    def _take(self) -> _Slot:
+        """A free slot (each worker takes one for a chunk and gives it back)."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
         cp = import_cupy()
         self._device.make_current()
-        slot = self._slot()
+        stream = cp.cuda.Stream(non_blocking=True)
+        codec = self._nvcomp.Codec(
+            algorithm="Zstd",
+            bitstream_kind=self._nvcomp.BitstreamKind.RAW,
+            cuda_stream=stream.ptr,
+            device_id=self._device.index,
+        )
+        room = CHUNK + CHUNK // 8  # a stored chunk is never over its logical size + tables
+        pinned = cp.cuda.alloc_pinned_memory(room)
+        slot = _Slot(
+            stream=stream,
+            codec=codec,
+            host=np.frombuffer(pinned, dtype=np.uint8, count=room),
+            stored=cp.empty(room, dtype=cp.uint8),
+            high=cp.empty(CHUNK // 2, dtype=cp.uint8),
+            pinned=pinned,
+        )
+        with self._lock:
+            self._slots.append(slot)
+        return slot
+
+    def _give(self, slot: _Slot) -> None:
+        with self._lock:
+            self._free.append(slot)
+
+    def _chunk(self, container: Container, c: int, parts: list[_Part], base: int) -> None:
+        self._device.make_current()
+        slot = self._take()
+        try:
+            self._decode(container, c, parts, base, slot)
+        finally:
+            slot.stream.synchronize()  # nothing of this chunk may still run on the slot
+            self._give(slot)
+
+    def _decode(
+        self, container: Container, c: int, parts: list[_Part], base: int, slot: _Slot
+    ) -> None:
+        cp = import_cupy()
         e = container.index[c]
         n = container.logical_length(c)
         if e.length > len(slot.host):
             raise container.corrupt(c, "its stored length is over any chunk's")
-        host = container.read_stored(c, memoryview(slot.host))
+        host = container.read_stored(c, memoryview(slot.host.data))
         h2d = cp.cuda.runtime.memcpyHostToDevice
+        # A chunk wholly wanted is decoded where it goes, if that is aligned as nvCOMP wants
+        # its outputs (a safetensors tensor's bytes are; a range at an odd offset is not).
         whole = len(parts) == 1 and parts[0].within == 0 and parts[0].n == n
+        whole = whole and (base + parts[0].dst_at) % ALIGN == 0
         if e.kind == Kind.RAW:
             if e.length != n:
                 raise container.corrupt(c, "a raw chunk has the wrong length")
@@ -197,7 +234,6 @@ class GpuDecoder:
                 cp.cuda.runtime.memcpyAsync(
                     base + p.dst_at, slot.host.ctypes.data + p.within, p.n, h2d, slot.stream.ptr
                 )
-            slot.stream.synchronize()
             return
         cp.cuda.runtime.memcpyAsync(
             slot.stored.data.ptr, slot.host.ctypes.data, e.length, h2d, slot.stream.ptr
@@ -218,7 +254,6 @@ class GpuDecoder:
                 cp.cuda.runtime.memcpyAsync(
                     base + p.dst_at, out_ptr + p.within, p.n, d2d, slot.stream.ptr
                 )
-        slot.stream.synchronize()
 
     def _scratch(self, slot: _Slot, cp: Any) -> Any:
         if slot.chunk is None:
@@ -246,7 +281,13 @@ class GpuDecoder:
             cuda_stream=stream,
         )
         try:
-            slot.codec.decode(srcs, out=outs)
+            # nvCOMP reads every frame's header back to the host (a stream sync) unless given
+            # a config; one made for chunks of the same shape serves them all.
+            key = (len(sizes), n)
+            config = slot.configs.get(key)
+            if config is None:
+                config = slot.configs[key] = slot.codec.decompression_config(srcs)
+            slot.codec.decode(srcs, out=outs, decompression_config=config)
         except Exception as exc:  # nvCOMP's error for a frame it cannot decode
             raise container.corrupt(c, f"nvCOMP: {exc}") from exc
         return end
