@@ -1,25 +1,28 @@
 """Compressed files decoded on the GPU: the stored bytes cross PCIe, the logical bytes appear
 in device memory (issue 29).
 
-A compressed file (:mod:`tiering.codec`) read into GPU memory is not decoded on the host:
-for each chunk a load touches, a worker
+A compressed file (:mod:`tiering.codec`) read into GPU memory is not decoded on the host.
+The chunks a load touches go in batches of :data:`BATCH` through one of two lanes, each a
+pinned host buffer, device buffers and a stream:
 
-1. reads the chunk's stored bytes into its pinned host buffer and checks their digest (the
-   logical bytes never reach the host, so the stored ones are what is checked; the writer
-   published them only after they decoded back to the logical bytes);
-2. copies them to device memory as they are (0.69 of a bf16 chunk's bytes);
-3. has nvCOMP's batched Zstd decoder decode every frame of the chunk at once, each frame
-   where it lies in the stored bytes (the format aligns them for it), into the destination
-   (ZSTD) or into a scratch of the high bytes (SPLIT2), then one kernel interleaves the high
-   and the low bytes into the destination;
-4. waits for its stream.
+1. host threads read each chunk's stored bytes into the lane's pinned buffer and check their
+   digest (the logical bytes never reach the host, so the stored ones are what is checked;
+   the writer published them only after they decoded back to the logical bytes);
+2. each chunk's stored bytes are copied to device memory as they are (0.69 of a bf16
+   chunk's bytes);
+3. one call of nvCOMP's batched Zstd decoder decodes every frame of the batch at once (a few
+   hundred to a thousand: the GPU decodes a frame per thread block, so a batch must be large
+   to fill it), each frame where it lies in the stored bytes (the format aligns them);
+4. per chunk, one kernel interleaves the high and the low bytes of a SPLIT2 chunk into the
+   destination, or a ZSTD chunk is copied there.
 
-Workers run at once, each with its own stream, nvCOMP codec (nvCOMP's codecs are
-thread-local) and buffers, so one chunk's read overlaps others' copies and decodes. A chunk
-only part of which is wanted is decoded into a scratch chunk and the part copied out; a chunk
-several ranges touch is decoded once. Nothing here runs unless nvCOMP is installed
-(``pip install 'tierd[gpu-codec]'``): without it, compressed files are decoded on the host as
-any reader of them does, and :func:`available` says why.
+While one lane's batch is on the GPU the host reads the next batch into the other. A chunk
+only part of which is wanted goes through a scratch chunk; a chunk several ranges touch is
+decoded once. One load decodes at a time on a device (it keeps the GPU busy alone).
+
+Nothing here runs unless nvCOMP is installed (``pip install 'tierd[gpu-codec]'``): without it,
+compressed files are decoded on the host as any reader of them does, and :func:`available`
+says why.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tiering.codec import CHUNK, FRAME, Container, Kind
-from tiering.codec._format import ALIGN, frame_spans, read_frame_table
+from tiering.codec._format import frame_spans, read_frame_table
 from tiering.ranges import settle
 
 from ._device import Device, import_cupy
@@ -91,18 +94,25 @@ def available() -> str | None:
     return _nvcomp()[1]
 
 
+#: Chunks decoded by one nvCOMP call (8 MiB each: 64 to 128 frames of 64 KiB a chunk).
+BATCH = 8
+#: Pinned and device bytes a stored chunk may take: its logical size and its frame table,
+#: padding included (a chunk that would be larger is stored RAW, at its logical size).
+_ROOM = CHUNK + CHUNK // 8
+
+
 @dataclass
-class _Slot:
-    """One worker's stream, codec and buffers (made at its first chunk, kept)."""
+class _Lane:
+    """A batch's pinned host buffer, device buffers and stream (made at first use, kept)."""
 
     stream: Any
     codec: Any
-    host: np.ndarray  # pinned, a chunk's stored bytes
-    stored: Any  # device, a chunk's stored bytes
-    high: Any  # device, a SPLIT2 chunk's high bytes
-    chunk: Any = None  # device, a whole chunk, for chunks only part of which is wanted
-    configs: dict[tuple[int, int], Any] = field(default_factory=dict)  # nvCOMP's, by shape
+    host: np.ndarray  # pinned: BATCH stored chunks, at multiples of _ROOM
+    stored: Any  # device: the same
+    out: Any  # device: BATCH decoded frame sets (a SPLIT2 chunk's high bytes), per CHUNK
+    chunk: Any  # device: a whole chunk, for chunks only part of which is wanted
     pinned: Any = field(default=None, repr=False)  # keeps ``host``'s memory
+    configs: dict[tuple[tuple[int, int], ...], Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,39 +124,50 @@ class _Part:
     dst_at: int
 
 
+@dataclass
+class _Job:
+    """One chunk of a batch: what is wanted of it, and (once read) where its frames are."""
+
+    c: int
+    parts: list[_Part]
+    kind: Kind = Kind.RAW
+    length: int = 0  # stored bytes
+    starts: list[int] = field(default_factory=list)  # frames, within the stored chunk
+    sizes: list[int] = field(default_factory=list)
+    end: int = 0  # where the frames end (a SPLIT2 chunk's low bytes start)
+
+
 class GpuDecoder:
     """Decodes compressed files into one device's memory (see the module).
 
-    ``workers`` chunks are in flight at once; each worker holds about three chunks of device
-    memory and one of pinned host memory while the decoder lives.
+    It holds two lanes: each about ``BATCH`` x 9 MiB of pinned host memory and
+    ``BATCH`` x 17 MiB of device memory, made at the first load and kept until closed.
     """
 
-    def __init__(self, device: Device, workers: int = 8) -> None:
+    def __init__(self, device: Device, readers: int = 8) -> None:
         nvcomp, why = _nvcomp()
         if nvcomp is None:
             raise RuntimeError(why)
         self._nvcomp = nvcomp
         self._device = device
-        self._workers = workers
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tierd-gpu-decode")
-        self._slots: list[_Slot] = []  # every slot made
-        self._free: list[_Slot] = []
-        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(readers, thread_name_prefix="tierd-gpu-decode")
+        self._lanes: list[_Lane] = []
+        self._lock = threading.Lock()  # one load at a time; guards the lanes
         self._kernel: Any = None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         with self._lock:
-            slots, self._slots, self._free = self._slots, [], []
-        if not slots:
-            return
-        with self._device.current():
-            for slot in slots:
-                # Each codec goes before the stream it was made on (it synchronizes that
-                # stream when it is destroyed), then the buffers.
-                slot.stream.synchronize()
-                slot.codec = None
-                slot.stream = None
+            lanes, self._lanes = self._lanes, []
+            if not lanes:
+                return
+            with self._device.current():
+                for lane in lanes:
+                    # Each codec goes before the stream it was made on (it synchronizes that
+                    # stream when it is destroyed), then the buffers.
+                    lane.stream.synchronize()
+                    lane.codec = None
+                    lane.stream = None
 
     # -- a call --------------------------------------------------------------------------------
     def read(
@@ -164,144 +185,181 @@ class GpuDecoder:
                 by_chunk.setdefault(c, []).append(_Part(within, take, at))
                 off += take
                 at += take
+        jobs = [_Job(c, parts) for c, parts in sorted(by_chunk.items())]
+        batches = [jobs[i : i + BATCH] for i in range(0, len(jobs), BATCH)]
         base = int(dst.data.ptr)
-        futures = [
-            self._pool.submit(self._chunk, container, c, parts, base)
-            for c, parts in sorted(by_chunk.items())
+        with self._lock:
+            self._device.make_current()
+            lanes = self._ready_lanes()
+            try:
+                reading = self._start_reads(container, batches[0], lanes[0]) if batches else []
+                for k, batch in enumerate(batches):
+                    lane = lanes[k % 2]
+                    settle(reading)
+                    if k + 1 < len(batches):
+                        other = lanes[(k + 1) % 2]
+                        other.stream.synchronize()  # its last batch is done with its buffers
+                        reading = self._start_reads(container, batches[k + 1], other)
+                    self._decode(container, batch, lane, base)
+            finally:
+                for f in reading:  # none may still write into a lane once this call ends
+                    f.cancel()
+                wait(reading)
+                for lane in lanes:
+                    lane.stream.synchronize()
+
+    # -- host side: reads ----------------------------------------------------------------------
+    def _start_reads(self, container: Container, batch: list[_Job], lane: _Lane) -> list[Any]:
+        return [
+            self._pool.submit(self._read, container, job, lane, j) for j, job in enumerate(batch)
         ]
-        settle(futures)
 
-    # -- one chunk, on a worker ----------------------------------------------------------------
-    def _take(self) -> _Slot:
-        """A free slot (each worker takes one for a chunk and gives it back)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        cp = import_cupy()
-        self._device.make_current()
-        stream = cp.cuda.Stream(non_blocking=True)
-        codec = self._nvcomp.Codec(
-            algorithm="Zstd",
-            bitstream_kind=self._nvcomp.BitstreamKind.RAW,
-            cuda_stream=stream.ptr,
-            device_id=self._device.index,
-        )
-        room = CHUNK + CHUNK // 8  # a stored chunk is never over its logical size + tables
-        pinned = cp.cuda.alloc_pinned_memory(room)
-        slot = _Slot(
-            stream=stream,
-            codec=codec,
-            host=np.frombuffer(pinned, dtype=np.uint8, count=room),
-            stored=cp.empty(room, dtype=cp.uint8),
-            high=cp.empty(CHUNK // 2, dtype=cp.uint8),
-            pinned=pinned,
-        )
-        with self._lock:
-            self._slots.append(slot)
-        return slot
-
-    def _give(self, slot: _Slot) -> None:
-        with self._lock:
-            self._free.append(slot)
-
-    def _chunk(self, container: Container, c: int, parts: list[_Part], base: int) -> None:
-        self._device.make_current()
-        slot = self._take()
-        try:
-            self._decode(container, c, parts, base, slot)
-        finally:
-            slot.stream.synchronize()  # nothing of this chunk may still run on the slot
-            self._give(slot)
-
-    def _decode(
-        self, container: Container, c: int, parts: list[_Part], base: int, slot: _Slot
-    ) -> None:
-        cp = import_cupy()
-        e = container.index[c]
-        n = container.logical_length(c)
-        if e.length > len(slot.host):
-            raise container.corrupt(c, "its stored length is over any chunk's")
-        host = container.read_stored(c, memoryview(slot.host.data))
-        h2d = cp.cuda.runtime.memcpyHostToDevice
-        # A chunk wholly wanted is decoded where it goes, if that is aligned as nvCOMP wants
-        # its outputs (a safetensors tensor's bytes are; a range at an odd offset is not).
-        whole = len(parts) == 1 and parts[0].within == 0 and parts[0].n == n
-        whole = whole and (base + parts[0].dst_at) % ALIGN == 0
+    def _read(self, container: Container, job: _Job, lane: _Lane, j: int) -> None:
+        """Chunk ``job.c``'s stored bytes into slot ``j`` of the lane, checked, its frames
+        found."""
+        e = container.index[job.c]
+        if e.length > _ROOM:
+            raise container.corrupt(job.c, "its stored length is over any chunk's")
+        host = container.read_stored(job.c, memoryview(lane.host.data)[j * _ROOM : (j + 1) * _ROOM])
+        job.kind, job.length = e.kind, e.length
+        n = container.logical_length(job.c)
         if e.kind == Kind.RAW:
             if e.length != n:
-                raise container.corrupt(c, "a raw chunk has the wrong length")
-            for p in parts:  # straight from the pinned bytes to where they go
-                cp.cuda.runtime.memcpyAsync(
-                    base + p.dst_at, slot.host.ctypes.data + p.within, p.n, h2d, slot.stream.ptr
-                )
+                raise container.corrupt(job.c, "a raw chunk has the wrong length")
             return
-        cp.cuda.runtime.memcpyAsync(
-            slot.stored.data.ptr, slot.host.ctypes.data, e.length, h2d, slot.stream.ptr
-        )
-        out_ptr = base + parts[0].dst_at if whole else self._scratch(slot, cp).data.ptr
-        if e.kind == Kind.ZSTD:
-            self._frames(container, c, host, slot, n, out_ptr)
-        else:
-            if n % 2:
-                raise container.corrupt(c, "a 2-byte chunk has an odd length")
-            end = self._frames(container, c, host, slot, n // 2, int(slot.high.data.ptr))
-            if e.length - end != n // 2:
-                raise container.corrupt(c, "its low bytes have the wrong length")
-            self._interleave(cp, slot, int(slot.stored.data.ptr) + end, out_ptr, n // 2)
-        if not whole:
-            d2d = cp.cuda.runtime.memcpyDeviceToDevice
-            for p in parts:
-                cp.cuda.runtime.memcpyAsync(
-                    base + p.dst_at, out_ptr + p.within, p.n, d2d, slot.stream.ptr
-                )
+        if e.kind == Kind.SPLIT2 and n % 2:
+            raise container.corrupt(job.c, "a 2-byte chunk has an odd length")
+        coded = n if e.kind == Kind.ZSTD else n // 2
+        sizes, start = read_frame_table(host, container.name, job.c)
+        if len(sizes) != -(-coded // FRAME):
+            raise container.corrupt(job.c, "its frame table has the wrong count")
+        job.starts, job.end = frame_spans(sizes, start)
+        job.sizes = sizes
+        if job.end > e.length or (e.kind == Kind.SPLIT2 and e.length - job.end != n // 2):
+            raise container.corrupt(job.c, "its frames or low bytes have the wrong length")
 
-    def _scratch(self, slot: _Slot, cp: Any) -> Any:
-        if slot.chunk is None:
-            slot.chunk = cp.empty(CHUNK, dtype=cp.uint8)
-        return slot.chunk
+    # -- device side: one batch ----------------------------------------------------------------
+    def _decode(self, container: Container, batch: list[_Job], lane: _Lane, base: int) -> None:
+        cp = import_cupy()
+        rt = cp.cuda.runtime
+        stream = lane.stream.ptr
+        host0, stored0 = lane.host.ctypes.data, int(lane.stored.data.ptr)
+        src_offsets: list[int] = []
+        src_sizes: list[int] = []
+        out_offsets: list[int] = []
+        out_sizes: list[int] = []
+        shape: list[tuple[int, int]] = []
+        for j, job in enumerate(batch):
+            at = j * _ROOM
+            n = container.logical_length(job.c)
+            if job.kind == Kind.RAW:  # straight from the pinned bytes to where they go
+                for p in job.parts:
+                    rt.memcpyAsync(
+                        base + p.dst_at, host0 + at + p.within, p.n, rt.memcpyHostToDevice, stream
+                    )
+                continue
+            rt.memcpyAsync(stored0 + at, host0 + at, job.length, rt.memcpyHostToDevice, stream)
+            coded = n if job.kind == Kind.ZSTD else n // 2
+            src_offsets += [at + s for s in job.starts]
+            src_sizes += job.sizes
+            out_offsets += [j * CHUNK + i * FRAME for i in range(len(job.sizes))]
+            out_sizes += [min(FRAME, coded - i * FRAME) for i in range(len(job.sizes))]
+            shape.append((len(job.sizes), coded))
+        if src_offsets:
+            self._frames(
+                container, batch, lane, src_offsets, src_sizes, out_offsets, out_sizes, tuple(shape)
+            )
+        for j, job in enumerate(batch):
+            if job.kind != Kind.RAW:
+                self._place(cp, container, job, lane, j, base)
 
     def _frames(
-        self, container: Container, c: int, host: memoryview, slot: _Slot, n: int, out_ptr: int
-    ) -> int:
-        """Queue the decode of the chunk's frames (``n`` bytes in all) to ``out_ptr``;
-        returns where the frames end in the stored bytes."""
-        sizes, start = read_frame_table(host, container.name, c)
-        if len(sizes) != -(-n // FRAME):
-            raise container.corrupt(c, "its frame table has the wrong count")
-        starts, end = frame_spans(sizes, start)
-        if end > len(host):
-            raise container.corrupt(c, "its frames run past the chunk")
+        self,
+        container: Container,
+        batch: list[_Job],
+        lane: _Lane,
+        src_offsets: list[int],
+        src_sizes: list[int],
+        out_offsets: list[int],
+        out_sizes: list[int],
+        shape: tuple[tuple[int, int], ...],
+    ) -> None:
+        """Queue one nvCOMP decode of every frame of the batch into the lane's ``out``."""
         nv = self._nvcomp
-        stream = slot.stream.ptr
-        srcs = nv.as_arrays(slot.stored, starts, sizes, cuda_stream=stream)
-        outs = nv.as_arrays(
-            _at(out_ptr, n),
-            [i * FRAME for i in range(len(sizes))],
-            [min(FRAME, n - i * FRAME) for i in range(len(sizes))],
-            cuda_stream=stream,
-        )
+        stream = lane.stream.ptr
+        srcs = nv.as_arrays(lane.stored, src_offsets, src_sizes, cuda_stream=stream)
+        outs = nv.as_arrays(lane.out, out_offsets, out_sizes, cuda_stream=stream)
         try:
             # nvCOMP reads every frame's header back to the host (a stream sync) unless given
-            # a config; one made for chunks of the same shape serves them all.
-            key = (len(sizes), n)
-            config = slot.configs.get(key)
+            # a config; one made for batches of the same shape serves them all.
+            config = lane.configs.get(shape)
             if config is None:
-                config = slot.configs[key] = slot.codec.decompression_config(srcs)
-            slot.codec.decode(srcs, out=outs, decompression_config=config)
+                config = lane.configs[shape] = lane.codec.decompression_config(srcs)
+            lane.codec.decode(srcs, out=outs, decompression_config=config)
         except Exception as exc:  # nvCOMP's error for a frame it cannot decode
-            raise container.corrupt(c, f"nvCOMP: {exc}") from exc
-        return end
+            first = batch[0].c
+            raise container.corrupt(first, f"nvCOMP (chunks {first}-{batch[-1].c}): {exc}") from exc
 
-    def _interleave(self, cp: Any, slot: _Slot, lo_ptr: int, out_ptr: int, n: int) -> None:
+    def _place(
+        self, cp: Any, container: Container, job: _Job, lane: _Lane, j: int, base: int
+    ) -> None:
+        """Queue the chunk's decoded bytes into the destination (through the scratch chunk
+        when only part of it is wanted)."""
+        rt = cp.cuda.runtime
+        stream = lane.stream.ptr
+        n = container.logical_length(job.c)
+        whole = len(job.parts) == 1 and job.parts[0].within == 0 and job.parts[0].n == n
+        target = base + job.parts[0].dst_at if whole else int(lane.chunk.data.ptr)
+        decoded = int(lane.out.data.ptr) + j * CHUNK
+        if job.kind == Kind.ZSTD:
+            if whole:
+                rt.memcpyAsync(target, decoded, n, rt.memcpyDeviceToDevice, stream)
+                return
+            target = decoded  # the parts are copied straight from the decoded chunk
+        else:
+            low = int(lane.stored.data.ptr) + j * _ROOM + job.end
+            self._interleave(cp, lane, decoded, low, target, n // 2)
+            if whole:
+                return
+        for p in job.parts:
+            rt.memcpyAsync(base + p.dst_at, target + p.within, p.n, rt.memcpyDeviceToDevice, stream)
+
+    def _interleave(
+        self, cp: Any, lane: _Lane, hi_ptr: int, lo_ptr: int, out_ptr: int, n: int
+    ) -> None:
         if self._kernel is None:
-            with self._lock:
-                if self._kernel is None:
-                    self._kernel = cp.RawKernel(_INTERLEAVE, "interleave")
+            self._kernel = cp.RawKernel(_INTERLEAVE, "interleave")
         blocks = min(-(-n // _BLOCK), 4 * 132 * 8)  # enough to fill any GPU; the loop strides
         aligned = np.int32(out_ptr % 2 == 0)
-        args = (slot.high, _at(lo_ptr, n), _at(out_ptr, 2 * n), np.int64(n), aligned)
-        with slot.stream:
+        args = (_at(hi_ptr, n), _at(lo_ptr, n), _at(out_ptr, 2 * n), np.int64(n), aligned)
+        with lane.stream:
             self._kernel((blocks,), (_BLOCK,), args)
+
+    def _ready_lanes(self) -> list[_Lane]:
+        """The two lanes (made at the first load)."""
+        if not self._lanes:
+            cp = import_cupy()
+            for _ in range(2):
+                stream = cp.cuda.Stream(non_blocking=True)
+                codec = self._nvcomp.Codec(
+                    algorithm="Zstd",
+                    bitstream_kind=self._nvcomp.BitstreamKind.RAW,
+                    cuda_stream=stream.ptr,
+                    device_id=self._device.index,
+                )
+                pinned = cp.cuda.alloc_pinned_memory(BATCH * _ROOM)
+                self._lanes.append(
+                    _Lane(
+                        stream=stream,
+                        codec=codec,
+                        host=np.frombuffer(pinned, dtype=np.uint8, count=BATCH * _ROOM),
+                        stored=cp.empty(BATCH * _ROOM, dtype=cp.uint8),
+                        out=cp.empty(BATCH * CHUNK, dtype=cp.uint8),
+                        chunk=cp.empty(CHUNK, dtype=cp.uint8),
+                        pinned=pinned,
+                    )
+                )
+        return self._lanes
 
 
 def _at(ptr: int, n: int) -> Any:
