@@ -61,7 +61,7 @@ def gpu_rows(
                 report.add(BenchRow(key, label, None, "GB/s", note=why))
                 continue
             say(label)
-            secs, engines = _loads(Path(tmp) / mode, mode, data, device, config, repeats)
+            secs, engines = _loads(Path(tmp) / key, mode, data, device, config, repeats)
             note = f"engine {', '.join(sorted(engines))}"
             report.add(BenchRow(key, label, gbps(len(data), secs), "GB/s", note=note))
     report.compare("gpu_plain", "gpu_ceiling")
