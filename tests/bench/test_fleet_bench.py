@@ -44,6 +44,7 @@ def _databases(server: PgServer) -> set[str]:
     return {r[0] for r in server.execute("postgres", "SELECT datname FROM pg_database")}
 
 
+@pytest.mark.slow  # suite time: ~9 CPU-seconds; the namespace test below runs a distribution
 def test_two_hosts_by_hand_and_by_a_fleet_job(
     tmp_path: Path, pg_server: PgServer, pg_url: str
 ) -> None:

@@ -52,6 +52,7 @@ def _checkpoint(root: Path, shapes: dict[str, tuple[int, ...]], shards: int) -> 
     return files
 
 
+@pytest.mark.slow  # suite time: ~8 CPU-seconds of gloo ranks (the 2-GPU run is the real one)
 def test_the_whole_protocol_on_cpu(tmp_path: Path) -> None:
     # One rank in host memory: the server, the hard links, the workers, their checks and the
     # cleanup all run for real, without a GPU.
