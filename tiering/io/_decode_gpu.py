@@ -27,7 +27,6 @@ says why.
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -41,6 +40,7 @@ from tiering.codec._format import frame_spans, read_frame_table
 from tiering.ranges import settle
 
 from ._device import Device, import_cupy
+from ._nvcomp import Zstd, load
 
 __all__ = ["GpuDecoder", "available"]
 
@@ -48,6 +48,7 @@ NVCOMP_HINT = (
     "compressed files are decoded on the host instead; install nvCOMP to decode them on the "
     "GPU: pip install 'tierd[gpu-codec]'"
 )
+#: Frames of one call at most: a batch of ZSTD chunks (SPLIT2 chunks have half as many).
 
 #: One thread of a CUDA block interleaves this many element pairs (grid-stride loop).
 _BLOCK = 256
@@ -65,33 +66,11 @@ extern "C" __global__ void interleave(const unsigned char* hi, const unsigned ch
 }
 """
 
-_probe_lock = threading.Lock()
-_probed: tuple[Any, str | None] | None = None
-
-
-def _nvcomp() -> tuple[Any, str | None]:
-    """nvCOMP's module, or None and why not (asked once a process)."""
-    global _probed
-    with _probe_lock:
-        if _probed is None:
-            try:
-                nvcomp = importlib.import_module("nvidia.nvcomp")
-                nvcomp.set_device_allocator(_pool_alloc)
-                _probed = (nvcomp, None)
-            except Exception as exc:  # ImportError, or its library failing to load
-                _probed = (None, f"nvCOMP is not available ({exc}); {NVCOMP_HINT}")
-        return _probed
-
-
-def _pool_alloc(nbytes: int, stream: Any) -> Any:
-    """nvCOMP's scratch from CuPy's pool: its own allocator calls cudaMalloc and cudaFree for
-    every batch, and cudaFree waits for the whole device."""
-    return import_cupy().cuda.alloc(nbytes)
-
 
 def available() -> str | None:
     """None where compressed files can be decoded on the GPU, else why not."""
-    return _nvcomp()[1]
+    why = load()[1]
+    return None if why is None else f"{why}; {NVCOMP_HINT}"
 
 
 #: Chunks decoded by one nvCOMP call (8 MiB each: 64 to 128 frames of 64 KiB a chunk).
@@ -101,6 +80,7 @@ BATCH = 32
 #: Pinned and device bytes a stored chunk may take: its logical size and its frame table,
 #: padding included (a chunk that would be larger is stored RAW, at its logical size).
 _ROOM = CHUNK + CHUNK // 8
+_MAX_FRAMES = BATCH * (CHUNK // FRAME)
 
 
 @dataclass
@@ -108,13 +88,19 @@ class _Lane:
     """A batch's pinned host buffer, device buffers and stream (made at first use, kept)."""
 
     stream: Any
-    codec: Any
     host: np.ndarray  # pinned: BATCH stored chunks, at multiples of _ROOM
     stored: Any  # device: the same
     out: Any  # device: BATCH decoded frame sets (a SPLIT2 chunk's high bytes), per CHUNK
     chunk: Any  # device: a whole chunk, for chunks only part of which is wanted
-    pinned: Any = field(default=None, repr=False)  # keeps ``host``'s memory
-    configs: dict[tuple[tuple[int, int], ...], Any] = field(default_factory=dict)
+    temp: Any  # device: nvCOMP's scratch
+    meta: np.ndarray  # pinned uint64 [4, _MAX_FRAMES]: source and output pointers and sizes
+    meta_dev: Any  # device: the same
+    results: np.ndarray  # pinned uint64 [2, _MAX_FRAMES]: statuses (int32), decoded sizes
+    results_dev: Any  # device: the same
+    pinned: list[Any] = field(default_factory=list, repr=False)  # keeps the pinned memory
+    #: The last batch queued, checked once the lane's stream is synchronized: the container,
+    #: each frame's chunk, each frame's expected size.
+    pending: tuple[Container, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,10 +133,10 @@ class GpuDecoder:
     """
 
     def __init__(self, device: Device, readers: int = 16) -> None:
-        nvcomp, why = _nvcomp()
-        if nvcomp is None:
+        zstd, why = load()
+        if zstd is None:
             raise RuntimeError(why)
-        self._nvcomp = nvcomp
+        self._zstd: Zstd = zstd
         self._device = device
         self._pool = ThreadPoolExecutor(readers, thread_name_prefix="tierd-gpu-decode")
         self._lanes: list[_Lane] = []
@@ -165,11 +151,7 @@ class GpuDecoder:
                 return
             with self._device.current():
                 for lane in lanes:
-                    # Each codec goes before the stream it was made on (it synchronizes that
-                    # stream when it is destroyed), then the buffers.
-                    lane.stream.synchronize()
-                    lane.codec = None
-                    lane.stream = None
+                    lane.stream.synchronize()  # nothing may still use the buffers
 
     # -- a call --------------------------------------------------------------------------------
     def read(
@@ -200,15 +182,37 @@ class GpuDecoder:
                     settle(reading)
                     if k + 1 < len(batches):
                         other = lanes[(k + 1) % 2]
-                        other.stream.synchronize()  # its last batch is done with its buffers
+                        self._settle(other)  # its last batch is done with its buffers
                         reading = self._start_reads(container, batches[k + 1], other)
                     self._decode(container, batch, lane, base)
+                for lane in lanes:
+                    self._settle(lane)
             finally:
                 for f in reading:  # none may still write into a lane once this call ends
                     f.cancel()
                 wait(reading)
                 for lane in lanes:
                     lane.stream.synchronize()
+                    lane.pending = None
+
+    def _settle(self, lane: _Lane) -> None:
+        """Wait for the lane's last batch, and check nvCOMP's status and size of each of its
+        frames (a frame it could not decode is an error naming the chunk, never bytes)."""
+        lane.stream.synchronize()
+        if lane.pending is None:
+            return
+        container, chunks, want = lane.pending
+        lane.pending = None
+        n = len(want)
+        statuses = lane.results[0].view(np.int32)[:n]  # nvcompStatus_t: 4 bytes each
+        bad = np.flatnonzero((statuses != 0) | (lane.results[1, :n] != want))
+        if bad.size:
+            i = int(bad[0])
+            raise container.corrupt(
+                int(chunks[i]),
+                f"nvCOMP could not decode frame {i} of its batch (status {int(statuses[i])}, "
+                f"{int(lane.results[1, i])} of {int(want[i])} bytes)",
+            )
 
     # -- host side: reads ----------------------------------------------------------------------
     def _start_reads(self, container: Container, batch: list[_Job], lane: _Lane) -> list[Any]:
@@ -250,7 +254,7 @@ class GpuDecoder:
         src_sizes: list[int] = []
         out_offsets: list[int] = []
         out_sizes: list[int] = []
-        shape: list[tuple[int, int]] = []
+        chunks: list[int] = []
         for j, job in enumerate(batch):
             at = j * _ROOM
             n = container.logical_length(job.c)
@@ -266,10 +270,10 @@ class GpuDecoder:
             src_sizes += job.sizes
             out_offsets += [j * CHUNK + i * FRAME for i in range(len(job.sizes))]
             out_sizes += [min(FRAME, coded - i * FRAME) for i in range(len(job.sizes))]
-            shape.append((len(job.sizes), coded))
+            chunks += [job.c] * len(job.sizes)
         if src_offsets:
             self._frames(
-                container, batch, lane, src_offsets, src_sizes, out_offsets, out_sizes, tuple(shape)
+                container, batch, lane, src_offsets, src_sizes, out_offsets, out_sizes, chunks
             )
         for j, job in enumerate(batch):
             if job.kind != Kind.RAW:
@@ -284,23 +288,41 @@ class GpuDecoder:
         src_sizes: list[int],
         out_offsets: list[int],
         out_sizes: list[int],
-        shape: tuple[tuple[int, int], ...],
+        chunks: list[int],
     ) -> None:
-        """Queue one nvCOMP decode of every frame of the batch into the lane's ``out``."""
-        nv = self._nvcomp
+        """Queue one nvCOMP decode of every frame of the batch into the lane's ``out``, and
+        the copy back of its statuses and sizes (checked by :meth:`_settle`)."""
+        cp = import_cupy()
+        rt = cp.cuda.runtime
+        n = len(src_offsets)
+        meta = lane.meta[:, :n]
+        meta[0] = np.asarray(src_offsets, dtype=np.uint64) + np.uint64(lane.stored.data.ptr)
+        meta[1] = src_sizes
+        meta[2] = out_sizes
+        meta[3] = np.asarray(out_offsets, dtype=np.uint64) + np.uint64(lane.out.data.ptr)
         stream = lane.stream.ptr
-        srcs = nv.as_arrays(lane.stored, src_offsets, src_sizes, cuda_stream=stream)
-        outs = nv.as_arrays(lane.out, out_offsets, out_sizes, cuda_stream=stream)
-        try:
-            # nvCOMP reads every frame's header back to the host (a stream sync) unless given
-            # a config; one made for batches of the same shape serves them all.
-            config = lane.configs.get(shape)
-            if config is None:
-                config = lane.configs[shape] = lane.codec.decompression_config(srcs)
-            lane.codec.decode(srcs, out=outs, decompression_config=config)
-        except Exception as exc:  # nvCOMP's error for a frame it cannot decode
-            first = batch[0].c
-            raise container.corrupt(first, f"nvCOMP (chunks {first}-{batch[-1].c}): {exc}") from exc
+        row = _MAX_FRAMES * 8  # bytes of one row of meta
+        host, dev = lane.meta.ctypes.data, int(lane.meta_dev.data.ptr)
+        for r in range(4):
+            rt.memcpyAsync(dev + r * row, host + r * row, n * 8, rt.memcpyHostToDevice, stream)
+        res = int(lane.results_dev.data.ptr)
+        rt.memsetAsync(res, 0xFF, n * 4, stream)  # a status nvCOMP never wrote is an error
+        self._zstd.decompress_async(
+            src_ptrs=dev,
+            src_bytes=dev + row,
+            dst_bytes=dev + 2 * row,
+            actual_bytes=res + row,
+            frames=n,
+            temp=int(lane.temp.data.ptr),
+            temp_bytes=int(lane.temp.nbytes),
+            dst_ptrs=dev + 3 * row,
+            statuses=res,
+            stream=stream,
+        )
+        back = lane.results.ctypes.data
+        rt.memcpyAsync(back, res, n * 4, rt.memcpyDeviceToHost, stream)
+        rt.memcpyAsync(back + row, res + row, n * 8, rt.memcpyDeviceToHost, stream)
+        lane.pending = (container, np.asarray(chunks), np.asarray(out_sizes, dtype=np.uint64))
 
     def _place(
         self, cp: Any, container: Container, job: _Job, lane: _Lane, j: int, base: int
@@ -341,23 +363,33 @@ class GpuDecoder:
         """The two lanes (made at the first load)."""
         if not self._lanes:
             cp = import_cupy()
+            temp = self._zstd.temp_bytes(_MAX_FRAMES, FRAME, BATCH * CHUNK)
             for _ in range(2):
-                stream = cp.cuda.Stream(non_blocking=True)
-                codec = self._nvcomp.Codec(
-                    algorithm="Zstd",
-                    bitstream_kind=self._nvcomp.BitstreamKind.RAW,
-                    cuda_stream=stream.ptr,
-                    device_id=self._device.index,
+                pinned = [
+                    cp.cuda.alloc_pinned_memory(BATCH * _ROOM),
+                    cp.cuda.alloc_pinned_memory(4 * _MAX_FRAMES * 8),
+                    cp.cuda.alloc_pinned_memory(2 * _MAX_FRAMES * 8),
+                ]
+                host, meta, results = (
+                    np.frombuffer(m, dtype=dt, count=k).reshape(shape)
+                    for m, dt, k, shape in (
+                        (pinned[0], np.uint8, BATCH * _ROOM, (-1,)),
+                        (pinned[1], np.uint64, 4 * _MAX_FRAMES, (4, _MAX_FRAMES)),
+                        (pinned[2], np.uint64, 2 * _MAX_FRAMES, (2, _MAX_FRAMES)),
+                    )
                 )
-                pinned = cp.cuda.alloc_pinned_memory(BATCH * _ROOM)
                 self._lanes.append(
                     _Lane(
-                        stream=stream,
-                        codec=codec,
-                        host=np.frombuffer(pinned, dtype=np.uint8, count=BATCH * _ROOM),
+                        stream=cp.cuda.Stream(non_blocking=True),
+                        host=host,
                         stored=cp.empty(BATCH * _ROOM, dtype=cp.uint8),
                         out=cp.empty(BATCH * CHUNK, dtype=cp.uint8),
                         chunk=cp.empty(CHUNK, dtype=cp.uint8),
+                        temp=cp.empty(max(temp, 1), dtype=cp.uint8),
+                        meta=meta,
+                        meta_dev=cp.empty((4, _MAX_FRAMES), dtype=cp.uint64),
+                        results=results,
+                        results_dev=cp.empty((2, _MAX_FRAMES), dtype=cp.uint64),
                         pinned=pinned,
                     )
                 )
