@@ -243,10 +243,13 @@ class PieceFill:
             avoid=avoid, per_peer=f.per_peer, up=asked, speed=f.speeds.rates(),
         )  # fmt: skip
         plan.update({i: None for i in sorted(missing - taken) if not m.has_digest(i)})
+        # A claimer this host found down (its connections refused or failing) no longer
+        # counts, whatever its heartbeat and claim still say: waiting them out cost a
+        # distribution ~10 s when the killed peer was the one reading the bucket.
         claimers = [
             h.host
             for h in holdings
-            if h.host != f.host and (h.origin_until or 0) > now and h.host in alive
+            if h.host != f.host and (h.origin_until or 0) > now and h.host in up
         ]
         able = [
             h for h in holdings
