@@ -129,15 +129,22 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
 
     Tests wait for conditions, never for a fixed time: on a loaded 2-core CI machine the
     condition may take long, and on an idle one it is usually met at once.
+
+    The pause between polls grows from 10 ms to 100 ms: most conditions hold within a few
+    polls, and one that takes seconds (a fleet job, often asked over HTTP of a tierd process)
+    is asked 10 times a second, not 50 (on 2 cores that polling was a visible share of the
+    suite's CPU).
     """
     deadline = time.monotonic() + timeout
+    pause = 0.01
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(0.1, pause * 1.5)
 
 
 def make_settings(root: Path, **overrides: Any) -> Settings:
