@@ -155,6 +155,7 @@ def _work(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.slow  # suite time (~7 CPU-seconds): the nginx origin's run below covers the bench
 def test_bench_object_store_against_moto(tmp_path: Path) -> None:
     work = _work(tmp_path)
     args = ["object-store", *ARGS, "--origin", "moto", "--dir", str(work)]

@@ -17,7 +17,7 @@ as written, so nothing is left out here; ``test_nothing_is_skipped`` holds that.
 
 Suite time: the three ``*_glob_edge_cases`` tests take ~35 parameter sets each (fsspec's glob
 expansion against ``find``, a tree made and removed each time: a third of a CPU-minute in
-all). By default a fixed quarter of their sets runs, chosen by a hash of the test's name so
+all). By default a fixed eighth of their sets runs, chosen by a hash of the test's name so
 every run picks the same ones; ``--runslow`` runs them all.
 """
 
@@ -57,14 +57,14 @@ def tierd_fs(fsspec_server: LiveServer) -> TierdFileSystem:
 
 
 @pytest.fixture(autouse=True)
-def _a_quarter_of_the_glob_edge_cases(request: pytest.FixtureRequest) -> None:
+def _an_eighth_of_the_glob_edge_cases(request: pytest.FixtureRequest) -> None:
     node = request.node
     if (
         node.originalname.endswith("_glob_edge_cases")
-        and zlib.crc32(node.name.encode()) % 4
+        and zlib.crc32(node.name.encode()) % 8
         and not request.config.getoption("--runslow")
     ):
-        pytest.skip("suite time: a quarter of the glob edge cases runs (--runslow: all)")
+        pytest.skip("suite time: an eighth of the glob edge cases runs (--runslow: all)")
 
 
 class TierdFixtures(AbstractFixtures):  # type: ignore[misc]  # fsspec is untyped

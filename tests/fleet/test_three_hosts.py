@@ -114,6 +114,9 @@ def _check_local_copies(p: TierdProcess) -> None:
             assert c.delete(f"/v1/buffers/{r.json()['buffer_id']}").status_code in (200, 204)
 
 
+# Suite time (~12 CPU-seconds): tests/fleet/test_distribution.py prefetches a model onto four
+# real hosts in CI and checks every copy's bytes; this one adds locate's warmth and the job's counts.
+@pytest.mark.slow
 def test_a_fleet_prefetch_puts_the_model_on_all_three_hosts(three: list[TierdProcess]) -> None:
     _see_each_other_and_read_the_model(three)
     with three[0].client() as c:
