@@ -115,7 +115,7 @@ def _check_local_copies(p: TierdProcess) -> None:
 
 
 # Suite time (~12 CPU-seconds): tests/fleet/test_distribution.py prefetches a model onto four
-# real hosts in CI and checks every copy's bytes; this one adds locate's warmth and the job's counts.
+# real hosts in CI and checks every copy's bytes; this one adds locate's warmth and job counts.
 @pytest.mark.slow
 def test_a_fleet_prefetch_puts_the_model_on_all_three_hosts(three: list[TierdProcess]) -> None:
     _see_each_other_and_read_the_model(three)
