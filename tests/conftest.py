@@ -47,6 +47,7 @@ import uvicorn
 from app.main import create_app
 from app.settings import Settings, get_settings
 from tests.helpers import SHM, engine_settings
+from tierd_client._tls import tls_context
 from tiering.engine import Engine
 
 # The S3-protocol server (moto on loopback) and object-tier fixtures, and a real PostgreSQL
@@ -214,7 +215,7 @@ class LiveServer:
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=tls_context())
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tierd_client._tls import tls_context
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -117,15 +118,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"tierd serve did not start:\n{_tail(cwd / 'serve.log')}")
-            time.sleep(0.1)
+        with httpx.Client(timeout=2, verify=tls_context()) as http:  # one client, one CA load
+            while True:
+                try:
+                    if http.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"tierd serve did not start:\n{_tail(cwd / 'serve.log')}")
+                time.sleep(0.1)
         yield Served(cwd, port, env)
     finally:
         proc.terminate()

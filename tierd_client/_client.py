@@ -19,6 +19,7 @@ from ._loads import drop_none, file_ref, file_refs, open_tensors, parse_target
 from ._models import ModelsMixin
 from ._progress import finish
 from ._state_dict import StateDictSource, close_client, load_state_dict
+from ._tls import tls_context
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +55,11 @@ class Client(ModelsMixin):
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
-            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=tls_context(),
         )
 
     # -- plumbing --------------------------------------------------------------------------

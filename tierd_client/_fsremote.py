@@ -28,6 +28,7 @@ from ._exceptions import (
     RangeNotSatisfiable,
     error_from_response,
 )
+from ._tls import tls_context
 
 __all__ = ["PAGE", "Remote", "os_error"]
 
@@ -99,7 +100,11 @@ class Remote:
     ) -> None:
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self._options: dict[str, Any] = {"base_url": url, "timeout": timeout}
+        self._options: dict[str, Any] = {
+            "base_url": url,
+            "timeout": timeout,
+            "verify": tls_context(),
+        }
         if transport is not None:
             self._options["transport"] = transport
         self._http = httpx.Client(**self._options)
