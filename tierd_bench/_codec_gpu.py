@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._measure import GiB, MiB, free_gpu, gbps, timed
+from ._measure import GiB, free_gpu, gbps, timed
 from ._report import BenchRow, Report
 
 __all__ = ["gpu_rows"]
@@ -91,15 +91,13 @@ def _loads(
     from tiering.io import GpuDirectStorage
     from tiering.tiers import DirectoryTier
 
+    from ._codec_tiers import store
+
     cp = importlib.import_module("cupy")
     tier = DirectoryTier(TierConfig(mode, path=root, compression=mode), 0)
     engines: set[str] = set()
     try:
-        tier.check()
-        with tier.writer("model.safetensors") as w:
-            for i in range(0, len(data), 8 * MiB):
-                w.write(data[i : i + 8 * MiB])
-            w.publish()
+        store(tier, data)
         with GpuDirectStorage(device, config) as gds:
 
             def load() -> Any:

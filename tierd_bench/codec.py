@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
+from ._codec_tiers import tier_reads
 from ._measure import MiB, default_device, format_size, gbps, timed
 from ._report import BenchRow, Report
 
@@ -138,44 +137,10 @@ def run(
     report.compare("encode_all", "encode_1")
     report.compare("decode_all", "decode_1")
     say("reading through tiers")
-    _tier_reads(report, data, repeats, say)
+    tier_reads(report, data, repeats, say)
     report.compare("read_compressed", "read_raw")
     if device.startswith("cuda"):
         from ._codec_gpu import gpu_rows
 
         gpu_rows(report, data, device, repeats, say)
     return report
-
-
-def _tier_reads(report: Report, data: bytes, repeats: int, say: Callable[[str], None]) -> None:
-    """A whole-file read of the checkpoint from the page cache, through a plain directory
-    tier and through a compressing one (its source's decoding ranges, on its pool)."""
-    from tiering.config import TierConfig
-    from tiering.tiers import DirectoryTier
-
-    buf = memoryview(bytearray(len(data)))
-    with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-") as tmp:
-        for key, mode in (("read_raw", "off"), ("read_compressed", "on")):
-            tier = DirectoryTier(TierConfig(mode, path=Path(tmp) / mode, compression=mode), 0)
-            try:
-                tier.check()
-                with tier.writer("model.safetensors") as w:
-                    for i in range(0, len(data), 8 * MiB):
-                        w.write(data[i : i + 8 * MiB])
-                    w.publish()
-
-                def read(tier: DirectoryTier = tier) -> None:
-                    with tier.open("model.safetensors") as src:
-                        ranges = src.ranges
-                        if ranges is not None:
-                            ranges.readinto(buf, 0)
-                        else:
-                            src.readinto(buf, 0)
-
-                secs = timed(read, repeats)
-                if bytes(buf) != data:
-                    raise AssertionError(f"{key}: the bytes read differ from the checkpoint")
-            finally:
-                tier.close()
-            label = "read, page cache, " + ("compressed tier" if mode == "on" else "plain tier")
-            report.add(BenchRow(key, label + " (model bytes)", gbps(len(data), secs), "GB/s"))

@@ -89,13 +89,17 @@ class DirectorySource(Source):
         return LocalFile(self.fd, self.tier.root / self.relpath) if self.fd >= 0 else None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
-        total = 0
-        while total < len(buf):
-            n = os.preadv(self.fd, [buf[total:]], offset + total)
-            if n == 0:
+        return self._pread_into(buf, offset)
+
+    def _pread_into(self, view: memoryview, offset: int) -> int:
+        """The file's bytes at ``offset`` into ``view`` (fewer only at its end)."""
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got == 0:
                 break
-            total += n
-        return total
+            done += got
+        return done
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
         with contextlib.suppress(OSError):
@@ -142,15 +146,6 @@ class CompressedSource(DirectorySource):
 
     def _pread(self, n: int, offset: int) -> bytes:
         return pread_exact(self.fd, n, offset)
-
-    def _pread_into(self, view: memoryview, offset: int) -> int:
-        done = 0
-        while done < len(view):
-            got = os.preadv(self.fd, [view[done:]], offset + done)
-            if got == 0:
-                break
-            done += got
-        return done
 
     def chunks(self, chunk_size: int) -> Iterator[memoryview]:
         """In order, with the next chunks decoding on the tier's pool meanwhile (a move or a
