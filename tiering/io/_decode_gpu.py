@@ -272,9 +272,7 @@ class GpuDecoder:
             out_sizes += [min(FRAME, coded - i * FRAME) for i in range(len(job.sizes))]
             chunks += [job.c] * len(job.sizes)
         if src_offsets:
-            self._frames(
-                container, batch, lane, src_offsets, src_sizes, out_offsets, out_sizes, chunks
-            )
+            self._frames(container, lane, src_offsets, src_sizes, out_offsets, out_sizes, chunks)
         for j, job in enumerate(batch):
             if job.kind != Kind.RAW:
                 self._place(cp, container, job, lane, j, base)
@@ -282,7 +280,6 @@ class GpuDecoder:
     def _frames(
         self,
         container: Container,
-        batch: list[_Job],
         lane: _Lane,
         src_offsets: list[int],
         src_sizes: list[int],

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tiering.errors import ClosedFile
+from tiering.tiers import pread_exact
 
 from ._stats import UNTIERED, IoPath
 
@@ -146,15 +147,7 @@ class GdsFile:
     def read_bytes(self, n: int, offset: int) -> bytes:
         """Up to ``n`` bytes at ``offset`` (fewer only at the end), for small metadata reads
         such as a safetensors header. Call it inside ``_use()``."""
-        chunks = []
-        while n > 0:
-            b = os.pread(self._fd, n, offset)
-            if not b:
-                break
-            chunks.append(b)
-            n -= len(b)
-            offset += len(b)
-        return b"".join(chunks)
+        return pread_exact(self._fd, n, offset)
 
     def __enter__(self) -> GdsFile:
         return self

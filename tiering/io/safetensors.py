@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tiering.errors import InvalidDtype, InvalidInput, MalformedFile
+from tiering.tiers import pread_exact
 
 from ._stats import IoReport
 
@@ -104,18 +105,6 @@ def _fail(path: Path, why: str) -> MalformedFile:
     return MalformedFile(f"{path}: not a valid safetensors file: {why}", path=str(path))
 
 
-def _read_exact(fd: int, n: int, offset: int) -> bytes:
-    chunks = []
-    while n:
-        b = os.pread(fd, n, offset)
-        if not b:
-            break
-        chunks.append(b)
-        n -= len(b)
-        offset += len(b)
-    return b"".join(chunks)
-
-
 #: The first read of a header takes this much, so a typical header (a few KiB to a few hundred
 #: KiB of JSON) costs one request on a remote file, not two.
 _FIRST_READ = 256 << 10
@@ -139,7 +128,7 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Safetens
         fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        return parse_header(path, size, functools.partial(_read_exact, fd))
+        return parse_header(path, size, functools.partial(pread_exact, fd))
     finally:
         if own:
             os.close(fd)

@@ -24,13 +24,14 @@ from tiering.tiers._base import (
     Writer,
 )
 from tiering.tiers._directory import DirectorySource, DirectoryTier
-from tiering.tiers._dirwriter import DirectoryWriter, write_all
+from tiering.tiers._dirwriter import DirectoryWriter, pread_exact, write_all
 from tiering.tiers._memory import FillCancelled, MemoryEntry, MemoryTier
 from tiering.tiers._tiers import KINDS, Tiers, make_tier
 from tiering.tiers._writeback import start_writeback
 
 __all__ = [
     "start_writeback",
+    "pread_exact",
     "KINDS",
     "UNBOUNDED",
     "Capabilities",

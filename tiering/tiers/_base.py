@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from tiering.config import TierConfig
-from tiering.errors import FileNotFound, InvalidPath, TierdError
+from tiering.errors import FileNotFound, IntegrityError, InvalidPath, TierdError
 from tiering.ranges import RangeReader
 
 __all__ = [
@@ -231,11 +231,27 @@ class Writer(abc.ABC):
     tier: Tier
     relpath: str
     size: int = 0
+    #: The checksum the caller said the bytes must have (``writer(checksum=...)``), if any.
+    expected: str | None = None
 
     @property
     @abc.abstractmethod
     def checksum(self) -> str:
         """Checksum of the bytes written so far."""
+
+    def refuse_unexpected(self) -> str:
+        """Before a publish: the checksum of the bytes written (hashed once: a positional
+        writer hashes its whole file for it); unless it is :attr:`expected`, abort and raise
+        :class:`~tiering.errors.IntegrityError` (nothing is published)."""
+        value = self.checksum
+        if self.expected is not None and value != self.expected:
+            self.abort()
+            raise IntegrityError(
+                f"{self.relpath!r}: the bytes written hash to {value}, "
+                f"not {self.expected}; nothing was published",
+                path=self.relpath,
+            )
+        return value
 
     @property
     @abc.abstractmethod

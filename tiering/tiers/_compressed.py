@@ -29,22 +29,9 @@ from tiering.codec import CHUNK, CODEC, HEADER, Container, Encoder, is_container
 from tiering.errors import IntegrityError, TierdError
 from tiering.ranges import RangeReader
 from tiering.tiers._base import Published, Stat, Writer
-from tiering.tiers._dirwriter import DirectoryWriter
+from tiering.tiers._dirwriter import DirectoryWriter, pread_exact
 
-__all__ = ["CompressedRanges", "CompressingWriter", "logical_stat", "pread_exact", "sniff"]
-
-
-def pread_exact(fd: int, n: int, offset: int) -> bytes:
-    """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
-    parts = []
-    while n > 0:
-        b = os.pread(fd, n, offset)
-        if not b:
-            break
-        parts.append(b)
-        n -= len(b)
-        offset += len(b)
-    return b"".join(parts)
+__all__ = ["CompressedRanges", "CompressingWriter", "logical_stat", "sniff"]
 
 
 def sniff(fd: int, size: int, name: str) -> Container | None:
@@ -172,13 +159,7 @@ class CompressingWriter(Writer):
             )
 
     def publish(self) -> Published:
-        if self.expected is not None and self.checksum != self.expected:
-            self.abort()
-            raise IntegrityError(
-                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
-                f"not {self.expected}; nothing was published",
-                path=self.relpath,
-            )
+        self.refuse_unexpected()
         st = self.sync()
         done = self.inner.publish()
         stat = self._logical(done.stat)

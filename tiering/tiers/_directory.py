@@ -36,10 +36,9 @@ from tiering.tiers._compressed import (
     CompressedRanges,
     CompressingWriter,
     logical_stat,
-    pread_exact,
     sniff,
 )
-from tiering.tiers._dirwriter import DirectoryWriter, stat_of
+from tiering.tiers._dirwriter import DirectoryWriter, pread_exact, stat_of
 from tiering.tiers.paths import (
     RESERVED_DIR,
     TEMP_SUFFIX,

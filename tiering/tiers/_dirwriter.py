@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, cast
 
-from tiering.errors import AlreadyExists, InsufficientSpace, IntegrityError, TierdError
+from tiering.errors import AlreadyExists, InsufficientSpace, TierdError
 from tiering.tiers._base import Published, Stat, Tier, Writer
 from tiering.tiers._writeback import WRITEBACK_STEP, start_writeback
 from tiering.tiers.paths import TEMP_SUFFIX, split_relpath
@@ -49,6 +49,19 @@ def stat_of(st: os.stat_result) -> Stat:
         mode=st.st_mode & 0o7777,
         atime_ns=st.st_atime_ns,
     )
+
+
+def pread_exact(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts = []
+    while n > 0:
+        b = os.pread(fd, n, offset)
+        if not b:
+            break
+        parts.append(b)
+        n -= len(b)
+        offset += len(b)
+    return b"".join(parts)
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -256,14 +269,7 @@ class DirectoryWriter(Writer):
         """fsync, publish under the final name without clobbering, fsync the directory."""
         if self._fd is None:
             raise TierdError("publish after publish or abort")
-        value = self.checksum
-        if self.expected is not None and value != self.expected:
-            self.abort()
-            raise IntegrityError(
-                f"{self.relpath!r}: the bytes written hash to {value}, "
-                f"not {self.expected}; nothing was published",
-                path=self.relpath,
-            )
+        value = self.refuse_unexpected()
         st = self.sync()
         fd, self._fd = self._fd, None
         os.close(fd)

@@ -232,13 +232,7 @@ class ObjectWriter(Writer):
     def publish(self) -> Published:
         """Complete the upload (no clobber unless ``overwrite``), then HEAD to verify it."""
         self._require_open("publish")
-        if self.expected is not None and self.checksum != self.expected:
-            self.abort()
-            raise IntegrityError(
-                f"{self.relpath!r}: the bytes written hash to {self.checksum}, "
-                f"not {self.expected}; nothing was published",
-                path=self.relpath,
-            )
+        self.refuse_unexpected()
         self.sync()
         self._complete()
         self._state = "published"
