@@ -67,17 +67,18 @@ class TierSettings(BaseModel):
     quota_bytes: int | None = Field(default=None, ge=0, description="Most bytes tierd places here")
     compression: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="Directory tiers: store files compressed where it pays (bf16 weights: "
-        "about 0.7 of their size); auto: on for the third tier and slower, off for the two "
-        "fastest",
+        description="Store the files tierd writes to this tier compressed where it pays "
+        "(bf16 weights: about 0.7 of their size). auto: on for directory tiers from the third "
+        "tier down and for object tiers (objects adopted from a bucket stay as they are); off "
+        "for the two fastest directory tiers",
     )
 
     @model_validator(mode="after")
     def _one_backend(self) -> TierSettings:
-        if self.compression == "on" and (self.kind == "memory" or self.url is not None):
+        if self.compression == "on" and self.kind == "memory":
             raise ValueError(
-                f"tier {self.name!r}: compression is for directory tiers (object and memory "
-                "tiers keep files as they are)"
+                f"tier {self.name!r}: compression is for directory and object tiers (the "
+                "memory tier holds what GPUs read)"
             )
         if self.kind == "memory":
             if self.path is not None or self.url is not None:

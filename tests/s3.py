@@ -141,8 +141,10 @@ def s3_bucket(s3_client: Any) -> str:
 def make_object_tier(
     moto_endpoint: str, s3_bucket: str, s3_env: dict[str, str]
 ) -> Iterator[Callable[..., Any]]:
-    """``make(name="s3", *, url=None, endpoint_url=None, rank=1, **kwargs)``: an ObjectTier on
-    the test's bucket (prefix ``pre``) with small parts; every tier made is closed after."""
+    """``make(name="s3", *, url=None, endpoint_url=None, rank=1, compression="off", **kwargs)``:
+    an ObjectTier on the test's bucket (prefix ``pre``) with small parts, storing files as they
+    are unless ``compression`` says otherwise (the tiers' own default, ``auto``, compresses:
+    the server's tests run it); every tier made is closed after."""
     from tiering.tiers._object import ObjectTier
 
     made: list[ObjectTier] = []
@@ -153,6 +155,7 @@ def make_object_tier(
         url: str | None = None,
         endpoint_url: str | None = None,
         rank: int = 1,
+        compression: str = "off",
         **kwargs: Any,
     ) -> ObjectTier:
         kwargs.setdefault("part_size", SMALL_PART)
@@ -165,6 +168,7 @@ def make_object_tier(
             url=url or f"s3://{s3_bucket}/pre",
             endpoint_url=endpoint_url or moto_endpoint,
             region=REGION,
+            compression=compression,
         )
         tier = ObjectTier(cfg, rank, **kwargs)
         made.append(tier)

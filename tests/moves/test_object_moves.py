@@ -17,7 +17,9 @@ import pytest
 
 from tests.helpers import assert_invariants, checksum, payload, put, tier_files
 from tests.s3 import REGION, raw_client
+from tierd_bench.codec import synthetic_bf16
 from tiering.catalog import FileState, MigrationPhase
+from tiering.codec import CODEC
 from tiering.config import EngineConfig, TierConfig
 from tiering.engine import Engine
 from tiering.errors import IntegrityError
@@ -25,6 +27,7 @@ from tiering.moves import STEPS
 
 PART = 64 << 10  # moto is told to accept parts this small (tests.s3)
 SIZE = 5 * PART + 123  # several parts, so "copying" is in the middle of a multipart upload
+_BF16 = synthetic_bf16(3 << 20, tensors=2)  # stored compressed: a container of many parts
 
 
 @pytest.fixture
@@ -150,23 +153,26 @@ def _crash_move(config: EngineConfig, file_id: int, dst: str, step: str) -> None
     assert p.exitcode == -signal.SIGKILL, f"child exit code {p.exitcode} at step {step}"
 
 
-# The steps a CI run crashes at; --runslow crashes at every one.
-QUICK = ("copying", "published", "source_unlinked")
+# The steps a CI run crashes at; --runslow crashes at every one. A compressed object (the
+# tier's default for files that pay) in CI: mid-upload of the container, and published.
+QUICK = {"plain": ("copying", "published", "source_unlinked"), "bf16": ("copying", "published")}
 
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("direction", ["demote", "promote"])
+@pytest.mark.parametrize("form", ["plain", "bf16"])
 def test_kill_9_at_every_step(
     s3_config: EngineConfig,
     s3_client: Any,
     s3_bucket: str,
     step: str,
     direction: str,
+    form: str,
     request: pytest.FixtureRequest,
 ) -> None:
-    if step not in QUICK and not request.config.getoption("--runslow"):
+    if step not in QUICK[form] and not request.config.getoption("--runslow"):
         pytest.skip("slow: pass --runslow for every step")
-    data = payload(SIZE)
+    data = payload(SIZE) if form == "plain" else _BF16
     src, dst = ("nvme", "s3") if direction == "demote" else ("s3", "nvme")
     with Engine(s3_config) as eng:
         rec = put(eng, "d/f0.bin", data, tier=src)
@@ -174,7 +180,12 @@ def test_kill_9_at_every_step(
     committed = STEPS.index(step) >= STEPS.index("switched")
     with Engine(s3_config) as eng:  # recovery runs at start
         assert_invariants(eng, {"d/f0.bin": data})
-        assert eng.catalog.get(rec.id).tier == (dst if committed else src)
+        now = eng.catalog.get(rec.id)
+        assert now.tier == (dst if committed else src)
+        if form == "bf16" and now.tier == "s3":
+            assert now.codec == CODEC and s3_client.head_object(
+                Bucket=s3_bucket, Key="models/.tierd-compressed/d/f0.bin"
+            )
         assert _uploads(s3_client, s3_bucket) == []  # no orphaned multipart upload
         before = tier_files(eng)
         second = eng.mover.recover()

@@ -370,8 +370,9 @@ def test_a_publish_the_head_cannot_verify_is_taken_back(
     def drop_checksum(status: int, headers: list[Any], body: bytes) -> tuple[int, Any, bytes]:
         return status, [h for h in headers if h[0].lower() != "x-amz-meta-tierd-checksum"], body
 
-    # HEAD 1 is the writer's "does the name exist" check, HEAD 2 its verification.
-    fault_proxy.fail("edit", method="HEAD", nth=2, edit=drop_checksum)
+    # HEADs 1 and 2 are the writer's "does the name exist" checks (the plain key and the
+    # compressed one), HEAD 3 its verification.
+    fault_proxy.fail("edit", method="HEAD", nth=3, edit=drop_checksum)
     tier = via_proxy(make_object_tier, fault_proxy)
     data = os.urandom(PART + 1)
     with pytest.raises(IntegrityError, match="failed verification.*it was removed"):

@@ -27,7 +27,7 @@ from tiering.codec._format import (
 if TYPE_CHECKING:
     import zstandard
 
-__all__ = ["Container", "ReadAt", "ReadInto", "is_container"]
+__all__ = ["ChunkDecoder", "Container", "ReadAt", "ReadInto", "is_container"]
 
 ReadAt = Callable[[int, int], bytes]
 """``read(n, offset)``: ``n`` bytes of the stored file at ``offset`` (fewer only at its end)."""
@@ -71,7 +71,7 @@ class Container:
         self.index = index
         self._read = read
         self._read_into = read_into
-        self._dctx = threading.local()
+        self._chunks = ChunkDecoder(name)
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
@@ -109,14 +109,14 @@ class Container:
             got = len(data)
             view[:got] = data
         if got != e.length:
-            raise self._corrupt(c, "it is cut short")
+            raise self.corrupt(c, "it is cut short")
         if digest(view) != e.stored_xxh3:
-            raise self._corrupt(c, "its stored bytes do not match their checksum")
+            raise self.corrupt(c, "its stored bytes do not match their checksum")
         return view
 
     def corrupt(self, c: int, why: str) -> CorruptContainer:
         """The error for chunk ``c`` found damaged (``why``), naming the file and the chunk."""
-        return self._corrupt(c, why)
+        return self._chunks.corrupt(c, why)
 
     # -- reading -------------------------------------------------------------------------------
     def readinto(self, buf: memoryview, offset: int) -> int:
@@ -192,35 +192,50 @@ class Container:
         logical = min(self.chunk_size, self.size - c * self.chunk_size)
         stored = self._read(e.length, e.offset)
         if len(stored) != e.length:
-            raise self._corrupt(c, "it is cut short")
-        import zstandard  # the server's: the client imports the tiers without it
-
+            raise self.corrupt(c, "it is cut short")
         if out is None:
             out = np.empty(logical, dtype=np.uint8)
-        try:
-            self._layout(e.kind, memoryview(stored), out, c)
-        except zstandard.ZstdError as exc:
-            raise self._corrupt(c, f"zstd: {exc}") from exc
-        if digest(out.data) != e.xxh3:
-            raise self._corrupt(c, "its bytes do not match their checksum")
+        self._chunks.decode(c, e.kind, memoryview(stored), out, e.xxh3)
         return out
+
+
+class ChunkDecoder:
+    """Decodes one chunk's stored bytes, wherever they are (a container being read, or an
+    encoder checking what it made before it is written); ``name`` names the file in errors.
+    Thread-safe: each thread has its own zstd context."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._dctx = threading.local()
+
+    def decode(self, c: int, kind: Kind, stored: memoryview, out: np.ndarray, xxh3: int) -> None:
+        """Chunk ``c`` (``kind``, ``stored``) decoded into ``out`` (its logical length) and
+        checked against ``xxh3``: :class:`CorruptContainer` whatever ``out`` holds then."""
+        import zstandard  # the server's: the client imports the tiers without it
+
+        try:
+            self._layout(kind, stored, out, c)
+        except zstandard.ZstdError as exc:
+            raise self.corrupt(c, f"zstd: {exc}") from exc
+        if digest(out.data) != xxh3:
+            raise self.corrupt(c, "its bytes do not match their checksum")
 
     def _layout(self, kind: Kind, stored: memoryview, out: np.ndarray, c: int) -> None:
         """Decode the chunk's ``stored`` bytes into ``out`` (its logical length)."""
         src = np.frombuffer(stored, dtype=np.uint8)
         if kind == Kind.RAW:
             if len(src) != len(out):
-                raise self._corrupt(c, "a raw chunk has the wrong length")
+                raise self.corrupt(c, "a raw chunk has the wrong length")
             out[:] = src
         elif kind == Kind.ZSTD:
             self._frames(stored, out, c)
         else:
             if len(out) % 2:
-                raise self._corrupt(c, "a 2-byte chunk has an odd length")
+                raise self.corrupt(c, "a 2-byte chunk has an odd length")
             high = np.empty(len(out) // 2, dtype=np.uint8)
             end = self._frames(stored, high, c)
             if len(src) - end != len(high):
-                raise self._corrupt(c, "its low bytes have the wrong length")
+                raise self.corrupt(c, "its low bytes have the wrong length")
             # Re-interleaved as little-endian 16-bit words (high << 8 | low): several times
             # faster in NumPy than two strided byte copies.
             words = out.view(np.dtype("<u2"))
@@ -233,14 +248,14 @@ class Container:
         sizes, start = read_frame_table(stored, self.name, c)
         n = len(out)
         if len(sizes) != -(-n // FRAME):
-            raise self._corrupt(c, "its frame table has the wrong count")
+            raise self.corrupt(c, "its frame table has the wrong count")
         starts, end = frame_spans(sizes, start)
         dctx = self._decompressor()
         for i, (at, s) in enumerate(zip(starts, sizes, strict=True)):
             want = min(FRAME, n - i * FRAME)
             part = dctx.decompress(stored[at : at + s], max_output_size=want)
             if len(part) != want:
-                raise self._corrupt(c, f"frame {i} decodes to {len(part)} bytes, not {want}")
+                raise self.corrupt(c, f"frame {i} decodes to {len(part)} bytes, not {want}")
             out[i * FRAME : i * FRAME + want] = np.frombuffer(part, dtype=np.uint8)
         return end
 
@@ -252,7 +267,7 @@ class Container:
             d = self._dctx.d = zstandard.ZstdDecompressor()
         return d
 
-    def _corrupt(self, c: int, why: str) -> CorruptContainer:
+    def corrupt(self, c: int, why: str) -> CorruptContainer:
         return CorruptContainer(
             f"{self.name}: chunk {c} of the compressed file is damaged: {why}",
             path=self.name,

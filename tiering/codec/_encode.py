@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tiering.codec._decode import ChunkDecoder
 from tiering.codec._format import (
     CHUNK,
     FRAME,
@@ -135,15 +136,26 @@ class Encoder:
     unchanged; :attr:`compressed` says which, once decided. Memory is bounded by the probe.
     """
 
-    def __init__(self, sink: Callable[[bytes | memoryview], None], *, level: int = LEVEL) -> None:
+    def __init__(
+        self,
+        sink: Callable[[bytes | memoryview], None],
+        *,
+        level: int = LEVEL,
+        verify: str | None = None,
+    ) -> None:
         import zstandard
 
         self._sink = sink
+        # With ``verify`` (the file's name), each chunk is decoded again as soon as it is
+        # encoded and checked against its input, before any of it reaches the sink: for a
+        # sink whose bytes cannot be read back before they are published (a multipart
+        # upload's parts), this is the decode-before-commit check.
+        self._check = ChunkDecoder(verify) if verify is not None else None
         self._cctx = zstandard.ZstdCompressor(level=level)
         self._buf = bytearray()
         self._spans: list[tuple[int, int]] = []
         self._entries: list[ChunkEntry] = []
-        self._held: list[tuple[Kind, list[bytes], int]] = []  # chunks encoded in the probe
+        self._held: list[tuple[Kind, list[bytes], int, int]] = []  # chunks encoded in the probe
         self.logical = 0  # bytes taken
         self.stored = 0  # bytes given to the sink
         self.compressed: bool | None = None  # None until decided
@@ -196,8 +208,8 @@ class Encoder:
             for start in range(0, whole, CHUNK):
                 data = memoryview(bytes(self._buf[start : start + CHUNK]))
                 kind, parts = self._chunk(start, data)
-                self._held.append((kind, parts, digest(data)))
-            stored = sum(len(p) for _, parts, _ in self._held for p in parts)
+                self._held.append((kind, parts, digest(data), len(data)))
+            stored = sum(len(p) for _, parts, _, _ in self._held for p in parts)
             self.compressed = wrap or stored <= (1 - MIN_GAIN) * whole
             if self.compressed:
                 del self._buf[:whole]
@@ -207,12 +219,16 @@ class Encoder:
             self._emit(raw)
             return
         self._emit(MAGIC)
-        for kind, parts, xxh in self._held:
-            self._put(kind, parts, xxh)
+        for kind, parts, xxh, length in self._held:
+            self._put(kind, parts, xxh, length)
         self._held.clear()
 
-    def _put(self, kind: Kind, parts: list[bytes], xxh: int) -> None:
+    def _put(self, kind: Kind, parts: list[bytes], xxh: int, length: int) -> None:
         import xxhash
+
+        if self._check is not None and kind != Kind.RAW:
+            out = np.empty(length, dtype=np.uint8)
+            self._check.decode(len(self._entries), kind, memoryview(b"".join(parts)), out, xxh)
 
         self._emit(bytes(padding(self.stored)))  # every chunk starts aligned
         offset = self.stored
@@ -232,6 +248,6 @@ class Encoder:
         while len(self._buf) - done >= CHUNK or (final and done < len(self._buf)):
             data = memoryview(bytes(self._buf[done : done + CHUNK]))
             kind, parts = self._chunk(start + done, data)
-            self._put(kind, parts, digest(data))
+            self._put(kind, parts, digest(data), len(data))
             done += len(data)
         del self._buf[:done]

@@ -235,7 +235,14 @@ class FileOps:
             try:
                 known = None
                 if trust_catalog:
-                    known = Stat(rec.size, rec.mtime_ns, rec.etag or "", checksum=rec.checksum)
+                    known = Stat(
+                        rec.size,
+                        rec.mtime_ns,
+                        rec.etag or "",
+                        checksum=rec.checksum,
+                        codec=rec.codec,
+                        stored_size=rec.stored_size,
+                    )
                 source = self.tiers.get(rec.tier).open(rec.relpath, etag=rec.etag, known=known)
             except FileNotFound:
                 again = self.catalog.get(file_id)

@@ -122,8 +122,8 @@ def _checksum(src: Source) -> str:
 
 def _listed(tier: Tier, entry: WalkEntry) -> NewFile | None:
     """The record of an object adopted straight from its listing (no request per object)."""
-    if entry.etag is None:
-        return None
+    if entry.etag is None or entry.codec is not None:
+        return None  # no version to pin, or a compressed object: its logical size is inside
     return NewFile(entry.relpath, tier.name, entry.size, entry.mtime_ns, None, entry.etag)
 
 
@@ -208,7 +208,7 @@ class _Reconciler:
         elif rec.tier != tier.name:
             report.moved.append(relpath)
         elif (
-            rec.size != entry.size
+            (rec.stored_size if entry.codec else rec.size) != entry.size
             or rec.mtime_ns != entry.mtime_ns
             or rec.etag != entry.etag
             or (rec.checksum is None and entry.etag is None)

@@ -126,7 +126,13 @@ class Stat:
 @dataclass(frozen=True)
 class WalkEntry:
     """One file found by :meth:`Tier.walk`. ``dev``/``ino`` are 0 where there are no inodes;
-    ``etag`` is set by backends that have one."""
+    ``etag`` is set by backends that have one.
+
+    ``size`` is the logical file's, unless ``codec`` is set: then the listing showed only the
+    bytes the file takes stored with that codec (an object tier's listing of a compressed
+    object: its logical size is in the object's footer, one request away), and ``size`` is
+    those, to compare with a record's ``stored_size``.
+    """
 
     relpath: str
     size: int
@@ -134,6 +140,7 @@ class WalkEntry:
     dev: int = 0
     ino: int = 0
     etag: str | None = None
+    codec: str | None = None
 
 
 @dataclass(frozen=True)

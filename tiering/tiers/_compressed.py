@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import ClassVar, Literal
 
 from tiering.codec import CHUNK, CODEC, HEADER, Container, Encoder, is_container
 from tiering.errors import IntegrityError, TierdError
 from tiering.ranges import RangeReader
-from tiering.tiers._base import Published, Stat, Writer
+from tiering.tiers._base import Published, Stat, Tier, Writer
 from tiering.tiers._dirwriter import DirectoryWriter, pread_exact
 
 __all__ = ["CompressedRanges", "CompressingWriter", "logical_stat", "sniff"]
@@ -71,18 +72,41 @@ def logical_stat(st: Stat, size: int) -> Stat:
 
 
 class CompressingWriter(Writer):
-    """Compresses as it writes, into the tier's :class:`DirectoryWriter` (see the module)."""
+    """Compresses as it writes, into a writer of the tier (see the module).
 
-    def __init__(self, inner: DirectoryWriter, expected: str | None) -> None:
+    ``inner`` is the writer the stored bytes go to, or ``inner(compressed)`` gives it, called
+    once, when the encoder has decided whether the file goes in a container (a tier that
+    stores the two kinds under different names, as an object tier does, opens the right one
+    then).
+    ``room(n)`` raises while the decision is pending and ``n`` logical bytes would not fit.
+    With ``read_back`` the synced bytes are read again and decoded before publish (a
+    directory tier's temp file); otherwise each chunk is decoded and checked as soon as it is
+    encoded, before it reaches the inner writer (parts of a multipart upload cannot be read
+    before they are published). Either way no copy is published that does not decode.
+    """
+
+    def __init__(
+        self,
+        tier: Tier,
+        relpath: str,
+        expected: str | None,
+        inner: Writer | Callable[[bool], Writer],
+        *,
+        room: Callable[[int], None],
+        read_back: bool,
+    ) -> None:
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
-        self.inner = inner
-        self.tier = inner.tier
-        self.relpath = inner.relpath
+        self.tier = tier
+        self.relpath = relpath
         self.expected = expected
         self.size = 0
+        self._inner: Writer | None = inner if isinstance(inner, Writer) else None
+        self._open_inner = inner
+        self._room = room
+        self._read_back = read_back
         self._hasher = Hasher()
-        self._encoder = Encoder(inner.write)
+        self._encoder = Encoder(self._sink, verify=None if read_back else relpath)
         self._finished = False
         self._verified: Stat | None = None
 
@@ -91,9 +115,20 @@ class CompressingWriter(Writer):
         return self._hasher.value()
 
     @property
+    def inner(self) -> Writer:
+        """The writer of the stored bytes (opened at the encoder's decision, or now)."""
+        if self._inner is None:
+            assert not isinstance(self._open_inner, Writer)
+            self._inner = self._open_inner(bool(self._encoder.compressed))
+        return self._inner
+
+    def _sink(self, data: bytes | memoryview) -> None:
+        self.inner.write(data)
+
+    @property
     def stored_size(self) -> int:
-        """Bytes on disk so far (the container's, or the plain file's)."""
-        return self.inner.size
+        """Bytes stored so far (the container's, or the plain file's)."""
+        return 0 if self._inner is None else self._inner.size
 
     @property
     def compressed(self) -> bool:
@@ -101,7 +136,7 @@ class CompressingWriter(Writer):
 
     @property
     def synced(self) -> Stat | None:
-        st = self.inner.synced
+        st = None if self._inner is None else self._inner.synced
         return None if st is None else self._logical(st)
 
     def _logical(self, st: Stat) -> Stat:
@@ -115,14 +150,15 @@ class CompressingWriter(Writer):
         if self._encoder.compressed is None:
             # Still deciding (nothing stored yet): the logical bytes count against the limit,
             # as they do in the room a move checks before it starts.
-            self.inner.check_room(self.size + len(data))
+            self._room(self.size + len(data))
         self._encoder.write(data)
         self._hasher.update(data)
         self.size += len(data)
 
     def sync(self, *, mode: int | None = None, times_ns: tuple[int, int] | None = None) -> Stat:
-        """Finish the container, fsync it, then decode it back: a copy that does not read as
-        the bytes written is discarded and :class:`~tiering.errors.IntegrityError` raised."""
+        """Finish the container and sync it; with ``read_back``, decode it again: a copy that
+        does not read as the bytes written is discarded and
+        :class:`~tiering.errors.IntegrityError` raised."""
         if self._verified is not None:
             return self._verified
         if not self._finished:
@@ -130,10 +166,10 @@ class CompressingWriter(Writer):
             try:
                 self._encoder.finish()
             except BaseException:
-                self.inner.abort()
+                self.abort()
                 raise
         st = self.inner.sync(mode=mode, times_ns=times_ns)
-        if self._encoder.compressed:
+        if self._encoder.compressed and self._read_back:
             self._verify()
         self._verified = self._logical(st)
         return self._verified
@@ -142,6 +178,7 @@ class CompressingWriter(Writer):
         from tiering.checksum import Hasher
 
         inner = self.inner
+        assert isinstance(inner, DirectoryWriter)  # read_back is a directory writer's
         try:
             c = Container.open(self.relpath, lambda n, off: inner.read_at(off, n), self.stored_size)
             h = Hasher()
@@ -151,7 +188,7 @@ class CompressingWriter(Writer):
         except IntegrityError:
             ok = False
         if not ok:
-            self.inner.abort()
+            inner.abort()
             raise IntegrityError(
                 f"{self.relpath!r}: the compressed copy on tier {self.tier.name} does not decode "
                 "to the bytes written; nothing was published",
@@ -160,11 +197,12 @@ class CompressingWriter(Writer):
 
     def publish(self) -> Published:
         self.refuse_unexpected()
-        st = self.sync()
+        self.sync()
         done = self.inner.publish()
-        stat = self._logical(done.stat)
-        return Published(self.relpath, self.size, st.mtime_ns, self.checksum, stat)
+        stat = self._logical(done.stat)  # the published object's time (a bucket sets its own)
+        return Published(self.relpath, self.size, stat.mtime_ns, self.checksum, stat)
 
     def abort(self) -> None:
         self._finished = True
-        self.inner.abort()
+        if self._inner is not None:
+            self._inner.abort()

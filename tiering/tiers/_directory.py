@@ -365,7 +365,9 @@ class DirectoryTier(Tier):
         inner = DirectoryWriter(
             self, relpath, overwrite=overwrite, limit=limit, temp_stem=temp_stem
         )
-        return CompressingWriter(inner, checksum)
+        return CompressingWriter(
+            self, relpath, checksum, inner, room=inner.check_room, read_back=True
+        )
 
     def remove(
         self,

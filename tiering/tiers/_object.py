@@ -19,18 +19,25 @@ imported only by deployments that have an object-store tier.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from tiering.codec import CODEC
 from tiering.config import TierConfig
-from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
-from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry
+from tiering.errors import FileChanged, FileNotFound, InsufficientSpace, InvalidPath, TierdError
+from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry, Writer
+from tiering.tiers._compressed import CompressingWriter
 from tiering.tiers._object_io import ObjectSource, ObjectWriter
+from tiering.tiers._object_z import CompressedObjectSource, merged_walk
 from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
 from tiering.tiers._store import MiB, S3Store
-from tiering.tiers.paths import TEMP_SUFFIX, validate_relpath
+from tiering.tiers.paths import COMPRESSED_DIR, TEMP_SUFFIX, validate_relpath
 
 __all__ = ["ObjectTier"]
 
@@ -60,6 +67,10 @@ class ObjectTier(Tier):
     - ``read_engine``: what reads an object in order for a promotion: ``"auto"`` (KvikIO's
       ``RemoteFile`` where it is installed with remote I/O, else botocore), ``"kvikio"`` or
       ``"boto3"`` (see :mod:`tiering.ranges._kvikio`).
+    - ``compression``: ``"auto"`` (the default) or ``"on"`` stores the files this tier writes
+      compressed where that pays (:mod:`tiering.tiers._object_z`); ``"off"`` stores them as
+      they are. Objects adopted from the bucket are never rewritten; every object tier reads
+      the compressed objects it finds.
     - ``max_attempts``: tries per request (botocore's standard retry mode; ours for a GET body
       that breaks after its headers).
     - ``connect_timeout``, ``read_timeout``: seconds, per attempt; ``check_timeout``: both, for
@@ -103,6 +114,40 @@ class ObjectTier(Tier):
         self.prefix = self.store.prefix
         self.endpoint_url = self.store.endpoint_url
         self._reachable = True
+        self.compresses = config.compression != "off"
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def decode_pool(self) -> ThreadPoolExecutor:
+        """The threads that decode compressed objects' chunks (made at the first one): not the
+        connection pool, whose threads the decodes wait on."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(os.cpu_count() or 1, f"tierd-decode-{self.name}")
+            return self._pool
+
+    def _keys(self, relpath: str) -> tuple[str, str]:
+        """The plain and the compressed key of ``relpath``, in the order to look for it."""
+        plain = self.store.key(relpath)
+        packed = self.store.key(relpath, compressed=True)
+        return (packed, plain) if self.compresses else (plain, packed)
+
+    def _is_packed(self, key: str) -> bool:
+        return key.startswith(f"{self.store.key_prefix()}{COMPRESSED_DIR}/")
+
+    def _find(self, relpath: str) -> tuple[str, dict[str, Any]] | None:
+        """The key ``relpath`` is stored at and its HEAD, or None."""
+        for key in self._keys(relpath):
+            head = self.store.head(key)
+            if head is not None:
+                return key, head
+        return None
+
+    def _source(self, relpath: str, key: str, st: Stat) -> ObjectSource:
+        if self._is_packed(key):
+            pool = self.decode_pool()
+            return CompressedObjectSource(self, self.store, relpath, key, st, pool)
+        return ObjectSource(self, self.store, relpath, key, st)
 
     @property
     def location(self) -> str:
@@ -149,6 +194,10 @@ class ObjectTier(Tier):
         return True
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
     def space(self) -> Space:
@@ -159,15 +208,17 @@ class ObjectTier(Tier):
     def open(
         self, relpath: str, *, etag: str | None = None, known: Stat | None = None
     ) -> ObjectSource:
-        key = self.store.key(relpath)
-        if etag is not None and known is not None:
+        plain, packed = sorted(self._keys(relpath), key=self._is_packed)
+        if etag is not None and known is not None and (known.codec is None or known.stored_size):
             # Every GET sends If-Match with this ETag: the HEAD would only repeat that check.
             version = strip_etag(etag)
-            st = Stat(known.size, known.mtime_ns, version, checksum=known.checksum, etag=version)
-            return ObjectSource(self, self.store, relpath, key, st)
-        head = self.store.head(key)
-        if head is None:
+            size = known.size if known.codec is None else int(known.stored_size or 0)
+            st = Stat(size, known.mtime_ns, version, checksum=known.checksum, etag=version)
+            return self._source(relpath, plain if known.codec is None else packed, st)
+        found = self._find(relpath)
+        if found is None:
             raise FileNotFound(f"no object {relpath!r} in tier {self.name}", path=relpath)
+        key, head = found
         st = self.store.stat_of(head)
         if etag is not None and strip_etag(etag) != st.version:
             raise FileChanged(
@@ -177,21 +228,37 @@ class ObjectTier(Tier):
                 etag=st.version,
                 expected=strip_etag(etag),
             )
-        return ObjectSource(self, self.store, relpath, key, st)
+        return self._source(relpath, key, st)
 
     def stat(self, relpath: str) -> Stat | None:
+        """The object's stat; a compressed one's is its logical file's (its footer read)."""
         try:
-            key = self.store.key(relpath)
+            found = self._find(relpath)
         except InvalidPath:
             return None
-        head = self.store.head(key)
-        return None if head is None else self.store.stat_of(head)
+        if found is None:
+            return None
+        key, head = found
+        st = self.store.stat_of(head)
+        if not self._is_packed(key):
+            return st
+        try:
+            with self._source(relpath, key, st) as src:
+                return src.stat
+        except FileChanged:
+            return self.stat(relpath)  # replaced between the HEAD and the footer's GET
 
     def walk(self) -> Iterator[WalkEntry]:
         """Every object under the prefix, skipping directory markers, tierd's temp and probe
         names, and keys that are not valid relpaths (with a warning). A listing comes in UTF-8
-        byte order of the keys, a page at a time: relpath order, lazily, as walk promises."""
+        byte order of the keys, a page at a time: relpath order, lazily, as walk promises.
+        Compressed objects are listed from their own directory, merged into that order (their
+        entries' ``size`` is the stored size, ``codec`` says so)."""
         pfx = self.store.key_prefix()
+        return merged_walk(self._list(pfx, None), self._list(f"{pfx}{COMPRESSED_DIR}/", CODEC))
+
+    def _list(self, pfx: str, codec: str | None) -> Iterator[WalkEntry]:
+        packed = f"{COMPRESSED_DIR}/"
         pages = self.store.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=pfx
         )
@@ -201,6 +268,8 @@ class ObjectTier(Tier):
                     rel = obj["Key"][len(pfx) :]
                     if not rel or rel.endswith("/") or rel.endswith(TEMP_SUFFIX):
                         continue
+                    if codec is None and rel.startswith(packed):
+                        continue  # the other listing's
                     try:
                         validate_relpath(rel)
                     except InvalidPath as exc:
@@ -211,6 +280,7 @@ class ObjectTier(Tier):
                         int(obj["Size"]),
                         mtime_ns(obj["LastModified"]),
                         etag=strip_etag(obj["ETag"]),
+                        codec=codec,
                     )
         except (ClientError, BotoCoreError) as exc:
             raise translate(self.name, "list", self.store.url_of(pfx), exc) from exc
@@ -223,16 +293,51 @@ class ObjectTier(Tier):
         limit: int | None = None,
         temp_stem: str | None = None,
         checksum: str | None = None,
-    ) -> ObjectWriter:
-        return ObjectWriter(
-            self,
-            self.store,
-            relpath,
-            overwrite=overwrite,
-            limit=limit,
-            temp_stem=temp_stem,
-            checksum=checksum,
-        )
+    ) -> Writer:
+        """A multipart upload of ``relpath``; on a compressing tier, fed by the encoder and
+        started at its decision (see :mod:`tiering.tiers._object_z`)."""
+        plain, packed = sorted(self._keys(relpath), key=self._is_packed)
+        if not self.compresses:
+            return ObjectWriter(
+                self,
+                self.store,
+                relpath,
+                key=plain,
+                other=packed,
+                overwrite=overwrite,
+                limit=limit,
+                temp_stem=temp_stem,
+                checksum=checksum,
+            )
+        if not overwrite:
+            ObjectWriter.refuse_existing(self, self.store, relpath, (plain, packed))
+
+        def upload(compressed: bool) -> ObjectWriter:
+            key, other = (packed, plain) if compressed else (plain, packed)
+            return ObjectWriter(
+                self,
+                self.store,
+                relpath,
+                key=key,
+                other=other,
+                overwrite=overwrite,
+                limit=limit,
+                temp_stem=temp_stem,
+                # The parts are the stored bytes: the checksum (of the logical ones) is checked
+                # by the compressing writer, and kept in the metadata.
+                checksum=None if compressed else checksum,
+                label=checksum,
+            )
+
+        def room(n: int) -> None:
+            if limit is not None and n > limit:
+                raise InsufficientSpace(
+                    f"tier {self.name} has room for {limit} more bytes only",
+                    tier=self.name,
+                    limit=limit,
+                )
+
+        return CompressingWriter(self, relpath, checksum, upload, room=room, read_back=False)
 
     def remove(
         self,
@@ -244,10 +349,16 @@ class ObjectTier(Tier):
         """Delete the object; with ``version``, only while it still has that ETag (checked by
         HEAD and again by the conditional delete). A delete is durable when it returns, so
         ``between`` runs right after it."""
-        key = self.store.key(relpath)
-        head = self.store.head(key)
-        if head is None:
+        found = self._find(relpath)
+        if found is None:
             return False
+        key, head = found
+        if version is not None and strip_etag(version) != strip_etag(head["ETag"]):
+            # The version may be the object at the other place (both there after an
+            # interrupted overwrite): that is the one to remove.
+            other = next(k for k in self._keys(relpath) if k != key)
+            head = self.store.head(other) or head
+            key = other if strip_etag(head["ETag"]) == strip_etag(version) else key
         current = strip_etag(head["ETag"])
         if version is not None and strip_etag(version) != current:
             log.warning(
@@ -275,22 +386,24 @@ class ObjectTier(Tier):
         """Abort every unfinished upload of ``relpath``'s key. By the ownership rule (module
         docstring) they are all the temp of the one move that writes that key, so
         ``temp_stem`` (not listed by S3) need not be matched."""
-        key = self.store.key(relpath)
         found = False
-        for up in list(self.store.uploads(key)):
-            if up["Key"] == key:
-                self.store.abort_upload(key, up["UploadId"])
-                found = True
+        for key in self._keys(relpath):
+            for up in list(self.store.uploads(key)):
+                if up["Key"] == key:
+                    self.store.abort_upload(key, up["UploadId"])
+                    found = True
         return found
 
     def temps(self) -> Iterator[tuple[str, str]]:
         """``(relpath, "")`` for each key under the prefix with unfinished uploads."""
-        last = None
+        seen: set[str] = set()
+        packed = f"{COMPRESSED_DIR}/"
         for up in self.store.uploads(self.store.key_prefix()):
             rel = self.store.relpath_of(up["Key"])
-            if rel == last:
+            rel = rel[len(packed) :] if rel.startswith(packed) else rel
+            if rel in seen:
                 continue
-            last = rel
+            seen.add(rel)
             try:
                 validate_relpath(rel)
             except TierdError:

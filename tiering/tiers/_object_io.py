@@ -127,6 +127,13 @@ class ObjectWriter(Writer):
     :meth:`write` waits for the oldest part when that many are out. Each part carries a CRC32
     that the store checks on receipt. ``upload_id`` is known from construction on, so a move
     can journal it and recovery can abort it.
+
+    ``key`` is where the object goes (the relpath's plain key unless given); ``other`` is the
+    relpath's other place (a compressed object's key for a plain one, and the reverse): it
+    must be absent too unless ``overwrite``, and an overwrite removes it once the new object
+    is verified, so one relpath is one object. ``checksum`` is what the bytes written must
+    hash to; ``label`` (default: ``checksum``) the checksum kept in the metadata, tierd's
+    checksum of the file (for a compressed object, of its logical bytes).
     """
 
     def __init__(
@@ -139,11 +146,16 @@ class ObjectWriter(Writer):
         limit: int | None = None,
         temp_stem: str | None = None,
         checksum: str | None = None,
+        key: str | None = None,
+        other: str | None = None,
+        label: str | None = None,
     ) -> None:
         self.tier = tier
         self.store = store
         self.relpath = relpath
-        self.key = store.key(relpath)
+        self.key = key or store.key(relpath)
+        self.other = other
+        self.label = checksum if label is None else label
         self.where = store.url_of(self.key)
         self.overwrite = overwrite
         self.limit = limit
@@ -159,14 +171,11 @@ class ObjectWriter(Writer):
         self._next_part = 1
         self._inflight: deque[Future[dict[str, Any]]] = deque()
         self._parts: list[dict[str, Any]] = []
-        if not overwrite and store.head(self.key) is not None:
-            raise AlreadyExists(
-                f"{relpath!r} already exists in tier {tier.name}; pass overwrite=true",
-                path=relpath,
-            )
+        if not overwrite:
+            self.refuse_existing(tier, store, relpath, (self.key, *([other] if other else [])))
         meta = {META_TEMP: self.temp_stem, META_WRITER: self._token}
-        if checksum:
-            meta[META_CHECKSUM] = checksum
+        if self.label:
+            meta[META_CHECKSUM] = self.label
         resp = store.call(
             "start an upload to",
             self.where,
@@ -177,6 +186,16 @@ class ObjectWriter(Writer):
             ChecksumAlgorithm="CRC32",
         )
         self.upload_id: str = resp["UploadId"]
+
+    @staticmethod
+    def refuse_existing(tier: Tier, store: S3Store, relpath: str, keys: tuple[str, ...]) -> None:
+        """Raise :class:`~tiering.errors.AlreadyExists` if any of ``keys`` (the relpath's
+        places) holds an object."""
+        if any(store.head(k) is not None for k in keys):
+            raise AlreadyExists(
+                f"{relpath!r} already exists in tier {tier.name}; pass overwrite=true",
+                path=relpath,
+            )
 
     # -- the Writer interface --------------------------------------------------------------
     @property
@@ -247,8 +266,8 @@ class ObjectWriter(Writer):
         problems = []
         if st.size != self.size:
             problems.append(f"size {st.size} != {self.size} written")
-        if self.expected is not None and st.checksum != self.expected:
-            problems.append(f"metadata checksum {st.checksum} != {self.expected}")
+        if self.label and st.checksum != self.label:
+            problems.append(f"metadata checksum {st.checksum} != {self.label}")
         if problems:
             # It is this writer's object (the token says so), and it is wrong: take it back.
             try:
@@ -260,7 +279,25 @@ class ObjectWriter(Writer):
                 f"({'; '.join(problems)}); it was removed",
                 path=self.relpath,
             )
+        if self.overwrite and self.other is not None:
+            self._remove_other()
         return Published(self.relpath, self.size, st.mtime_ns, self.checksum, st)
+
+    def _remove_other(self) -> None:
+        """After an overwrite that changed the file's form: remove the old form. A crash
+        before this leaves both; the walk takes the newer one (the file), and the next
+        overwrite or removal of the relpath takes the older one."""
+        assert self.other is not None
+        try:
+            if self.store.head(self.other) is not None:
+                where = self.store.url_of(self.other)
+                client = self.store.client
+                self.store.call(
+                    "remove", where, client.delete_object, Bucket=self.store.bucket, Key=self.other
+                )
+        except TierdError as exc:
+            log.warning("could not remove the old form of %r at %s: %s", self.relpath,
+                        self.store.url_of(self.other), exc)  # fmt: skip
 
     def abort(self) -> None:
         """Discard the upload and its parts (idempotent; a no-op after publish).

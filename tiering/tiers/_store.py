@@ -35,7 +35,7 @@ from tiering.tiers._s3 import (
     strip_etag,
     translate,
 )
-from tiering.tiers.paths import validate_relpath
+from tiering.tiers.paths import COMPRESSED_DIR, validate_relpath
 
 __all__ = ["META_CHECKSUM", "MiB", "S3Store"]
 
@@ -133,10 +133,12 @@ class S3Store:
         self._quick_client: Any = None
 
     # -- keys --------------------------------------------------------------------------------
-    def key(self, relpath: str) -> str:
-        """The object key of ``relpath`` (validated)."""
+    def key(self, relpath: str, *, compressed: bool = False) -> str:
+        """The object key of ``relpath`` (validated); ``compressed``: of its container, in the
+        reserved directory (:mod:`tiering.tiers._object_z`)."""
         validate_relpath(relpath)
-        return f"{self.prefix}/{relpath}" if self.prefix else relpath
+        name = f"{COMPRESSED_DIR}/{relpath}" if compressed else relpath
+        return f"{self.prefix}/{name}" if self.prefix else name
 
     def key_prefix(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""

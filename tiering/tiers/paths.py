@@ -13,6 +13,7 @@ from tiering.errors import InvalidPath
 __all__ = [
     "MAX_COMPONENT_BYTES",
     "MAX_RELPATH_CHARS",
+    "COMPRESSED_DIR",
     "RESERVED_DIR",
     "TEMP_SUFFIX",
     "is_reserved",
@@ -28,6 +29,12 @@ TEMP_SUFFIX = ".tierd-tmp"
 #: The top-level directory of a tier root where tierd keeps this host's copies of files whose
 #: origin is a shared tier (see tiering.copies.hostcopies): never a file of the tier.
 RESERVED_DIR = ".tierd-copies"
+#: The top-level directory of an object tier's prefix where tierd keeps the objects it stored
+#: compressed (``<prefix>/.tierd-compressed/<relpath>``, see tiering.tiers._object_z): beside
+#: the plain keys, so a listing tells the two apart and other tools never take a container
+#: for the file. Reserved on every tier, since a relpath names a file on any tier.
+COMPRESSED_DIR = ".tierd-compressed"
+_RESERVED = (RESERVED_DIR, COMPRESSED_DIR)
 # Every temp file tierd creates: ".<anything>.tierd-tmp". Nothing else is ever deleted as a temp.
 _TEMP_RE = re.compile(r"^\.[A-Za-z0-9_.-]+\.tierd-tmp$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -39,8 +46,8 @@ def is_temp_name(name: str) -> bool:
 
 
 def is_reserved(relpath: str) -> bool:
-    """True for a path inside (or naming) the tier root's reserved copies directory."""
-    return relpath == RESERVED_DIR or relpath.startswith(RESERVED_DIR + "/")
+    """True for a path inside (or naming) one of the reserved top-level directories."""
+    return relpath.split("/", 1)[0] in _RESERVED
 
 
 def validate_relpath(relpath: object) -> str:
@@ -50,7 +57,7 @@ def validate_relpath(relpath: object) -> str:
     no U+FFFD (undecodable bytes); not absolute; no empty, ``.`` or ``..`` components; each
     component at most 255 bytes in UTF-8;
     at most 64 levels deep; no component in tierd's temp namespace (``*.tierd-tmp``); not
-    under the reserved top-level directory ``.tierd-copies``.
+    under the reserved top-level directories ``.tierd-copies`` and ``.tierd-compressed``.
     """
     if not isinstance(relpath, str) or not relpath:
         raise InvalidPath("path must be a non-empty string")
@@ -82,8 +89,8 @@ def validate_relpath(relpath: object) -> str:
             raise InvalidPath(f"path component longer than {MAX_COMPONENT_BYTES} bytes")
         if part.endswith(TEMP_SUFFIX):
             raise InvalidPath(f"names ending in {TEMP_SUFFIX!r} are reserved for tierd")
-    if parts[0] == RESERVED_DIR:
-        raise InvalidPath(f"the top-level directory {RESERVED_DIR!r} is reserved for tierd")
+    if parts[0] in _RESERVED:
+        raise InvalidPath(f"the top-level directory {parts[0]!r} is reserved for tierd")
     return relpath
 
 

@@ -1,0 +1,117 @@
+"""Compressed objects: what an object tier stores in tierd's container, read as the file.
+
+An object tier whose ``compression`` is on (``auto``, its default: objects tierd itself
+writes) stores a file that gains enough (:mod:`tiering.codec`) as a container under the
+reserved ``.tierd-compressed/`` directory of its prefix, at ``<prefix>/.tierd-compressed/
+<relpath>``; other files, and every object adopted from the bucket, stay at ``<prefix>/
+<relpath>`` as they are. The place says which a key is, so:
+
+- a listing tells them apart without a request per object (a compressed object's listed size
+  is its stored size: :class:`~tiering.tiers.WalkEntry` says so with ``codec``);
+- another tool reading the bucket never takes a container for the file it holds (the README
+  says what the directory is);
+- the two places merge into one walk in relpath order (two listings, each in key order).
+
+**Reading.** :class:`CompressedObjectSource` opens the container's footer and index by ranged
+GETs pinned to the ETag (``If-Match``), like every read of the object; its ``stat`` and
+``ranges`` are the logical file's. The stored bytes of a chunk are read as parallel GETs of
+:data:`STORED_PART` on the tier's connection pool (a chunk is about 5.5 MiB stored: several
+connections per chunk, as a raw read of the same bytes would use), and decoded on the tier's
+decode pool, a different pool, so a decode waiting on its GETs never holds a connection
+thread. Into a GPU, the stored chunks cross PCIe and are decoded there (the reader's
+``encoded`` container: :mod:`tiering.io._decode_gpu`).
+
+**Writing** goes through :class:`~tiering.tiers._compressed.CompressingWriter`: the multipart
+upload is started at the encoder's decision, at the key that decision names; each chunk is
+decoded and checked as it is encoded (a multipart upload's parts cannot be read before they
+are published), each part carries a CRC32 the store checks, and the HEAD after completion
+checks the stored size and tierd's checksum (of the logical bytes) in the metadata.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor
+from typing import ClassVar, Literal
+
+from tiering.codec import Container
+from tiering.ranges import RangeReader
+from tiering.tiers._base import Stat, Tier, WalkEntry
+from tiering.tiers._compressed import CompressedRanges, logical_stat
+from tiering.tiers._object_io import ObjectSource
+from tiering.tiers._store import MiB, S3Store
+
+__all__ = ["STORED_PART", "CompressedObjectSource", "one_per_relpath", "merged_walk"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes per GET of a compressed object's stored chunks.
+STORED_PART = 2 * MiB
+
+
+class CompressedObjectRanges(CompressedRanges):
+    """A compressed object's logical bytes as ranges (a load says they came from the bucket)."""
+
+    source: ClassVar[Literal["object_store", "peer", "storage"]] = "object_store"
+
+
+class CompressedObjectSource(ObjectSource):
+    """A container in an object tier opened at one ETag, read as its logical file."""
+
+    def __init__(
+        self, tier: Tier, store: S3Store, relpath: str, key: str, stored: Stat, pool: Executor
+    ) -> None:
+        super().__init__(tier, store, relpath, key, stored)
+        self.stored = self._ranges  # the object's own bytes, every GET pinned to the ETag
+        self.stored.part_size = STORED_PART
+        name = store.url_of(key)
+        c = Container.open(name, self._read_at, stored.size)
+        self.container = c.reading(self._read_at, self.stored.readinto)
+        self.stat = logical_stat(stored, c.size)
+        self._logical = CompressedObjectRanges(self.container, stored.version, pool)
+
+    def _read_at(self, n: int, offset: int) -> bytes:
+        buf = bytearray(max(0, min(n, self.stored.size - offset)))
+        self.stored.readinto(memoryview(buf), offset)
+        return bytes(buf)
+
+    @property
+    def ranges(self) -> RangeReader:  # type: ignore[override]
+        return self._logical
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        return self._logical.readinto(buf, offset)
+
+    def _chunk_reader(self) -> RangeReader:
+        # The stored bytes are not the file's: KvikIO's RemoteFile cannot read them.
+        return self._logical
+
+    def unchanged(self) -> bool:
+        return self.stored.head_matches() is not None
+
+
+def merged_walk(plain: Iterable[WalkEntry], packed: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
+    """The walks of the plain and the compressed keys (each in relpath order) as one."""
+    return one_per_relpath(heapq.merge(plain, packed, key=lambda e: e.relpath))
+
+
+def one_per_relpath(entries: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
+    """One entry per relpath: where a relpath is at both places (an overwrite that changed
+    the file's form and stopped before it removed the old object), the newer one, which is
+    the one that overwrite published."""
+    held: WalkEntry | None = None
+    for e in entries:
+        if held is not None and held.relpath == e.relpath:
+            log.warning(
+                "%r is stored both plain and compressed; the newer object is the file",
+                e.relpath,
+            )
+            held = e if e.mtime_ns >= held.mtime_ns else held
+            continue
+        if held is not None:
+            yield held
+        held = e
+    if held is not None:
+        yield held
