@@ -88,37 +88,13 @@ def _loads(
     """Median seconds of whole-file loads of ``data`` from a tier at ``root`` whose
     ``compression`` is ``mode`` into ``device``, and the engines that moved the bytes."""
     from tiering.config import TierConfig
-    from tiering.io import GpuDirectStorage
     from tiering.tiers import DirectoryTier
 
-    from ._codec_tiers import store
+    from ._codec_tiers import load_times, store
 
-    cp = importlib.import_module("cupy")
     tier = DirectoryTier(TierConfig(mode, path=root, compression=mode), 0)
-    engines: set[str] = set()
     try:
         store(tier, data)
-        with GpuDirectStorage(device, config) as gds:
-
-            def load() -> Any:
-                src = tier.open("model.safetensors")
-                lf = src.local_file()
-                if lf is not None:
-                    src.close()
-                    f = gds.open_file(lf.path)
-                else:
-                    f = gds.open_source(src, tier=tier.name, rank=0)
-                with f:
-                    r = gds.read(f)
-                    cp.cuda.runtime.deviceSynchronize()
-                engines.add(str(r.report.engine or "local"))
-                return r.array
-
-            # Warm (the page cache, the decoder's buffers, the kernel), and checked.
-            if cp.asnumpy(load()).tobytes() != data:
-                raise AssertionError(f"{mode}: the bytes loaded differ from the checkpoint")
-            free_gpu()
-            return timed(load, repeats, warmup=0), engines
+        return load_times(tier, "model.safetensors", data, device, config, repeats)
     finally:
         tier.close()
-        free_gpu()

@@ -1,20 +1,23 @@
 """The codec bench's reads through tiers: a checkpoint stored on a plain and on a compressing
-directory tier, read back whole from the page cache (the rows the GPU module extends)."""
+directory tier, read back whole from the page cache (the rows the GPU module extends); and
+whole-file loads from any tier into a device (:func:`load_times`, the GPU and object rows)."""
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._measure import MiB, gbps, timed
+import numpy as np
+
+from ._measure import MiB, free_gpu, gbps, timed
 from ._report import BenchRow, Report
 
 if TYPE_CHECKING:
-    from tiering.tiers import DirectoryTier
+    from tiering.tiers import DirectoryTier, Tier
 
-__all__ = ["store", "tier_reads"]
+__all__ = ["load_times", "store", "tier_reads"]
 
 
 def store(tier: DirectoryTier, data: bytes) -> None:
@@ -54,3 +57,46 @@ def tier_reads(report: Report, data: bytes, repeats: int, say: Callable[[str], N
                 tier.close()
             label = "read, page cache, " + ("compressed tier" if mode == "on" else "plain tier")
             report.add(BenchRow(key, label + " (model bytes)", gbps(len(data), secs), "GB/s"))
+
+
+def load_times(
+    tier: Tier, relpath: str, data: bytes, device: str, config: Any, repeats: int
+) -> tuple[float, set[str]]:
+    """Median seconds of whole-file loads of ``relpath`` (holding ``data``) from ``tier`` into
+    ``device`` (``cuda:N`` or ``cpu``) through tierd's I/O layer, as a load opens it (its local
+    file where it has one, else its range reader), and the engines that moved the bytes.
+    The first load warms (the page cache, the decoder's buffers, a kernel) and is checked."""
+    import importlib
+
+    from tiering.io import GpuDirectStorage
+
+    cuda = device.startswith("cuda")
+    cp = importlib.import_module("cupy") if cuda else None
+    engines: set[str] = set()
+    try:
+        with GpuDirectStorage(device, config) as gds:
+
+            def load() -> Any:
+                src = tier.open(relpath)
+                lf = src.local_file()
+                if lf is not None:
+                    src.close()
+                    f = gds.open_file(lf.path)
+                else:
+                    f = gds.open_source(src, tier=tier.name, rank=0)
+                with f:
+                    r = gds.read(f)
+                    if cp is not None:
+                        cp.cuda.runtime.deviceSynchronize()
+                engines.add(str(r.report.engine or "local"))
+                return r.array
+
+            got = load()
+            host = cp.asnumpy(got) if cp is not None else np.asarray(got)
+            if host.tobytes() != data:
+                raise AssertionError(f"{relpath} on {tier.name}: the bytes loaded differ")
+            del got, host
+            free_gpu()
+            return timed(load, repeats, warmup=0), engines
+    finally:
+        free_gpu()

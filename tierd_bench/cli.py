@@ -311,14 +311,37 @@ def bench_codec(
         int | None, typer.Option("--threads", help="Threads of the all-cores figures.", min=1)
     ] = None,
     device: DeviceOpt = "auto",
+    origin: Annotated[
+        str | None,
+        typer.Option(
+            "--origin",
+            help="Also load the checkpoint from a bucket, plain and compressed: moto, s3like "
+            "(nginx, --rate per connection) or open (nginx, no cap), started on loopback.",
+        ),
+    ] = None,
+    rate: RateOpt = "100MB",
+    connections: ConnectionsOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
-    """tierd's compressed format: ratio, CPU encode and decode GB/s against a raw read, and on
-    a GPU loads decoded there (nvCOMP) against plain ones."""
-    from tierd_bench.codec import run
+    """tierd's compressed format: ratio, CPU encode and decode GB/s against a raw read, on a
+    GPU loads decoded there (nvCOMP) against plain ones, and with --origin the same from a
+    bucket."""
+    from tierd_bench.codec import OriginUnavailable, run
 
     nbytes = _size(size, minimum=8 << 20)
-    report = run(nbytes, repeats=repeats, threads=threads, device=device, say=progress())
+    try:
+        report = run(
+            nbytes,
+            repeats=repeats,
+            threads=threads,
+            device=device,
+            origin=origin,
+            rate=_rate(rate),
+            connections=connections,
+            say=progress(),
+        )
+    except OriginUnavailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--origin") from exc
     _finish(report, json_path)
 
 

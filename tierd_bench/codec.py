@@ -26,9 +26,10 @@ import numpy as np
 
 from ._codec_tiers import tier_reads
 from ._measure import MiB, default_device, format_size, gbps, timed
+from ._origin import OriginUnavailable
 from ._report import BenchRow, Report
 
-__all__ = ["run", "synthetic_bf16"]
+__all__ = ["OriginUnavailable", "run", "synthetic_bf16"]
 
 
 def synthetic_bf16(size: int, *, seed: int = 29, tensors: int = 4) -> bytes:
@@ -61,11 +62,15 @@ def run(
     repeats: int = 3,
     threads: int | None = None,
     device: str = "cpu",
+    origin: str | None = None,
+    rate: int | None = 100_000_000,
+    connections: int | None = None,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
     """Measure the codec on a ``size``-byte synthetic bf16 checkpoint (see the module); with a
     ``cuda:N`` device (``auto``: one when there is a GPU), also loads into it
-    (:mod:`tierd_bench._codec_gpu`)."""
+    (:mod:`tierd_bench._codec_gpu`); with an ``origin``, loads of it plain and compressed from
+    a bucket into the device (:mod:`tierd_bench._codec_objects`)."""
     from tiering.codec import CHUNK, CODEC, LEVEL, Container, encode_bytes, encode_chunk
     from tiering.codec import two_byte_spans as spans_of
 
@@ -143,4 +148,18 @@ def run(
         from ._codec_gpu import gpu_rows
 
         gpu_rows(report, data, device, repeats, say)
+    if origin is not None:
+        from ._codec_objects import object_rows
+
+        object_rows(
+            report,
+            data,
+            stored,
+            device,
+            repeats,
+            origin=origin,
+            rate=rate,
+            connections=connections,
+            say=say,
+        )
     return report

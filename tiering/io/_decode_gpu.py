@@ -76,6 +76,9 @@ def available() -> str | None:
 #: Chunks decoded by one nvCOMP call (8 MiB each: 64 to 128 frames of 64 KiB a chunk).
 #: Measured on an H100 (1 GiB of bf16, page cache): 8 chunks a call decode at 13 GB/s of
 #: model bytes, 32 at 30, 64 at 37; 16 host threads read and check stored bytes at ~36.
+#: A batch's chunks are read by as many threads, all at once: from a bucket each read is
+#: GETs (a compressed object's chunk is about three), and a batch in flight keeps the tier's
+#: connections busy as a raw read of the same object would.
 BATCH = 32
 #: Pinned and device bytes a stored chunk may take: its logical size and its frame table,
 #: padding included (a chunk that would be larger is stored RAW, at its logical size).
@@ -132,7 +135,7 @@ class GpuDecoder:
     ``BATCH`` x 17 MiB of device memory, made at the first load and kept until closed.
     """
 
-    def __init__(self, device: Device, readers: int = 16) -> None:
+    def __init__(self, device: Device, readers: int = BATCH) -> None:
         zstd, why = load()
         if zstd is None:
             raise RuntimeError(why)
