@@ -92,6 +92,13 @@ def bench_fleet(
         Path | None,
         typer.Option("--dir", help="Where the hosts' data dirs go (not tmpfs). Default: here."),
     ] = None,
+    compressed: Annotated[
+        bool,
+        typer.Option(
+            "--compressed",
+            help="bf16 weights, in the bucket as tierd's object tier stores them: compressed.",
+        ),
+    ] = False,
     json_path: JsonOpt = None,
 ) -> None:
     """A model onto every host: one fleet prefetch against one prefetch per host by hand;
@@ -113,6 +120,7 @@ def bench_fleet(
                 poll_interval=poll_interval,
                 catalog_url=catalog_url,
                 directory=directory,
+                compressed=compressed,
                 say=progress(),
             )
         else:
@@ -126,6 +134,7 @@ def bench_fleet(
                 poll_interval=poll_interval,
                 catalog_url=catalog_url,
                 directory=directory,
+                compressed=compressed,
                 say=progress(),
             )
     except fleet.FleetBenchUnavailable as exc:

@@ -24,9 +24,8 @@ from typing import Any
 
 import httpx
 
-from ._fleethosts import Fleet, FleetBenchFailed, Host, forget
+from ._fleethosts import Fleet, FleetBenchFailed, Host, forget_model, model_bytes_sent
 from ._measure import format_size
-from ._nginx import bytes_sent
 from .fleet import POLL_S, _check, _new_model
 
 __all__ = ["KILL_AT", "ORIGIN_FAULT_TARGET", "fault_run"]
@@ -103,9 +102,9 @@ def fault_run(
     if killed is not None:  # its task would wait for its claim to lapse
         first.ok(first.http.delete(url))
     survivors = [h for h in hosts if h is not killed]
-    sent = bytes_sent(log, fleet.origin.bucket, f"{fleet.prefix}/{tag}")
+    sent = model_bytes_sent(fleet, tag)
     _check(fleet, survivors, model)
-    forget(fleet.origin, f"{fleet.prefix}/{tag}")
+    forget_model(fleet, tag)
     say(f"  {elapsed:.3f} s, the origin sent {sent / size:.2f}x the model; "
         f"the bytes checked on {len(survivors)} host(s)")  # fmt: skip
     return {

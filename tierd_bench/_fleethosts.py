@@ -20,6 +20,7 @@ import httpx
 
 from tiering.catalog import upgrade
 from tiering.catalog.backends import redact
+from tiering.tiers.paths import COMPRESSED_DIR
 
 from ._netns import Place
 from ._origin import REGION, Origin
@@ -74,6 +75,8 @@ class Fleet:
     origin: Origin
     prefix: str  # the s3 tier's prefix in the bucket
     work: Path
+    #: The models are bf16 weights stored as tierd stores them in a bucket: compressed.
+    compressed: bool = False
     checked: dict[str, int] = field(
         default_factory=lambda: {"measures": 0, "copies": 0, "bytes_compared": 0}
     )
@@ -186,6 +189,26 @@ def started(
 def forget(org: Origin, prefix: str) -> None:
     with contextlib.suppress(Exception):
         org.delete_prefix(prefix)
+
+
+def model_prefixes(fleet: Fleet, tag: str) -> list[str]:
+    """Where model ``tag``'s objects are in the bucket: its plain keys and its compressed ones
+    (an object tier keeps those under its prefix's ``.tierd-compressed/``)."""
+    return [f"{fleet.prefix}/{tag}", f"{fleet.prefix}/{COMPRESSED_DIR}/{tag}"]
+
+
+def forget_model(fleet: Fleet, tag: str) -> None:
+    for prefix in model_prefixes(fleet, tag):
+        forget(fleet.origin, prefix)
+
+
+def model_bytes_sent(fleet: Fleet, tag: str) -> int:
+    """Bytes the origin's access log says it sent for model ``tag`` (both places)."""
+    from ._nginx import bytes_sent
+
+    log = fleet.origin.access_log
+    assert log is not None  # nginx: checked by the callers
+    return sum(bytes_sent(log, fleet.origin.bucket, p) for p in model_prefixes(fleet, tag))
 
 
 def _wait_all_up(h: Host, ids: list[str], timeout: float = 60.0) -> None:

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+from tiering.tiers.paths import COMPRESSED_DIR
+
 __all__ = [
     "NGINX",
     "NginxServer",
@@ -64,19 +66,22 @@ def publish_listing(served: Path, bucket: str, prefix: str) -> None:
     lists = served.parent / ".tierd-list"
     for old in lists.glob(f"list.{prefix}.*.xml"):
         old.unlink()
-    base = served / bucket / prefix
-    entries = []
-    if base.is_dir():
-        for path in sorted(base.rglob("*")):
-            if path.is_file() and not path.name.startswith("."):
-                entries.append((f"{prefix}/{path.relative_to(base).as_posix()}", path.stat()))
-    entries.sort()
-    pages = [entries[i : i + _PAGE] for i in range(0, len(entries), _PAGE)] or [[]]
-    for n, page in enumerate(pages):
-        more = n + 1 < len(pages)
-        (lists / f"list.{prefix}.{n}.xml").write_text(
-            _list_xml(bucket, f"{prefix}/", page, f"p{n + 1}" if more else None)
-        )
+    # The prefix's own pages, and those of its ``.tierd-compressed/`` directory (where an
+    # object tier keeps what it stored compressed, listed by a second request).
+    for name, sub in ((prefix, prefix), (f"{prefix}.z", f"{prefix}/{COMPRESSED_DIR}")):
+        base = served / bucket / sub
+        entries = []
+        if base.is_dir():
+            for path in sorted(base.rglob("*")):
+                if path.is_file() and not path.name.startswith("."):
+                    entries.append((f"{sub}/{path.relative_to(base).as_posix()}", path.stat()))
+        entries.sort()
+        pages = [entries[i : i + _PAGE] for i in range(0, len(entries), _PAGE)] or [[]]
+        for n, page in enumerate(pages):
+            more = n + 1 < len(pages)
+            (lists / f"list.{name}.{n}.xml").write_text(
+                _list_xml(bucket, f"{sub}/", page, f"p{n + 1}" if more else None)
+            )
 
 
 _LINE = re.compile(r'^\S+ \S+ "\S+ (\S+) [^"]*" \d{3} \d+ "[^"]*" \S+ (\d+)$')
@@ -166,6 +171,7 @@ http {{
     map $arg_prefix $tierd_list {{
         default "none";
         "~*^(?<tierd_lp>[A-Za-z0-9._-]+)%2F$" $tierd_lp;
+        "~*^(?<tierd_lz>[A-Za-z0-9._-]+)%2F\.tierd-compressed%2F$" "$tierd_lz.z";
     }}
     map $args $tierd_page {{
         default "0";

@@ -43,7 +43,7 @@ import numpy as np
 
 from tiering.catalog.backends import backend_of
 from tiering.serving.fleetjobs import FleetWorkerConfig
-from tiering.tiers.paths import RESERVED_DIR
+from tiering.tiers.paths import COMPRESSED_DIR, RESERVED_DIR
 
 from ._datafiles import workdir
 from ._fleethosts import (
@@ -52,7 +52,7 @@ from ._fleethosts import (
     FleetBenchUnavailable,
     Host,
     catalog_database,
-    forget,
+    forget_model,
     started,
 )
 from ._measure import MiB, format_size
@@ -107,18 +107,40 @@ def _write_shard(path: Path, nbytes: int, rng: np.random.Generator) -> _Shard:
     return _Shard("", size, head, tail)
 
 
+def _write_compressed(path: Path, nbytes: int, seed: int) -> tuple[_Shard, bool]:
+    """A bf16 safetensors file of about ``nbytes`` (its logical bytes described), written at
+    ``path`` as tierd's object tier stores it: a container (:mod:`tiering.codec`), or as it
+    is where that would not pay (a small file); and whether it is a container."""
+    from tiering.codec import encode_bytes
+
+    from .codec import synthetic_bf16
+
+    data = synthetic_bf16(nbytes, seed=seed, tensors=2)
+    stored = encode_bytes(data)
+    path.write_bytes(stored)
+    return _Shard("", len(data), data[:SAMPLE], data[-SAMPLE:]), stored != data
+
+
 def _new_model(fleet: Fleet, tag: str, size: int, shards: int) -> list[_Shard]:
     """A model of its own under ``tag/``: written, put into the origin, adopted by one scan on
-    the first host (the bucket tier is shared: every host sees the records)."""
-    rng = np.random.default_rng(int.from_bytes(secrets.token_bytes(8), "little"))
+    the first host (the bucket tier is shared: every host sees the records). With
+    ``fleet.compressed``, bf16 weights put where the object tier keeps what it compressed."""
+    seed = int.from_bytes(secrets.token_bytes(8), "little")
+    rng = np.random.default_rng(seed)
     local = fleet.work / "model"
     local.mkdir(exist_ok=True)
     out = []
     for s in range(shards):
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         per = size // shards + (size % shards if s == shards - 1 else 0)
-        shard = _write_shard(local / name, per, rng)
-        fleet.origin.put_file(f"{fleet.prefix}/{tag}/{name}", local / name)
+        packed = False
+        if fleet.compressed:
+            shard, packed = _write_compressed(local / name, per, seed + s)
+        else:
+            shard = _write_shard(local / name, per, rng)
+        where = f"{COMPRESSED_DIR}/{tag}" if packed else tag
+        key = f"{fleet.prefix}/{where}/{name}"
+        fleet.origin.put_file(key, local / name)
         (local / name).unlink()  # the origin has it (nginx: a hard link to the same inode)
         out.append(_Shard(f"{tag}/{name}", shard.size, shard.head, shard.tail))
     first = fleet.hosts[0]
@@ -231,6 +253,7 @@ def run(
     poll_interval: float | None = None,
     catalog_url: str | None = None,
     directory: Path | None = None,
+    compressed: bool = False,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
     """Measure a fleet prefetch against prefetches by hand (see the module docstring).
@@ -282,6 +305,7 @@ def run(
             pg_url, server = stack.enter_context(catalog_database(catalog_url, say))
             org = stack.enter_context(open_origin(origin, rate=rate, parent=work, say=say))
             fleet = stack.enter_context(started(org, pg_url, work, hosts, poll, say))
+            fleet.compressed = compressed
             _measure(fleet, size, shards, runs, times, say)
             desc = org.description
     except (NoScratchDatabase, OriginUnavailable) as exc:
@@ -291,6 +315,7 @@ def run(
         "shards": shards,
         "size_bytes": size,
         "runs": runs,
+        "compressed": compressed,
         "origin": origin,
         "origin_description": desc,
         "postgresql": server,
@@ -318,7 +343,7 @@ def _measure(
     warm = _new_model(fleet, "warm-up", MIN_SHARD, 1)
     _by_hand(fleet.hosts, [s.path for s in warm])
     _check(fleet, fleet.hosts, warm)
-    forget(fleet.origin, f"{fleet.prefix}/warm-up")
+    forget_model(fleet, "warm-up")
     for r in range(runs):
         # Alternate which goes first, so neither always meets a warmer origin.
         order = ["hand", "fleet"] if r % 2 == 0 else ["fleet", "hand"]
@@ -335,7 +360,7 @@ def _measure(
                 times[what].append(_by_hand(fleet.hosts[:1], paths))
             _check(fleet, fleet.hosts if what != "single" else fleet.hosts[:1], model)
             # The origin's copy is not needed again: give back moto's memory (or disk).
-            forget(fleet.origin, f"{fleet.prefix}/{tag}")
+            forget_model(fleet, tag)
             on = n if what != "single" else 1
             say(f"  {times[what][-1]:.3f} s; the bytes checked on {on} host(s)")
 

@@ -41,12 +41,12 @@ from ._fleethosts import (
     FleetBenchUnavailable,
     Host,
     catalog_database,
-    forget,
+    forget_model,
+    model_bytes_sent,
     started,
 )
 from ._measure import MiB, format_size
 from ._netns import Net, network, why_no_netns
-from ._nginx import bytes_sent
 from ._origin import OriginUnavailable, open_origin
 from ._postgres import NoScratchDatabase
 from ._report import BenchRow, Report
@@ -55,7 +55,7 @@ from .fleet import MIN_SHARD, _by_hand, _check, _follow, _new_model
 __all__ = ["parse_bits", "run"]
 
 #: Issue 26's targets in the namespace bench.
-TIME_TARGET, ORIGIN_TARGET = 1.5, 1.1
+TIME_TARGET, ORIGIN_TARGET, ORIGIN_TARGET_COMPRESSED = 1.5, 1.1, 0.75
 
 
 def parse_bits(text: str) -> int:
@@ -97,6 +97,7 @@ def run(
     poll_interval: float | None = None,
     catalog_url: str | None = None,
     directory: Path | None = None,
+    compressed: bool = False,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
     """Warm times and origin bytes for each host count (see the module docstring).
@@ -154,6 +155,7 @@ def run(
             fleet = stack.enter_context(
                 started(org, pg_url, work, counts[-1], poll, say, net.hosts if net else None)
             )
+            fleet.compressed = compressed
             _measure(fleet, size, shards, counts, runs, seconds, sent, say)
             # Last: the killed host stays down.
             fault = fault_run(fleet, size, shards, counts[-1], say) if counts[-1] > 1 else None
@@ -169,6 +171,7 @@ def run(
         "shards": shards,
         "size_bytes": size,
         "runs": runs,
+        "compressed": compressed,
         "origin": origin,
         "origin_description": desc,
         "postgresql": server,
@@ -197,7 +200,7 @@ def _measure(
     warm = _new_model(fleet, "warm-up", MIN_SHARD, 1)
     _by_hand(fleet.hosts, [s.path for s in warm])
     _check(fleet, fleet.hosts, warm)
-    forget(fleet.origin, f"{fleet.prefix}/warm-up")
+    forget_model(fleet, "warm-up")
     for r in range(runs):
         for n in counts:
             tag = f"r{r + 1}-n{n}"
@@ -206,9 +209,9 @@ def _measure(
             hosts = fleet.hosts[:n]
             seconds[n].append(_warm(hosts, tag, len(model)))
             # The log is unbuffered (exact_log): every request the job made is logged by now.
-            sent[n].append(bytes_sent(log, fleet.origin.bucket, f"{fleet.prefix}/{tag}"))
+            sent[n].append(model_bytes_sent(fleet, tag))
             _check(fleet, hosts, model)
-            forget(fleet.origin, f"{fleet.prefix}/{tag}")
+            forget_model(fleet, tag)
             say(
                 f"  {seconds[n][-1]:.3f} s, the origin sent {sent[n][-1] / size:.2f}x the "
                 f"model; the bytes checked on {n} host(s)"
@@ -237,6 +240,8 @@ def _report(
             )
         )
     one = f"warm_{counts[0]}_s"
+    # Compressed weights (issue 29): the origin sends their stored bytes, once.
+    target = ORIGIN_TARGET_COMPRESSED if setup.get("compressed") else ORIGIN_TARGET
     for n in counts:
         t = statistics.median(seconds[n])
         key = f"warm_{n}_s"
@@ -255,8 +260,8 @@ def _report(
                 "  origin bytes (its access log) / model bytes",
                 ratio,
                 "x",
-                target=f"<= {ORIGIN_TARGET:g}x",
-                met=ratio <= ORIGIN_TARGET,
+                target=f"<= {target:g}x",
+                met=ratio <= target,
             )
         )
         report.add(BenchRow(f"host_{n}_gbps", "  per host", size / t / 1e9, "GB/s"))
