@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from tierd_bench._nginx import NGINX
 from tierd_bench.codec import run, synthetic_bf16
 from tiering.codec import two_byte_spans
 
@@ -24,6 +25,19 @@ def test_codec_bench_measures_each_figure() -> None:
         assert rows[key].value is not None and rows[key].value > 0, key
     assert rows["read_compressed"].vs == "read_raw"
     assert report.setup["stored_bytes"] < 16 << 20
+
+
+@pytest.mark.skipif(not NGINX.exists(), reason=f"needs nginx ({NGINX}; apt-get install nginx)")
+def test_codec_bench_loads_from_a_bucket_plain_and_compressed() -> None:
+    """The object rows: the checkpoint in an nginx origin as it is and as tierd's object tier
+    stores it, each loaded whole through an object tier and checked by the bench; the origin
+    sent the compressed one's stored bytes only."""
+    report = run(16 << 20, repeats=1, threads=2, device="cpu", origin="s3like", connections=8)
+    rows = report.rows
+    assert rows["obj_raw"].value and rows["obj_compressed"].value
+    assert rows["obj_compressed"].vs == "obj_raw"
+    assert "stored bytes" in (rows["obj_compressed"].note or "")
+    assert report.setup["origin"] == "s3like" and report.setup["connections"] == 8
 
 
 def test_codec_bench_from_the_cli_writes_json(tmp_path: Path) -> None:
