@@ -171,7 +171,7 @@ http {{
     map $arg_prefix $tierd_list {{
         default "none";
         "~*^(?<tierd_lp>[A-Za-z0-9._-]+)%2F$" $tierd_lp;
-        "~*^(?<tierd_lz>[A-Za-z0-9._-]+)%2F\.tierd-compressed%2F$" "$tierd_lz.z";
+        "~*^(?<tierd_lz>[A-Za-z0-9._-]+)%2F\\.tierd-compressed%2F$" "$tierd_lz.z";
     }}
     map $args $tierd_page {{
         default "0";

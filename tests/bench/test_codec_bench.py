@@ -76,3 +76,17 @@ def test_codec_bench_on_a_gpu_loads_plain_decoded_there_and_on_the_host() -> Non
     if report.setup["gpu_decode"] == "nvCOMP":
         assert rows["gpu_nvcomp"].vs == "gpu_plain"
         assert rows["gpu_nvcomp"].value is not None and "nvcomp" in (rows["gpu_nvcomp"].note or "")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not NGINX.exists(), reason=f"needs nginx ({NGINX}; apt-get install nginx)")
+def test_codec_bench_decodes_a_compressed_object_on_the_gpu() -> None:
+    from tests.io.conftest import cuda_ok
+    from tiering.io._decode_gpu import available
+
+    if not cuda_ok() or available() is not None:
+        pytest.skip("needs CuPy, a CUDA device and nvCOMP")
+    report = run(24 << 20, repeats=1, threads=2, device="cuda:0", origin="s3like")
+    rows = report.rows
+    assert rows["obj_raw"].value and rows["obj_compressed"].value
+    assert "engine nvcomp" in (rows["obj_compressed"].note or "")

@@ -292,7 +292,13 @@ class RemoteReads:
         decoder = self.decoder()
         if decoder is None:
             return False
-        decoder.read(container, dst, segments)
+        try:
+            decoder.read(container, dst, segments)
+        except IntegrityError:
+            # Stored bytes that fail their digest: damage, unless the file was replaced
+            # since it was opened (a read that could not be pinned saw the new bytes).
+            file.ranges.check_unchanged()
+            raise
         return True
 
     def _by_kvikio(

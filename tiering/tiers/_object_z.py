@@ -37,10 +37,11 @@ from concurrent.futures import Executor
 from typing import ClassVar, Literal
 
 from tiering.codec import Container
-from tiering.ranges import RangeReader
+from tiering.ranges import KvikioRanges, RangeReader
 from tiering.tiers._base import Stat, Tier, WalkEntry
 from tiering.tiers._compressed import CompressedRanges, logical_stat
 from tiering.tiers._object_io import ObjectSource
+from tiering.tiers._object_reads import ObjectRanges
 from tiering.tiers._store import MiB, S3Store
 
 __all__ = ["STORED_PART", "CompressedObjectSource", "one_per_relpath", "merged_walk"]
@@ -56,6 +57,15 @@ class CompressedObjectRanges(CompressedRanges):
 
     source: ClassVar[Literal["object_store", "peer", "storage"]] = "object_store"
 
+    def __init__(self, container: Container, stored: ObjectRanges, pool: Executor) -> None:
+        super().__init__(container, stored.version, pool)
+        self.stored = stored
+
+    def check_unchanged(self) -> None:
+        """The object still holds the ETag opened (for a decoder that found a chunk damaged:
+        a replaced object is a change, not damage)."""
+        self.stored.check_unchanged()
+
 
 class CompressedObjectSource(ObjectSource):
     """A container in an object tier opened at one ETag, read as its logical file."""
@@ -68,9 +78,30 @@ class CompressedObjectSource(ObjectSource):
         self.stored.part_size = STORED_PART
         name = store.url_of(key)
         c = Container.open(name, self._read_at, stored.size)
-        self.container = c.reading(self._read_at, self.stored.readinto)
+        # A decoder that reads whole stored chunks (the GPU's) reads them through KvikIO's
+        # RemoteFile where it wins, as a plain object's load does: libcurl's threads, not
+        # Python's, so the chunks of a batch keep every connection busy. Its reads cannot send
+        # If-Match, but each chunk is checked against the digest in the index, which was read
+        # pinned: bytes of another version fail that check, and the decoder then asks
+        # check_unchanged whether the object was replaced.
+        self._by_url: KvikioRanges | None = None
+        if store.kvikio.wins(self.stored, stored.size):
+            self._by_url = store.kvikio.open(self.stored)
+        self.container = c.reading(self._read_at, self._stored_into)
         self.stat = logical_stat(stored, c.size)
-        self._logical = CompressedObjectRanges(self.container, stored.version, pool)
+        self._logical = CompressedObjectRanges(self.container, self.stored, pool)
+
+    def _stored_into(self, view: memoryview, offset: int) -> int:
+        n = max(0, min(len(view), self.stored.size - offset))
+        if self._by_url is None:
+            return self.stored.readinto(view[:n], offset)
+        self._by_url.get(view[:n], offset)  # a range KvikIO fails is read again by GETs
+        return n
+
+    def close(self) -> None:
+        if self._by_url is not None:
+            self._by_url.close()
+        super().close()
 
     def _read_at(self, n: int, offset: int) -> bytes:
         buf = bytearray(max(0, min(n, self.stored.size - offset)))
