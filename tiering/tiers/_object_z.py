@@ -48,8 +48,12 @@ __all__ = ["STORED_PART", "CompressedObjectSource", "one_per_relpath", "merged_w
 
 log = logging.getLogger(__name__)
 
-#: Bytes per GET of a compressed object's stored chunks.
-STORED_PART = 2 * MiB
+#: Bytes per GET of a compressed object's stored chunks. Small: a decoder reads a batch of
+#: chunks and waits for the last, so the time of one GET bounds a batch. Measured on an H100
+#: host against an S3-like origin (nginx, 100 MB/s a connection), 32 chunks of a 2 GiB bf16
+#: checkpoint at a time through KvikIO: one GET per chunk 4.2 GB/s of stored bytes, 1 MiB
+#: GETs 13.8 (a plain object's whole read: 11.3).
+STORED_PART = 1 * MiB
 
 
 class CompressedObjectRanges(CompressedRanges):
@@ -95,7 +99,21 @@ class CompressedObjectSource(ObjectSource):
         n = max(0, min(len(view), self.stored.size - offset))
         if self._by_url is None:
             return self.stored.readinto(view[:n], offset)
-        self._by_url.get(view[:n], offset)  # a range KvikIO fails is read again by GETs
+        # A range KvikIO fails is read again by the tier's GETs; after an error the rest are
+        # cancelled and waited for, so none is left writing into the caller's buffer.
+        by_url = self._by_url
+        parts = [by_url.start(view[s : min(n, s + STORED_PART)], offset + s)
+                 for s in range(0, n, STORED_PART)]  # fmt: skip
+        error: BaseException | None = None
+        for part in parts:
+            if error is not None:
+                part.cancel()
+            try:
+                part.result()
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
         return n
 
     def close(self) -> None:
