@@ -3,7 +3,10 @@ into the run's device through an object tier (issue 29).
 
 One origin (started by the bench: ``s3like`` is nginx with a per-connection rate cap, as S3
 gives about 100 MB/s a connection; ``open`` has no cap; ``moto`` is moto's server) holds the
-same checkpoint twice, as tierd's object tier stores it:
+same checkpoint twice, as tierd's object tier stores it. (nginx's ``limit_rate`` is per request
+and lets a request's first second of bytes go sooner: measured, an 8 MiB GET at 1.3x a 10
+MB/s cap; a 32 MiB one at the cap. So GETs of a few MiB run above the nominal rate. A kernel
+pacer per connection, tc fq ``maxrate``, would be exact; the machines here lack ``sch_fq``.)
 
 - ``raw/model.safetensors``: as it is (what a bucket holds when tierd adopted it);
 - ``z/model.safetensors``: the container tierd writes, at ``.tierd-compressed/z/...``.
