@@ -64,7 +64,30 @@ extern "C" __global__ void interleave(const unsigned char* hi, const unsigned ch
         for (; i < n; i += stride) { out[2 * i] = lo[i]; out[2 * i + 1] = hi[i]; }
     }
 }
+
+// Every whole SPLIT2 chunk of a batch in one launch: chunk blockIdx.y, its pointers and
+// element count from the arrays (one launch a batch, not one a chunk: a launch costs the
+// host tens of microseconds, and the host is what a batch waits on).
+extern "C" __global__ void interleave_many(const unsigned long long* his,
+                                           const unsigned long long* los,
+                                           const unsigned long long* outs,
+                                           const unsigned long long* ns) {
+    const unsigned char* hi = (const unsigned char*)his[blockIdx.y];
+    const unsigned char* lo = (const unsigned char*)los[blockIdx.y];
+    unsigned char* out = (unsigned char*)outs[blockIdx.y];
+    long long n = (long long)ns[blockIdx.y];
+    long long stride = (long long)blockDim.x * gridDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (((unsigned long long)out & 1) == 0) {
+        unsigned short* words = (unsigned short*)out;
+        for (; i < n; i += stride) words[i] = (unsigned short)((hi[i] << 8) | lo[i]);
+    } else {
+        for (; i < n; i += stride) { out[2 * i] = lo[i]; out[2 * i + 1] = hi[i]; }
+    }
+}
 """
+#: Blocks a chunk gets in the batched launch (grid-stride over its 4 Mi element pairs).
+_CHUNK_BLOCKS = 64
 
 
 def available() -> str | None:
@@ -100,6 +123,8 @@ class _Lane:
     meta_dev: Any  # device: the same
     results: np.ndarray  # pinned uint64 [2, _MAX_FRAMES]: statuses (int32), decoded sizes
     results_dev: Any  # device: the same
+    whole: np.ndarray  # pinned uint64 [4, BATCH]: each whole SPLIT2 chunk's hi, lo, out, n
+    whole_dev: Any  # device: the same
     pinned: list[Any] = field(default_factory=list, repr=False)  # keeps the pinned memory
     #: The last batch queued, checked once the lane's stream is synchronized: the container,
     #: each frame's chunk, each frame's expected size.
@@ -144,7 +169,7 @@ class GpuDecoder:
         self._pool = ThreadPoolExecutor(readers, thread_name_prefix="tierd-gpu-decode")
         self._lanes: list[_Lane] = []
         self._lock = threading.Lock()  # one load at a time; guards the lanes
-        self._kernel: Any = None
+        self._kernels: Any = None  # the interleave kernels (CuPy RawModule), at first use
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -276,9 +301,14 @@ class GpuDecoder:
             chunks += [job.c] * len(job.sizes)
         if src_offsets:
             self._frames(container, lane, src_offsets, src_sizes, out_offsets, out_sizes, chunks)
+        whole = []
         for j, job in enumerate(batch):
-            if job.kind != Kind.RAW:
+            if job.kind == Kind.SPLIT2 and self._whole(container, job):
+                whole.append((j, job))
+            elif job.kind != Kind.RAW:
                 self._place(cp, container, job, lane, j, base)
+        if whole:
+            self._interleave_whole(cp, container, whole, lane, base)
 
     def _frames(
         self,
@@ -324,6 +354,35 @@ class GpuDecoder:
         rt.memcpyAsync(back + row, res + row, n * 8, rt.memcpyDeviceToHost, stream)
         lane.pending = (container, np.asarray(chunks), np.asarray(out_sizes, dtype=np.uint64))
 
+    @staticmethod
+    def _whole(container: Container, job: _Job) -> bool:
+        """The whole chunk is wanted, in one piece of the destination."""
+        n = container.logical_length(job.c)
+        return len(job.parts) == 1 and job.parts[0].within == 0 and job.parts[0].n == n
+
+    def _interleave_whole(
+        self, cp: Any, container: Container, whole: list[tuple[int, _Job]], lane: _Lane, base: int
+    ) -> None:
+        """Interleave every whole SPLIT2 chunk of the batch into the destination, one launch."""
+        if self._kernels is None:
+            self._kernels = cp.RawModule(code=_INTERLEAVE)
+        k = len(whole)
+        meta = lane.whole[:, :k]
+        stored0, out0 = int(lane.stored.data.ptr), int(lane.out.data.ptr)
+        meta[0] = [out0 + j * CHUNK for j, _ in whole]  # the decoded high bytes
+        meta[1] = [stored0 + j * _ROOM + job.end for j, job in whole]  # the raw low bytes
+        meta[2] = [base + job.parts[0].dst_at for _, job in whole]
+        meta[3] = [container.logical_length(job.c) // 2 for _, job in whole]
+        rt = cp.cuda.runtime
+        row = BATCH * 8
+        host, dev = lane.whole.ctypes.data, int(lane.whole_dev.data.ptr)
+        for r in range(4):
+            rt.memcpyAsync(dev + r * row, host + r * row, k * 8, rt.memcpyHostToDevice,
+                           lane.stream.ptr)  # fmt: skip
+        kernel = self._kernels.get_function("interleave_many")
+        with lane.stream:
+            kernel((_CHUNK_BLOCKS, k), (_BLOCK,), tuple(lane.whole_dev[r] for r in range(4)))
+
     def _place(
         self, cp: Any, container: Container, job: _Job, lane: _Lane, j: int, base: int
     ) -> None:
@@ -351,13 +410,13 @@ class GpuDecoder:
     def _interleave(
         self, cp: Any, lane: _Lane, hi_ptr: int, lo_ptr: int, out_ptr: int, n: int
     ) -> None:
-        if self._kernel is None:
-            self._kernel = cp.RawKernel(_INTERLEAVE, "interleave")
+        if self._kernels is None:
+            self._kernels = cp.RawModule(code=_INTERLEAVE)
         blocks = min(-(-n // _BLOCK), 4 * 132 * 8)  # enough to fill any GPU; the loop strides
         aligned = np.int32(out_ptr % 2 == 0)
         args = (_at(hi_ptr, n), _at(lo_ptr, n), _at(out_ptr, 2 * n), np.int64(n), aligned)
         with lane.stream:
-            self._kernel((blocks,), (_BLOCK,), args)
+            self._kernels.get_function("interleave")((blocks,), (_BLOCK,), args)
 
     def _ready_lanes(self) -> list[_Lane]:
         """The two lanes (made at the first load)."""
@@ -369,13 +428,15 @@ class GpuDecoder:
                     cp.cuda.alloc_pinned_memory(BATCH * _ROOM),
                     cp.cuda.alloc_pinned_memory(4 * _MAX_FRAMES * 8),
                     cp.cuda.alloc_pinned_memory(2 * _MAX_FRAMES * 8),
+                    cp.cuda.alloc_pinned_memory(4 * BATCH * 8),
                 ]
-                host, meta, results = (
+                host, meta, results, whole = (
                     np.frombuffer(m, dtype=dt, count=k).reshape(shape)
                     for m, dt, k, shape in (
                         (pinned[0], np.uint8, BATCH * _ROOM, (-1,)),
                         (pinned[1], np.uint64, 4 * _MAX_FRAMES, (4, _MAX_FRAMES)),
                         (pinned[2], np.uint64, 2 * _MAX_FRAMES, (2, _MAX_FRAMES)),
+                        (pinned[3], np.uint64, 4 * BATCH, (4, BATCH)),
                     )
                 )
                 self._lanes.append(
@@ -390,6 +451,8 @@ class GpuDecoder:
                         meta_dev=cp.empty((4, _MAX_FRAMES), dtype=cp.uint64),
                         results=results,
                         results_dev=cp.empty((2, _MAX_FRAMES), dtype=cp.uint64),
+                        whole=whole,
+                        whole_dev=cp.empty((4, BATCH), dtype=cp.uint64),
                         pinned=pinned,
                     )
                 )
