@@ -60,15 +60,27 @@ def tier_reads(report: Report, data: bytes, repeats: int, say: Callable[[str], N
 
 
 def load_times(
-    tier: Tier, relpath: str, data: bytes, device: str, config: Any, repeats: int
+    tier: Tier,
+    relpath: str,
+    data: bytes,
+    device: str,
+    config: Any,
+    repeats: int,
+    *,
+    cold: Path | None = None,
 ) -> tuple[float, set[str]]:
     """Median seconds of whole-file loads of ``relpath`` (holding ``data``) from ``tier`` into
     ``device`` (``cuda:N`` or ``cpu``) through tierd's I/O layer, as a load opens it (its local
     file where it has one, else its range reader), and the engines that moved the bytes.
-    The first load warms (the page cache, the decoder's buffers, a kernel) and is checked."""
+    The first load warms (the page cache, the decoder's buffers, a kernel) and is checked;
+    with ``cold`` (the stored file), each timed load starts with it out of the page cache."""
     import importlib
+    import statistics
+    import time
 
     from tiering.io import GpuDirectStorage
+
+    from ._datafiles import drop_cache
 
     cuda = device.startswith("cuda")
     cp = importlib.import_module("cupy") if cuda else None
@@ -97,6 +109,14 @@ def load_times(
                 raise AssertionError(f"{relpath} on {tier.name}: the bytes loaded differ")
             del got, host
             free_gpu()
-            return timed(load, repeats, warmup=0), engines
+            if cold is None:
+                return timed(load, repeats, warmup=0), engines
+            times = []
+            for _ in range(repeats):
+                drop_cache(cold)
+                t0 = time.perf_counter()
+                load()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times), engines
     finally:
         free_gpu()

@@ -71,10 +71,11 @@ def test_codec_bench_on_a_gpu_loads_plain_decoded_there_and_on_the_host() -> Non
         pytest.skip("needs CuPy and a CUDA device")
     report = run(24 << 20, repeats=1, threads=2, device="cuda:0")
     rows = report.rows
-    for key in ("gpu_ceiling", "gpu_plain", "gpu_host_decode"):
+    for key in ("gpu_ceiling", "gpu_plain", "gpu_host_decode", "gpu_plain_cold"):
         assert rows[key].value is not None and rows[key].value > 0, key
     if report.setup["gpu_decode"] == "nvCOMP":
         assert rows["gpu_nvcomp"].vs == "gpu_plain"
+        assert rows["gpu_nvcomp_cold"].vs == "gpu_plain_cold"
         assert rows["gpu_nvcomp"].value is not None and "nvcomp" in (rows["gpu_nvcomp"].note or "")
 
 
