@@ -45,8 +45,12 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
     the length or a shape that does not match; 507 over the device's lease budget.
     ``shared``: a read-only lease, handed out from a resident copy where there is one.
     ``devices``: the same bytes on several GPUs, one buffer each (ReplicasOut).
+
+    The ``Server-Timing`` header says where the time went (ms): ``load`` in all, of which
+    ``io`` (the read itself), then ``reply`` (building this body).
     """
     target = req.target()
+    t0 = time.perf_counter()
     replicas = loader.load(
         req.ref,
         offset=req.offset,
@@ -57,7 +61,20 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
         ttl_s=req.ttl_s,
         shared=req.shared,
     )
-    return _json(ReplicasOut.of(replicas)) if target.many else _lease(replicas[0].lease)
+    t1 = time.perf_counter()
+    body: str | bytes
+    if target.many:
+        body = ReplicasOut.of(replicas).model_dump_json()
+    else:
+        body = lease_json(replicas[0].lease)
+    phases = {"load": t1 - t0}
+    report = replicas[0].lease.report
+    if report is not None and report.seconds is not None:
+        phases["io"] = report.seconds
+    phases["reply"] = time.perf_counter() - t1
+    return Response(
+        body, media_type="application/json", headers={"Server-Timing": server_timing(phases)}
+    )
 
 
 @router.post("/load/batch", responses=LOAD_ERRORS)

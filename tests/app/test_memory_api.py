@@ -84,6 +84,10 @@ def test_the_memory_tier_over_rest(server: LiveServer, http: httpx.Client) -> No
     assert r.status_code == 200, r.text
     lease = r.json()
     assert lease["source"] == "memory" and lease["io_path"] == "copy" and lease["tier"] == "hdd"
+    # Where the load's time went, for a profile: the whole load, its read, the reply.
+    timing = dict(p.split(";dur=") for p in r.headers["Server-Timing"].split(", "))
+    assert set(timing) == {"load", "io", "reply"} and all(float(v) >= 0 for v in timing.values())
+    assert float(timing["io"]) <= float(timing["load"])
     with Client(server.url) as api, api.open_buffer(lease["buffer_id"]) as buf:
         assert np.asarray(buf).tobytes() == data
 
