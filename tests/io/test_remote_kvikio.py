@@ -74,10 +74,13 @@ def test_the_check_after_a_read_sees_an_overwrite_by_another_client(
         with pytest.raises(FileChanged) as err:
             src.ranges.check_unchanged()  # ...which the HEAD after the read refuses
         assert isinstance(err.value, Conflict)  # HTTP 409 over REST (app/errors.py)
-        with pytest.raises(FileChanged):
-            src.ranges.url(60)  # and no new URL is handed out for the replaced object
+        # The version's URL is signed once and kept (no HEAD each load): handed out again,
+        # its reader's check after the read is what refuses the replaced bytes.
+        assert src.ranges.url(60) == url
     with object_tier.open("w.bin") as src:  # opened again: the new object reads fine
         src.ranges.check_unchanged()
+        fresh = src.ranges.url(60)  # another version: signed anew
+        assert httpx.get(fresh).content == _data(3)
     put("w.bin", b"short")
     with pytest.raises(FileChanged):
         src.ranges.check_unchanged()
@@ -202,3 +205,20 @@ def test_a_loader_loads_an_object_into_cuda_through_kvikio(
             loader.leases.release(lease.id)
         finally:
             loader.stop()
+
+
+def test_a_version_is_signed_once_for_many_loads(
+    make_object_tier: Any, fault_proxy: Any, s3_client: Any, s3_bucket: str
+) -> None:
+    """Loads of one object version: the first signs a URL after a HEAD; the next are handed
+    that URL with no request; the check after each read still sends its HEAD."""
+    s3_client.put_object(Bucket=s3_bucket, Key="pre/w.bin", Body=_data(4))
+    tier = make_object_tier("s3", endpoint_url=fault_proxy.url)
+    with tier.open("w.bin") as src:
+        first = src.ranges.url(60)
+    heads = len([r for r in fault_proxy.log if r[0] == "HEAD"])
+    with tier.open("w.bin", etag=src.stat.etag, known=src.stat) as again:
+        assert again.ranges.url(60) == first
+        assert len([r for r in fault_proxy.log if r[0] == "HEAD"]) == heads  # none sent
+        again.ranges.check_unchanged()
+    assert len([r for r in fault_proxy.log if r[0] == "HEAD"]) == heads + 1

@@ -52,7 +52,15 @@ class ObjectRanges(RangeReader):
         reader cannot send ``If-Match``: it must call :meth:`check_unchanged` once its bytes
         are in. Where the bucket keeps versions the URL names the version opened (when the
         HEAD now still shows the ETag opened), so those bytes are exactly the ones opened.
+
+        A URL is signed once per object version and reused for a quarter of its life (the store's
+        :class:`~tiering.tiers._store.UrlCache`): a reader of a cached URL skips the HEAD
+        here, and the HEAD of :meth:`check_unchanged` after its read still catches a
+        replaced object.
         """
+        cached = self.store.urls.get(self.key, self.version)
+        if cached is not None:
+            return cached
         params: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.key}
         head = self.head_matches()  # a replaced object gets no URL
         if head is None:
@@ -60,7 +68,7 @@ class ObjectRanges(RangeReader):
         vid = head.get("VersionId")
         if vid and vid != "null":
             params["VersionId"] = str(vid)
-        return str(
+        url = str(
             self.store.call(
                 "presign a read of",
                 self.name,
@@ -70,6 +78,8 @@ class ObjectRanges(RangeReader):
                 ExpiresIn=int(expires_s),
             )
         )
+        self.store.urls.put(self.key, self.version, url, expires_s)
+        return url
 
     def check_unchanged(self) -> None:
         """Raise :class:`~tiering.errors.FileChanged` unless the key still holds the ETag and

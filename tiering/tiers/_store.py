@@ -112,6 +112,9 @@ class S3Store:
         #: Bytes read from the bucket by ranged reads (loads, promotions, fills), for metrics.
         self.bytes_read = 0
         self._count_lock = threading.Lock()
+        #: Presigned GET URLs by (key, ETag): see :meth:`ObjectRanges.url
+        #: <tiering.tiers._object_reads.ObjectRanges.url>`.
+        self.urls = UrlCache()
         # Ranged GETs through obstore where it is installed (a third of botocore's CPU per
         # byte, see tiering.tiers._obstore), unless the tier asked for botocore by name.
         self._obstore = obstore_module() if read_engine != "boto3" else None
@@ -319,3 +322,29 @@ class S3Store:
         self.client.close()
         if self._quick_client is not None:
             self._quick_client.close()
+
+
+class UrlCache:
+    """Presigned GET URLs of object versions, kept for a quarter of their life (a reader that
+    renews at half its own is then never handed one about to expire), so repeated loads of
+    one object sign and HEAD it once, not every time (a HEAD and a signature are a few ms of a
+    load that takes tens). At most ``size`` entries; the oldest go first."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._urls: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def get(self, key: str, version: str) -> str | None:
+        with self._lock:
+            hit = self._urls.get((key, version))
+            if hit is None or time.monotonic() >= hit[1]:
+                return None
+            return hit[0]
+
+    def put(self, key: str, version: str, url: str, expires_s: int) -> None:
+        with self._lock:
+            self._urls.pop((key, version), None)
+            self._urls[(key, version)] = (url, time.monotonic() + expires_s / 4)
+            while len(self._urls) > self.size:
+                del self._urls[next(iter(self._urls))]
