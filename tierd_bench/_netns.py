@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
@@ -131,6 +132,42 @@ def _shape(ns: tuple[str, ...], dev: str, bps: int) -> None:
          "rate", f"{bps}bit", "burst", str(burst), "latency", "50ms")  # fmt: skip
 
 
+#: Buckets of the per-connection pacer: connections whose client ports share their low byte
+#: share a bucket's rate (with 64 connections, a few pairs do).
+_FLOW_BUCKETS = 256
+
+
+def _pace(ns: tuple[str, ...], dev: str, per_flow_bps: int) -> None:
+    """Each TCP connection leaving ``dev`` at most ``per_flow_bps``, as S3 serves each
+    connection, whatever the size of its requests (nginx's own ``limit_rate`` is per request
+    and lets a request's first second of bytes go at once).
+
+    The kernel's per-flow pacer (``fq maxrate``) is not built on these machines, nor the
+    ``flow`` classifier, so: an HTB class per bucket, and a u32 hash on the low byte of the
+    destination port (the client's ephemeral port) sending each connection to its bucket.
+    """
+    burst = str(max(per_flow_bps // 8 // 100, 256 * 1024))  # 10 ms, and whole GSO packets
+    rate = ("rate", f"{per_flow_bps}bit", "ceil", f"{per_flow_bps}bit", "burst", burst,
+            "cburst", burst)  # fmt: skip
+    lines = [
+        f"qdisc add dev {dev} root handle 1: htb default 1 r2q 1000",
+        f"class add dev {dev} parent 1: classid 1:1 htb rate 100gbit",  # not TCP: unpaced
+        f"filter add dev {dev} parent 1: prio 1 handle 2: protocol ip u32 divisor 256",
+        f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 "
+        f"0xff hashkey mask 0x000000ff at 20 link 2:",
+    ]
+    for b in range(_FLOW_BUCKETS):
+        lines.append(f"class add dev {dev} parent 1: classid 1:{b + 0x100:x} htb {' '.join(rate)}")
+        lines.append(
+            f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 2:{b:x}: "
+            f"match u32 0 0 flowid 1:{b + 0x100:x}"
+        )
+    with tempfile.NamedTemporaryFile("w", suffix=".tc") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        _run(*ns, "tc", "-batch", f.name)
+
+
 class _Terminated(Exception):
     """SIGTERM while the network existed: unwinds like Ctrl-C, so everything is removed."""
 
@@ -153,10 +190,16 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 @contextlib.contextmanager
 def network(
-    hosts: int, origin_bps: int, host_bps: int, say: Callable[[str], None] = lambda s: None
+    hosts: int,
+    origin_bps: int,
+    host_bps: int,
+    say: Callable[[str], None] = lambda s: None,
+    *,
+    per_flow_bps: int | None = None,
 ) -> Iterator[Net]:
     """The origin and ``hosts`` hosts in namespaces of their own on one bridge (see the
-    module docstring); everything removed on exit."""
+    module docstring); everything removed on exit. ``per_flow_bps``: the origin paces each
+    connection to that rate instead (:func:`_pace`), with no cap of its own."""
     reason = why_no_netns()
     if reason is not None:
         raise RuntimeError(reason)
@@ -187,13 +230,20 @@ def network(
                 _run(*inside, "ip", "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
                 _run(*inside, "ip", "link", "set", "eth0", "up")
                 _run(*inside, "ip", "link", "set", "lo", "up")
-                _shape(inside, "eth0", origin_bps if name == "o" else host_bps)
+                if name == "o" and per_flow_bps:
+                    _pace(inside, "eth0", per_flow_bps)
+                else:
+                    _shape(inside, "eth0", origin_bps if name == "o" else host_bps)
                 _shape((), veth, host_bps)  # towards the namespace: its NIC's receive rate
                 places.append(Place(inside, addr))
+            sends = (
+                f"each origin connection at {per_flow_bps / 1e6:g} Mbit/s (tc htb, u32 hash)"
+                if per_flow_bps
+                else f"origin sends at {origin_bps / 1e6:g} Mbit/s"
+            )
             desc = (
-                f"network namespaces on bridge {bridge} ({subnet}); tc tbf: origin sends at "
-                f"{origin_bps / 1e6:g} Mbit/s, each host link {host_bps / 1e6:g} Mbit/s "
-                "both ways"
+                f"network namespaces on bridge {bridge} ({subnet}); tc tbf: {sends}, "
+                f"each host link {host_bps / 1e6:g} Mbit/s both ways"
             )
             say(desc)
             yield Net(places[0], places[1:], gateway, origin_bps, host_bps, desc)

@@ -251,6 +251,26 @@ def test_the_namespaces_are_removed_when_the_run_fails(host_network: None) -> No
     assert _leftovers() == []
 
 
+def test_the_origin_can_pace_each_connection(host_network: None) -> None:
+    """``per_flow_bps``: the origin's link gets an HTB class per bucket at that rate and a u32
+    hash of the client's port into them (no cap of the link's own). The rate itself is the
+    bench's to measure, not this test's."""
+    reason = why_no_netns()
+    if reason is not None:
+        pytest.skip(reason)
+    with network(0, 0, 10**10, per_flow_bps=8 * 10**8) as net:
+        show = [*net.origin.wrap, "tc"]
+        classes = subprocess.run([*show, "class", "show", "dev", "eth0"], capture_output=True,
+                                 text=True, check=True).stdout  # fmt: skip
+        paced = [line for line in classes.splitlines() if "rate 800Mbit" in line]
+        assert len(paced) == 256
+        filters = subprocess.run([*show, "filter", "show", "dev", "eth0"], capture_output=True,
+                                 text=True, check=True).stdout  # fmt: skip
+        assert "link 2:" in filters and filters.count("flowid 1:") >= 256
+        assert "each origin connection at 800 Mbit/s" in net.description
+    assert _leftovers() == []
+
+
 def test_leftovers_of_a_dead_run_are_swept(host_network: None) -> None:
     reason = why_no_netns()
     if reason is not None:
