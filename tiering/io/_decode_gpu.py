@@ -2,7 +2,7 @@
 in device memory (issue 29).
 
 A compressed file (:mod:`tiering.codec`) read into GPU memory is not decoded on the host.
-The chunks a load touches go in batches of :data:`BATCH` through one of two lanes, each a
+The chunks a load touches go in batches of :data:`BATCH` through one of three lanes, each a
 pinned host buffer, device buffers and a stream:
 
 1. host threads read each chunk's stored bytes into the lane's pinned buffer and check their
@@ -16,7 +16,7 @@ pinned host buffer, device buffers and a stream:
 4. per chunk, one kernel interleaves the high and the low bytes of a SPLIT2 chunk into the
    destination, or a ZSTD chunk is copied there.
 
-While one lane's batch is on the GPU the host reads the next batch into the other. A chunk
+While one lane's batch is on the GPU the host reads the next two into the others. A chunk
 only part of which is wanted goes through a scratch chunk; a chunk several ranges touch is
 decoded once. One load decodes at a time on a device (it keeps the GPU busy alone).
 
@@ -103,6 +103,8 @@ def available() -> str | None:
 #: GETs (a compressed object's chunk is about three), and a batch in flight keeps the tier's
 #: connections busy as a raw read of the same object would.
 BATCH = 32
+#: Lanes: one batch decoding while the next two are read.
+_LANES = 3
 #: Pinned and device bytes a stored chunk may take: its logical size and its frame table,
 #: padding included (a chunk that would be larger is stored RAW, at its logical size).
 _ROOM = CHUNK + CHUNK // 8
@@ -156,11 +158,11 @@ class _Job:
 class GpuDecoder:
     """Decodes compressed files into one device's memory (see the module).
 
-    It holds two lanes: each ``BATCH`` x 9 MiB of pinned host memory (288 MiB) and
+    It holds three lanes: each ``BATCH`` x 9 MiB of pinned host memory (288 MiB) and
     ``BATCH`` x 17 MiB of device memory, made at the first load and kept until closed.
     """
 
-    def __init__(self, device: Device, readers: int = BATCH) -> None:
+    def __init__(self, device: Device, readers: int = 2 * BATCH) -> None:
         zstd, why = load()
         if zstd is None:
             raise RuntimeError(why)
@@ -203,22 +205,28 @@ class GpuDecoder:
         with self._lock:
             self._device.make_current()
             lanes = self._ready_lanes()
+            # Batches k+1 and k+2 are read while batch k decodes: a batch waits for its
+            # slowest read, and with two batches in flight the reads of one fill the wait of
+            # the other (from a bucket a read is a GET held to its connection's rate).
+            reading: list[list[Any]] = []
             try:
-                reading = self._start_reads(container, batches[0], lanes[0]) if batches else []
+                for k in range(min(_LANES - 1, len(batches))):
+                    reading.append(self._start_reads(container, batches[k], lanes[k]))
                 for k, batch in enumerate(batches):
-                    lane = lanes[k % 2]
-                    settle(reading)
-                    if k + 1 < len(batches):
-                        other = lanes[(k + 1) % 2]
+                    settle(reading.pop(0))
+                    ahead = k + _LANES - 1
+                    if ahead < len(batches):
+                        other = lanes[ahead % _LANES]
                         self._settle(other)  # its last batch is done with its buffers
-                        reading = self._start_reads(container, batches[k + 1], other)
-                    self._decode(container, batch, lane, base)
+                        reading.append(self._start_reads(container, batches[ahead], other))
+                    self._decode(container, batch, lanes[k % _LANES], base)
                 for lane in lanes:
                     self._settle(lane)
             finally:
-                for f in reading:  # none may still write into a lane once this call ends
+                pending = [f for futures in reading for f in futures]
+                for f in pending:  # none may still write into a lane once this call ends
                     f.cancel()
-                wait(reading)
+                wait(pending)
                 for lane in lanes:
                     lane.stream.synchronize()
                     lane.pending = None
@@ -419,11 +427,11 @@ class GpuDecoder:
             self._kernels.get_function("interleave")((blocks,), (_BLOCK,), args)
 
     def _ready_lanes(self) -> list[_Lane]:
-        """The two lanes (made at the first load)."""
+        """The lanes (made at the first load)."""
         if not self._lanes:
             cp = import_cupy()
             temp = self._zstd.temp_bytes(_MAX_FRAMES, FRAME, BATCH * CHUNK)
-            for _ in range(2):
+            for _ in range(_LANES):
                 pinned = [
                     cp.cuda.alloc_pinned_memory(BATCH * _ROOM),
                     cp.cuda.alloc_pinned_memory(4 * _MAX_FRAMES * 8),
