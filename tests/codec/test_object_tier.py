@@ -32,6 +32,16 @@ def bf16() -> bytes:
     return synthetic_bf16(2 * CHUNK + 5 * MiB, tensors=5)
 
 
+@pytest.fixture(scope="module")
+def small() -> bytes:
+    """One chunk's worth: a container too (over MIN_SIZE, and it pays), quick to move."""
+    return synthetic_bf16(2 * MiB, tensors=2)
+
+
+# Parts of 8 MiB (moto takes any size here): a few requests per object, not hundreds.
+PARTS = {"part_size": 8 * MiB, "read_size": 8 * MiB}
+
+
 def _write(tier: Any, relpath: str, data: bytes, **kw: Any) -> Any:
     with tier.writer(relpath, **kw) as w:
         for i in range(0, len(data), 3 * MiB):
@@ -49,7 +59,7 @@ def _keys(client: Any, bucket: str) -> dict[str, int]:
 def test_stored_compressed_and_read_as_the_logical_file(
     make_object_tier: Make, s3_client: Any, s3_bucket: str, bf16: bytes
 ) -> None:
-    tier = make_object_tier(compression="on")
+    tier = make_object_tier(compression="on", **PARTS)
     pub = _write(tier, NAME, bf16, checksum=checksum(bf16))
     keys = _keys(s3_client, s3_bucket)
     assert list(keys) == [f"pre/.tierd-compressed/{NAME}"]  # nothing at the plain key
@@ -89,9 +99,9 @@ def test_stored_compressed_and_read_as_the_logical_file(
 
 
 def test_files_that_do_not_pay_stay_plain_and_both_forms_are_one_relpath(
-    make_object_tier: Make, s3_client: Any, s3_bucket: str, bf16: bytes
+    make_object_tier: Make, s3_client: Any, s3_bucket: str, small: bytes
 ) -> None:
-    tier = make_object_tier(compression="on")
+    tier = make_object_tier(compression="on", **PARTS)
     noise = os.urandom(3 * MiB)
     _write(tier, "noise.bin", noise)
     assert list(_keys(s3_client, s3_bucket)) == ["pre/noise.bin"]
@@ -100,17 +110,17 @@ def test_files_that_do_not_pay_stay_plain_and_both_forms_are_one_relpath(
     # leaves one object: the new form.
     with pytest.raises(AlreadyExists):
         tier.writer("noise.bin")
-    _write(tier, "noise.bin", bf16, overwrite=True)
+    _write(tier, "noise.bin", small, overwrite=True)
     assert list(_keys(s3_client, s3_bucket)) == ["pre/.tierd-compressed/noise.bin"]
-    assert tier.read_bytes("noise.bin") == bf16
+    assert tier.read_bytes("noise.bin") == small
     _write(tier, "noise.bin", noise, overwrite=True)
     assert list(_keys(s3_client, s3_bucket)) == ["pre/noise.bin"]
     # A tier that does not compress still sees (and refuses to clobber) a compressed object.
-    _write(tier, "z.safetensors", bf16)
-    plain = make_object_tier("plain", compression="off")
+    _write(tier, "z.safetensors", small)
+    plain = make_object_tier("plain", compression="off", **PARTS)
     with pytest.raises(AlreadyExists):
         plain.writer("z.safetensors")
-    assert plain.read_bytes("z.safetensors") == bf16
+    assert plain.read_bytes("z.safetensors") == small
     assert [e.relpath for e in plain.walk()] == ["noise.bin", "z.safetensors"]
     assert plain.remove("z.safetensors", version=plain.stat("z.safetensors").version)
     assert list(_keys(s3_client, s3_bucket)) == ["pre/noise.bin"]
@@ -121,7 +131,7 @@ def test_the_walk_merges_both_places_in_relpath_order(
 ) -> None:
     """Keys that sort between a relpath and its compressed key (``a.b`` sorts after ``a`` but
     ``.tierd-compressed/a`` before everything) still come in relpath order."""
-    tier = make_object_tier(compression="on")
+    tier = make_object_tier(compression="on", **PARTS)
     small = b"x" * 1000
     for rel in ("a/1", "a.b", "b"):
         _write(tier, rel, small)
@@ -147,13 +157,13 @@ def test_the_walk_merges_both_places_in_relpath_order(
 
 
 def test_a_damaged_object_is_an_error_naming_it_never_bytes(
-    make_object_tier: Make, s3_client: Any, s3_bucket: str, bf16: bytes
+    make_object_tier: Make, s3_client: Any, s3_bucket: str, small: bytes
 ) -> None:
-    tier = make_object_tier(compression="on")
-    _write(tier, NAME, bf16)
+    tier = make_object_tier(compression="on", **PARTS)
+    _write(tier, NAME, small)
     key = f"pre/.tierd-compressed/{NAME}"
     body = bytearray(s3_client.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
-    body[CHUNK // 2] ^= 0x40  # inside chunk 0's stored bytes
+    body[len(body) // 3] ^= 0x40  # inside chunk 0's stored bytes (the only chunk)
     s3_client.put_object(Bucket=s3_bucket, Key=key, Body=bytes(body))
     with (
         tier.open(NAME) as src,
@@ -165,7 +175,7 @@ def test_a_damaged_object_is_an_error_naming_it_never_bytes(
     with tier.open(NAME) as src:
         s3_client.put_object(Bucket=s3_bucket, Key=key, Body=bytes(body[:-1]))
         with pytest.raises(FileChanged):
-            src.readinto(memoryview(bytearray(100)), CHUNK)
+            src.readinto(memoryview(bytearray(100)), MiB)
     assert st.codec == CODEC
 
 
@@ -175,7 +185,7 @@ def test_moves_compress_into_the_bucket_and_scan_adopts_them_back(
     s3_bucket: str,
     s3_env: Any,
     s3_client: Any,
-    bf16: bytes,
+    small: bytes,
 ) -> None:
     """The default (``auto``) object tier: a demotion stores the container, the catalog keeps
     the logical size and checksum with the codec and stored size, promotion decodes, and a
@@ -188,16 +198,16 @@ def test_moves_compress_into_the_bucket_and_scan_adopts_them_back(
     config = settings.engine_config()
     config = dataclasses.replace(config, tiers=(*config.tiers, s3))
     with Engine(config) as eng:
-        fid = put(eng, NAME, bf16).id
+        fid = put(eng, NAME, small).id
         eng.migrate(fid, "s3")
         rec = eng.get(fid)
         stored = _keys(s3_client, s3_bucket)[f"pre/.tierd-compressed/{NAME}"]
-        assert (rec.tier, rec.size, rec.codec, rec.stored_size) == ("s3", len(bf16), CODEC, stored)
-        assert rec.checksum == checksum(bf16)
-        assert_invariants(eng, {NAME: bf16})
+        assert (rec.tier, rec.size, rec.codec, rec.stored_size) == ("s3", len(small), CODEC, stored)
+        assert rec.checksum == checksum(small)
+        assert_invariants(eng, {NAME: small})
         assert not scan(eng.catalog, eng.tiers).changed  # the listing's stored size matches
         eng.migrate(fid, "nvme")
-        assert (settings.data_dir / "nvme" / NAME).read_bytes() == bf16
+        assert (settings.data_dir / "nvme" / NAME).read_bytes() == small
         assert _keys(s3_client, s3_bucket) == {}
         eng.migrate(fid, "s3")
     fresh = tmp_path / "fresh.db"
@@ -206,8 +216,8 @@ def test_moves_compress_into_the_bucket_and_scan_adopts_them_back(
         rec = eng.catalog.lookup(NAME)
         assert (rec.tier, rec.size, rec.codec, rec.checksum) == (
             "s3",
-            len(bf16),
+            len(small),
             CODEC,
-            checksum(bf16),
+            checksum(small),
         )
-        assert_invariants(eng, {NAME: bf16})
+        assert_invariants(eng, {NAME: small})
