@@ -8,14 +8,8 @@ same checkpoint twice, as tierd's object tier stores it:
 - ``raw/model.safetensors``: as it is (what a bucket holds when tierd adopted it);
 - ``z/model.safetensors``: the container tierd writes, at ``.tierd-compressed/z/...``.
 
-Where this process may make network namespaces (root, iproute2), ``s3like``'s nginx runs in
-one of its own and the kernel paces each connection it serves to the rate
-(:func:`tierd_bench._netns.network`'s ``per_flow_bps``): measured on keep-alive connections,
-1, 4 and 8 MiB GETs all at 96-101 MB/s against a 100 MB/s cap. Without, nginx's own
-``limit_rate`` caps it, which is per request and lets a request's first second of bytes go
-sooner (an 8 MiB GET at 1.3x a 10 MB/s cap, a 32 MiB one at the cap): GETs of a few MiB then
-run above the rate, and the host, not the origin, can be the limit. The report's setup says
-which shaped the run.
+The origin holds each connection to the rate (see :mod:`._origin`: the kernel paces it where
+namespaces can be made); the report's setup says how.
 
 Both are loaded whole, in this process, through one :class:`~tiering.tiers.ObjectTier` with the
 run's connections (``--connections``, default the tier's 64): the plain one by the tier's
@@ -27,7 +21,6 @@ the stored bytes' rate; every load is checked equal to the checkpoint. The origi
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -58,29 +51,16 @@ def object_rows(
     from tiering.tiers._object import ObjectTier  # boto3: the server's, not the client's
 
     from ._codec_tiers import load_times
-    from ._netns import network, why_no_netns
     from ._origin import REGION, open_origin
 
     where = f"{origin} origin" + (f", {rate / 1e6:.0f} MB/s a connection" if rate else "")
     report.setup |= {"origin": origin, "origin_rate": rate, "connections": connections or 64}
-    paced = origin == "s3like" and rate is not None and why_no_netns() is None
-    report.setup["origin_shaping"] = (
-        "each connection paced by tc in the origin's network namespace"
-        if paced
-        else "nginx limit_rate, per request (loopback)"
-    )
-    with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tierd-bench-codec-obj-"))
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-obj-") as tmp:
         work = Path(tmp)
         (work / "raw").write_bytes(data)
         (work / "z").write_bytes(stored)
-        place = None
-        if paced:
-            assert rate is not None
-            net = stack.enter_context(network(0, 0, 400_000_000_000, say, per_flow_bps=8 * rate))
-            place = (net.origin.address, net.origin.wrap)
-        cap = None if paced else rate  # paced: by the kernel, not by nginx as well
-        with open_origin(origin, rate=cap, parent=work, say=say, place=place) as o:
+        with open_origin(origin, rate=rate, parent=work, say=say) as o:
+            report.setup["origin_description"] = o.description
             o.put_file(f"{PREFIX}/raw/model.safetensors", work / "raw")
             o.put_file(f"{PREFIX}/.tierd-compressed/z/model.safetensors", work / "z")
             cfg = TierConfig(
