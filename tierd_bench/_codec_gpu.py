@@ -48,36 +48,23 @@ def gpu_rows(
     )
     free_gpu()
     with tempfile.TemporaryDirectory(prefix="tierd-bench-codec-gpu-") as tmp:
-        for key, mode, label, config in (
-            ("gpu_plain", "off", "plain tier -> GPU, tierd load", GdsConfig()),
-            ("gpu_nvcomp", "on", "compressed tier -> GPU, decoded on the GPU", GdsConfig()),
-            (
-                "gpu_host_decode",
-                "on",
-                "compressed tier -> GPU, decoded on the host",
-                GdsConfig(gpu_decode=False),
-            ),
-        ):
-            if key == "gpu_nvcomp" and why is not None:
+        # (key, compression, label, decoded on the GPU, cold). Cold: the stored file read from
+        # the disk each time (the slow-tier case compression is for: the disk is the limit).
+        rows = (
+            ("gpu_plain", "off", "plain tier -> GPU, tierd load", True, False),
+            ("gpu_nvcomp", "on", "compressed tier -> GPU, decoded on the GPU", True, False),
+            ("gpu_host_decode", "on", "compressed tier -> GPU, decoded on the host", False, False),
+            ("gpu_plain_cold", "off", "plain tier -> GPU, cold (from the disk)", True, True),
+            ("gpu_nvcomp_cold", "on", "compressed tier -> GPU, cold, decoded on the GPU",
+             True, True),
+        )  # fmt: skip
+        for key, mode, label, on_gpu, cold in rows:
+            if mode == "on" and on_gpu and why is not None:
                 report.add(BenchRow(key, label, None, "GB/s", note=why))
                 continue
             say(label)
-            secs, engines = _loads(Path(tmp) / key, mode, data, device, config, repeats)
-            note = f"engine {', '.join(sorted(engines))}"
-            report.add(BenchRow(key, label, gbps(len(data), secs), "GB/s", note=note))
-        # Cold: the stored file read from the disk each time (the slow-tier case compression
-        # is for: the disk, not the decode, is the limit).
-        for key, mode, label in (
-            ("gpu_plain_cold", "off", "plain tier -> GPU, cold (from the disk)"),
-            ("gpu_nvcomp_cold", "on", "compressed tier -> GPU, cold, decoded on the GPU"),
-        ):
-            if key == "gpu_nvcomp_cold" and why is not None:
-                report.add(BenchRow(key, label, None, "GB/s", note=why))
-                continue
-            say(label)
-            secs, engines = _loads(
-                Path(tmp) / key, mode, data, device, GdsConfig(), repeats, cold=True
-            )
+            config = GdsConfig(gpu_decode=on_gpu)
+            secs, engines = _loads(Path(tmp) / key, mode, data, device, config, repeats, cold=cold)
             note = f"engine {', '.join(sorted(engines))}"
             report.add(BenchRow(key, label, gbps(len(data), secs), "GB/s", note=note))
     report.compare("gpu_plain", "gpu_ceiling")

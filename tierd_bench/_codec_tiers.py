@@ -75,8 +75,6 @@ def load_times(
     The first load warms (the page cache, the decoder's buffers, a kernel) and is checked;
     with ``cold`` (the stored file), each timed load starts with it out of the page cache."""
     import importlib
-    import statistics
-    import time
 
     from tiering.io import GpuDirectStorage
 
@@ -109,14 +107,7 @@ def load_times(
                 raise AssertionError(f"{relpath} on {tier.name}: the bytes loaded differ")
             del got, host
             free_gpu()
-            if cold is None:
-                return timed(load, repeats, warmup=0), engines
-            times = []
-            for _ in range(repeats):
-                drop_cache(cold)
-                t0 = time.perf_counter()
-                load()
-                times.append(time.perf_counter() - t0)
-            return statistics.median(times), engines
+            drop = None if cold is None else lambda: drop_cache(cold)
+            return timed(load, repeats, warmup=0, before=drop), engines
     finally:
         free_gpu()

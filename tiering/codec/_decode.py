@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkDecoder", "Container", "ReadAt", "ReadInto", "is_container"]
 
-ReadAt = Callable[[int, int], bytes]
-"""``read(n, offset)``: ``n`` bytes of the stored file at ``offset`` (fewer only at its end)."""
+ReadAt = Callable[[int, int], bytes | bytearray]
+"""``read(n, offset)``: ``n`` bytes of the stored file at ``offset`` (fewer only at its end;
+bytes or a bytearray the reader made for them)."""
 ReadInto = Callable[[memoryview, int], int]
 """``read_into(view, offset)``: the stored file's bytes at ``offset`` into ``view``; how many
 (fewer only at its end)."""

@@ -130,7 +130,7 @@ class Footer:
         return body + digest(body).to_bytes(8, "little")
 
     @classmethod
-    def unpack(cls, raw: bytes, name: str) -> Footer:
+    def unpack(cls, raw: bytes | bytearray, name: str) -> Footer:
         """The footer in ``raw`` (the file's last :data:`FOOTER` bytes); raises
         :class:`CorruptContainer` naming ``name`` unless it is a sound one of this version."""
         if len(raw) != FOOTER or digest(raw[:-8]) != int.from_bytes(raw[-8:], "little"):
@@ -149,7 +149,9 @@ def pack_index(entries: list[ChunkEntry]) -> bytes:
     return b"".join(_ENTRY.pack(e.kind, e.length, e.offset, e.xxh3, e.stored_xxh3) for e in entries)
 
 
-def unpack_index(raw: bytes, footer: Footer, stored_size: int, name: str) -> list[ChunkEntry]:
+def unpack_index(
+    raw: bytes | bytearray, footer: Footer, stored_size: int, name: str
+) -> list[ChunkEntry]:
     """The index of a container of ``stored_size`` bytes; checked against the footer."""
     if len(raw) != footer.index_length or digest(raw) != footer.index_xxh3:
         raise CorruptContainer(f"{name}: the compressed file's index is damaged", path=name)

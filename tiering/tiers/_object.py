@@ -30,10 +30,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.codec import CODEC
 from tiering.config import TierConfig
-from tiering.errors import FileChanged, FileNotFound, InsufficientSpace, InvalidPath, TierdError
+from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
 from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry, Writer
 from tiering.tiers._compressed import CompressingWriter
-from tiering.tiers._object_io import ObjectSource, ObjectWriter
+from tiering.tiers._object_io import ObjectSource, ObjectWriter, refuse_over_limit
 from tiering.tiers._object_z import CompressedObjectSource, merged_walk
 from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
 from tiering.tiers._store import MiB, S3Store
@@ -126,10 +126,13 @@ class ObjectTier(Tier):
                 self._pool = ThreadPoolExecutor(os.cpu_count() or 1, f"tierd-decode-{self.name}")
             return self._pool
 
+    def _places(self, relpath: str) -> tuple[str, str]:
+        """The plain and the compressed key of ``relpath``."""
+        return self.store.key(relpath), self.store.key(relpath, compressed=True)
+
     def _keys(self, relpath: str) -> tuple[str, str]:
-        """The plain and the compressed key of ``relpath``, in the order to look for it."""
-        plain = self.store.key(relpath)
-        packed = self.store.key(relpath, compressed=True)
+        """The keys of ``relpath`` in the order to look for it: its likelier place first."""
+        plain, packed = self._places(relpath)
         return (packed, plain) if self.compresses else (plain, packed)
 
     def _is_packed(self, key: str) -> bool:
@@ -208,7 +211,7 @@ class ObjectTier(Tier):
     def open(
         self, relpath: str, *, etag: str | None = None, known: Stat | None = None
     ) -> ObjectSource:
-        plain, packed = sorted(self._keys(relpath), key=self._is_packed)
+        plain, packed = self._places(relpath)
         if etag is not None and known is not None and (known.codec is None or known.stored_size):
             # Every GET sends If-Match with this ETag: the HEAD would only repeat that check.
             version = strip_etag(etag)
@@ -296,7 +299,7 @@ class ObjectTier(Tier):
     ) -> Writer:
         """A multipart upload of ``relpath``; on a compressing tier, fed by the encoder and
         started at its decision (see :mod:`tiering.tiers._object_z`)."""
-        plain, packed = sorted(self._keys(relpath), key=self._is_packed)
+        plain, packed = self._places(relpath)
         if not self.compresses:
             return ObjectWriter(
                 self,
@@ -330,12 +333,7 @@ class ObjectTier(Tier):
             )
 
         def room(n: int) -> None:
-            if limit is not None and n > limit:
-                raise InsufficientSpace(
-                    f"tier {self.name} has room for {limit} more bytes only",
-                    tier=self.name,
-                    limit=limit,
-                )
+            refuse_over_limit(self, limit, n)
 
         return CompressingWriter(self, relpath, checksum, upload, room=room, read_back=False)
 
@@ -371,10 +369,7 @@ class ObjectTier(Tier):
             )
             return False
         if version is None:
-            where = self.store.url_of(key)
-            self.store.call(
-                "remove", where, self.store.client.delete_object, Bucket=self.bucket, Key=key
-            )
+            self.store.delete(key)
         elif not self.store.delete_exact(key, current):
             log.warning("not removing %r on tier %s: it changed during removal", relpath, self.name)
             return False

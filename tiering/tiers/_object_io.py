@@ -34,7 +34,7 @@ from tiering.tiers._object_reads import ObjectRanges
 from tiering.tiers._s3 import error_code, error_status, translate
 from tiering.tiers._store import META_CHECKSUM, S3Store
 
-__all__ = ["ObjectSource", "ObjectWriter"]
+__all__ = ["ObjectSource", "ObjectWriter", "refuse_over_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,14 @@ META_WRITER = "tierd-writer"
 #: S3 allows 10,000 parts; the part size doubles every 1,000 parts so any size fits.
 _PARTS_PER_SIZE = 1000
 _MAX_PART = 5 << 30
+
+
+def refuse_over_limit(tier: Tier, limit: int | None, n: int) -> None:
+    """Raise :class:`~tiering.errors.InsufficientSpace` when ``n`` bytes exceed ``limit``."""
+    if limit is not None and n > limit:
+        raise InsufficientSpace(
+            f"tier {tier.name} has room for {limit} more bytes only", tier=tier.name, limit=limit
+        )
 
 
 class ObjectSource(Source):
@@ -210,12 +218,7 @@ class ObjectWriter(Writer):
     def write(self, data: bytes | memoryview) -> None:
         self._require_open("write")
         view = flat(memoryview(data))
-        if self.limit is not None and self.size + len(view) > self.limit:
-            raise InsufficientSpace(
-                f"tier {self.tier.name} has room for {self.limit} more bytes only",
-                tier=self.tier.name,
-                limit=self.limit,
-            )
+        refuse_over_limit(self.tier, self.limit, self.size + len(view))
         self._hasher.update(view)
         self.size += len(view)
         while view:
@@ -290,11 +293,7 @@ class ObjectWriter(Writer):
         assert self.other is not None
         try:
             if self.store.head(self.other) is not None:
-                where = self.store.url_of(self.other)
-                client = self.store.client
-                self.store.call(
-                    "remove", where, client.delete_object, Bucket=self.store.bucket, Key=self.other
-                )
+                self.store.delete(self.other)
         except TierdError as exc:
             log.warning("could not remove the old form of %r at %s: %s", self.relpath,
                         self.store.url_of(self.other), exc)  # fmt: skip

@@ -121,10 +121,10 @@ class CompressedObjectSource(ObjectSource):
             self._by_url.close()
         super().close()
 
-    def _read_at(self, n: int, offset: int) -> bytes:
+    def _read_at(self, n: int, offset: int) -> bytearray:
         buf = bytearray(max(0, min(n, self.stored.size - offset)))
         self.stored.readinto(memoryview(buf), offset)
-        return bytes(buf)
+        return buf  # bytes-like: a chunk's stored bytes are not copied again
 
     @property
     def ranges(self) -> RangeReader:  # type: ignore[override]

@@ -262,6 +262,11 @@ class S3Store:
             etag=version,
         )
 
+    def delete(self, key: str) -> None:
+        """Delete ``key`` whatever it holds (a missing key is no error: S3 answers 204)."""
+        where = self.url_of(key)
+        self.call("remove", where, self.client.delete_object, Bucket=self.bucket, Key=key)
+
     def delete_exact(self, key: str, version: str) -> bool:
         """Delete ``key`` only while it holds ETag ``version``; False if it did not."""
         try:
@@ -272,8 +277,7 @@ class S3Store:
             if error_code(exc) != "NotImplemented":
                 raise translate(self.name, "remove", self.url_of(key), exc) from exc
             # A store without conditional deletes: the HEAD just before must do.
-            where = self.url_of(key)
-            self.call("remove", where, self.client.delete_object, Bucket=self.bucket, Key=key)
+            self.delete(key)
         except BotoCoreError as exc:
             raise translate(self.name, "remove", self.url_of(key), exc) from exc
         return True
