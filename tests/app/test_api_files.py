@@ -201,6 +201,8 @@ def test_openapi_served(client) -> None:
         ({"path": "x" * 256}, 422, "invalid_path"),
         ({"path": "/".join(["d"] * 600)}, 422, "invalid_path"),
         ({"path": "a/.w-1.tierd-tmp"}, 422, "invalid_path"),
+        ({"path": ".tierd-compressed/m.bin"}, 422, "invalid_path"),  # an object tier's
+        ({"path": ".tierd-copies/1.0"}, 422, "invalid_path"),
         ({"path": ""}, 422, "invalid_path"),
         ({"path": "ok.bin", "tier": "floppy"}, 404, "tier_not_found"),
         ({"path": "existing.bin"}, 409, "already_exists"),

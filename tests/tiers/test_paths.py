@@ -60,6 +60,9 @@ def test_validation_never_crashes(text: str) -> None:
         "a/" * 64 + "b",
         ".x.tierd-tmp",
         "d/.w-12.tierd-tmp",
+        ".tierd-copies",
+        ".tierd-compressed",
+        ".tierd-compressed/m.safetensors",
     ],
 )
 def test_rejected(bad: str) -> None:
@@ -67,7 +70,9 @@ def test_rejected(bad: str) -> None:
         validate_relpath(bad)
 
 
-@pytest.mark.parametrize("good", ["a", "a/b/c.bin", ".hidden", "..dots", "sp ace", "é" * 127])
+@pytest.mark.parametrize(
+    "good", ["a", "a/b/c.bin", ".hidden", "..dots", "sp ace", "é" * 127, "d/.tierd-compressed/x"]
+)
 def test_accepted(good: str) -> None:
     assert validate_relpath(good) == good
 
