@@ -348,8 +348,12 @@ def open_origin(
             paced = paced and why_no_netns() is None
             if paced:
                 assert rate is not None
-                net = stack.enter_context(network(0, 0, _LINK_BPS, say, per_flow_bps=8 * rate))
-                place = (net.origin.address, net.origin.wrap)
+                try:
+                    net = stack.enter_context(network(0, 0, _LINK_BPS, say, per_flow_bps=8 * rate))
+                    place = (net.origin.address, net.origin.wrap)
+                except RuntimeError as exc:  # a kernel without HTB or u32: nginx's cap
+                    say(f"origin: not paced by the kernel ({exc}); nginx's limit_rate instead")
+                    paced = False
             origin = stack.enter_context(
                 _nginx(spec, None if paced else rate, parent, place, exact_log)
             )

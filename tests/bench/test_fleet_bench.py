@@ -6,6 +6,7 @@ leaves the server and its directory as it found them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -258,7 +259,11 @@ def test_the_origin_can_pace_each_connection(host_network: None) -> None:
     reason = why_no_netns()
     if reason is not None:
         pytest.skip(reason)
-    with network(0, 0, 10**10, per_flow_bps=8 * 10**8) as net:
+    with contextlib.ExitStack() as stack:
+        try:
+            net = stack.enter_context(network(0, 0, 10**10, per_flow_bps=8 * 10**8))
+        except RuntimeError as exc:  # HTB or u32 not in this kernel
+            pytest.skip(f"this kernel cannot pace per connection: {exc}")
         show = [*net.origin.wrap, "tc"]
         classes = subprocess.run([*show, "class", "show", "dev", "eth0"], capture_output=True,
                                  text=True, check=True).stdout  # fmt: skip
