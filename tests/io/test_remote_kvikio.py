@@ -60,9 +60,12 @@ def test_a_presigned_url_serves_any_range_of_the_object(
         assert httpx.get(url).content == data
 
 
+@pytest.mark.parametrize("engine", ["auto", "boto3"], ids=["obstore-head", "botocore-head"])
 def test_the_check_after_a_read_sees_an_overwrite_by_another_client(
-    object_tier: Any, put: Callable[[str, bytes], None]
+    make_object_tier: Callable[..., Any], put: Callable[[str, bytes], None], engine: str
 ) -> None:
+    object_tier = make_object_tier(read_engine=engine)
+    assert object_tier.store.get_engine == ("botocore" if engine == "boto3" else "obstore")
     put("w.bin", _data(2))
     with object_tier.open("w.bin") as src:
         url = src.ranges.url(60)
@@ -84,6 +87,10 @@ def test_the_check_after_a_read_sees_an_overwrite_by_another_client(
     put("w.bin", b"short")
     with pytest.raises(FileChanged):
         src.ranges.check_unchanged()
+    with object_tier.open("w.bin") as src:
+        object_tier.store.delete(src.ranges.key)  # removed by another client
+        with pytest.raises(FileChanged):
+            src.ranges.check_unchanged()
 
 
 def test_remote_backend_is_checked() -> None:

@@ -90,7 +90,7 @@ class ObjectRanges(RangeReader):
         this HEAD, sent after the last GET ended, shows the new ETag (S3 reads after writes
         are strongly consistent). The caller discards its buffer.
         """
-        if self.head_matches() is None:
+        if not self.store.unchanged(self.key, self.version, self.size):
             raise self.store._changed(self.key, self.version)
 
     def head_matches(self) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from tiering.errors import FileChanged, StorageError, TierUnavailable
-from tiering.tiers._s3 import backoff, gave_up, quote_etag
+from tiering.tiers._s3 import backoff, gave_up, quote_etag, strip_etag
 
 __all__ = ["ObstoreGets", "obstore_module", "usable_here"]
 
@@ -151,3 +151,41 @@ class ObstoreGets:
                 )
             view[pos : pos + size] = memoryview(got)
             pos += size
+
+    def same(self, key: str, version: str, size: int, where: str) -> bool:
+        """Whether ``key`` still holds ETag ``version`` and ``size`` bytes: one HEAD.
+
+        The check after a read that could not send ``If-Match`` (KvikIO's). obstore's HEAD
+        costs a fraction of botocore's (its signing and parsing in Python took about 2 ms of
+        a 58 ms, 1 GiB load into a GPU), and it runs without the GIL.
+        """
+        global _started_in
+        if _started_in is None:
+            _started_in = os.getpid()
+        errors = self._errors
+        attempt = 0
+        while True:
+            try:
+                meta = self._obs.head(self._store, key)
+            except (errors.NotFoundError, FileNotFoundError) as exc:
+                if "NoSuchBucket" in str(exc):
+                    raise TierUnavailable(
+                        f"tier {self.tier}: stat {where} failed: no such bucket",
+                        tier=self.tier,
+                        reason="no_such_bucket",
+                    ) from None
+                return False
+            except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
+                raise TierUnavailable(
+                    f"tier {self.tier}: stat {where} failed: access denied ({exc})",
+                    tier=self.tier,
+                    reason="access_denied",
+                ) from exc
+            except errors.BaseError as exc:
+                attempt += 1
+                if attempt >= self.max_attempts:
+                    raise gave_up(self.tier, where, attempt, exc) from exc
+                time.sleep(backoff(attempt))
+                continue
+            etag = meta.get("e_tag")
+            return etag is not None and strip_etag(etag) == version and meta["size"] == size

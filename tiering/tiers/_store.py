@@ -233,6 +233,18 @@ class S3Store:
             finally:
                 body.close()
 
+    def unchanged(self, key: str, version: str, size: int) -> bool:
+        """Whether ``key`` still holds ETag ``version`` and ``size`` bytes (one HEAD, through
+        obstore where it is installed, as :meth:`get_into`)."""
+        gets = self._obstore_gets()
+        if gets is not None:
+            return gets.same(key, version, size, self.url_of(key))
+        head = self.head(key)
+        if head is None:
+            return False
+        now = self.stat_of(head)
+        return (now.version, now.size) == (version, size)
+
     def _obstore_gets(self) -> ObstoreGets | None:
         """obstore's client, made at the first GET: it takes the credentials the AWS chain has
         then. None without obstore, or while the chain has no credentials (botocore's request
