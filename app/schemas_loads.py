@@ -140,6 +140,14 @@ class ShardedTargetIn(TargetIn):
         description="Per shard: a shard whose selected tensors are resident on the device is "
         "handed out again, its allocation and layout as they are. " + SHARED_DOC,
     )
+    wait: StrictBool = Field(
+        default=True,
+        description="false: reply once the copies into one GPU of bytes held in memory (the "
+        "memory tier, a resident copy) are queued, before they land, so the client opens its "
+        "buffers while they run; each buffer's handle then carries ready_event, which the "
+        "client must wait on before it reads (tierd_client does). Other reads, several "
+        "devices and shared loads have landed at the reply either way.",
+    )
 
     @model_validator(mode="after")
     def _shared_alone(self) -> Any:
@@ -287,12 +295,19 @@ class LeaseOut(BaseModel):
     shape: list[int]
     handle: dict[str, Any] = Field(
         description="cuda_ipc: ipc_handle (base64), offset, alloc_bytes, device_index, "
-        "gpu_uuid; shm: name, offset, alloc_bytes"
+        "gpu_uuid, and ready_event while the copies of a wait=false load have not landed "
+        "(kind cuda_ipc_event, event_handle: a CUDA IPC event handle, base64; device_index, "
+        "gpu_uuid): wait on it (cudaIpcOpenEventHandle, cudaEventSynchronize) before reading "
+        "the buffer; shm: name, offset, alloc_bytes"
     )
     io_path: str | None = Field(description="gds, compat, host, remote or copy")
     tier: str | None
-    seconds: float | None
-    gbps: float | None = Field(description="GB/s of the read (10**9 bytes per second)")
+    seconds: float | None = Field(
+        description="Of the read; null for a wait=false load whose copies had not landed"
+    )
+    gbps: float | None = Field(
+        description="GB/s of the read (10**9 bytes per second); null as seconds"
+    )
     source: str | None = Field(
         description="Where the bytes came from: gpu (a copy on this GPU; for cpu, on a GPU), "
         "peer (another GPU, or another host of the fleet), memory (host memory), page_cache, "
@@ -323,8 +338,8 @@ class LeaseOut(BaseModel):
             handle=lease.handle(),
             io_path=r.io_path if r else None,
             tier=r.tier if r else None,
-            seconds=round(r.seconds, 9) if r else None,
-            gbps=round(r.gbps, 3) if r else None,
+            seconds=round(r.seconds, 9) if r and r.landed else None,
+            gbps=round(r.gbps, 3) if r and r.landed else None,
             source=r.source if r else None,
             read_only=lease.read_only,
             reused=lease.reused,
@@ -357,8 +372,8 @@ def lease_json(lease: Lease) -> bytes:
         "handle": lease.handle(),
         "io_path": r.io_path if r else None,
         "tier": r.tier if r else None,
-        "seconds": round(r.seconds, 9) if r else None,
-        "gbps": round(r.gbps, 3) if r else None,
+        "seconds": round(r.seconds, 9) if r and r.landed else None,
+        "gbps": round(r.gbps, 3) if r and r.landed else None,
         "source": r.source if r else None,
         "read_only": lease.read_only,
         "reused": lease.reused,

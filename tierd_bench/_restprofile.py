@@ -3,10 +3,12 @@
 :meth:`tierd_client.Client.load_state_dict` on safetensors files is, in order: one
 ``POST /v1/load/safetensors`` (the round trip), the reply's JSON parsed, each shard's buffer
 opened (a CUDA IPC handle, or a shared-memory segment, per shard), a view per tensor
-(:class:`~tierd_client.Tensors`), the torch tensors and their lease keeper, and, before the
-tensors are used, a synchronise. :func:`profiled_load` takes those same steps through the
-client's own functions, reading the clock between them, so its figures are the client's and
-nothing of the client's hot path changes to measure it. What freeing the tensors costs
+(:class:`~tierd_client.Tensors`), the torch tensors and their lease keeper, the wait for the
+server's copies (a load into a GPU asks for ``wait: false``, so a memory-tier load's copies
+run under the steps before it), and, before the tensors are used, a synchronise.
+:func:`profiled_load` takes those same steps through the client's own functions, reading the
+clock between them, so its figures are the client's and nothing of the client's hot path
+changes to measure it. What freeing the tensors costs
 afterwards (``close``: the buffers' mappings closed) is reported beside them, not in their sum.
 
 The server says its side in the reply's ``Server-Timing`` header (see
@@ -38,13 +40,14 @@ __all__ = [
 ]
 
 #: The client's phases, in order; their sum is the whole load.
-CLIENT_PHASES = ("request", "parse", "open", "views", "torch", "sync")
+CLIENT_PHASES = ("request", "parse", "open", "views", "torch", "wait", "sync")
 _CLIENT_LABELS = {
     "request": "client: POST round trip (server time included)",
     "parse": "client: reply JSON parse",
     "open": "client: open the buffers (IPC / shm), one per shard",
     "views": "client: a view per tensor (Tensors)",
     "torch": "client: torch tensors + lease keeper",
+    "wait": "client: wait for the server's copies to land (ready_event)",
     "sync": "client: device synchronise",
     "close": "client, after the load: tensors freed (IPC mappings closed), not in the sum",
 }
@@ -102,10 +105,11 @@ def profiled_load(
     releases the leases (:func:`release`) once it has checked the tensors."""
     from tierd_client._buffers import Tensors
     from tierd_client._exceptions import error_from_response
+    from tierd_client._loads import parse_target, safetensors_body
     from tierd_client._state_dict import _wrap
 
     sync = device_sync(device)
-    body = {"paths": list(paths), "device": device}
+    body = safetensors_body(list(paths), None, parse_target(device), None, False)
     t0 = time.perf_counter()
     resp = api._http.post("/v1/load/safetensors", json=body)
     t1 = time.perf_counter()
@@ -113,7 +117,7 @@ def profiled_load(
         raise error_from_response(resp)
     reply = resp.json()
     t2 = time.perf_counter()
-    buffers = api._open_all(reply)
+    buffers = api._open_all(reply, wait=False)
     t3 = time.perf_counter()
     try:
         tensors = Tensors(buffers, reply["tensors"])
@@ -122,18 +126,21 @@ def profiled_load(
         for b in buffers:
             b.close(release=False)  # as load_state_dict: the keeper holds the leases now
         t5 = time.perf_counter()
+        tensors.wait()
+        t6 = time.perf_counter()
     except BaseException:
         for b in buffers:
             b.close()
         raise
     sync()
-    t6 = time.perf_counter()
-    ticks = (t0, t1, t2, t3, t4, t5, t6)
+    t7 = time.perf_counter()
+    ticks = (t0, t1, t2, t3, t4, t5, t6, t7)
     client = {p: b - a for p, a, b in zip(CLIENT_PHASES, ticks[:-1], ticks[1:], strict=True)}
     server = parse_server_timing(resp.headers.get("server-timing"))
     if server:
         # The bytes' own time, from each lease's report: what the read phase is beyond it is
         # headers and allocations.
+        # (None where the copies had not landed at the reply: their time is in "wait".)
         server["io"] = max((float(b.info.get("seconds") or 0) for b in buffers), default=0.0)
     sources = {str(b.source) for b in buffers}
     return state, client, server, [b.id for b in buffers], sources

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tiering.io.buffers import Attached, attach
+from tiering.io.fences import wait_ready
 from tiering.io.safetensors import DTYPES
 
 from ._exceptions import NotFound, TierdClientError
@@ -62,6 +63,9 @@ class Buffer:
         The lease as the server sent it (``buffer_id``, ``nbytes``, ``handle``...).
     release_on_close:
         Whether :meth:`close` releases the lease by default.
+    wait:
+        Whether to wait, before returning, for copies still landing in the buffer (its
+        handle's ``ready_event``); False leaves that to the caller (:func:`wait_ready`).
 
     Attributes
     ----------
@@ -78,7 +82,12 @@ class Buffer:
     """
 
     def __init__(
-        self, client: LeaseHolder | None, info: Mapping[str, Any], *, release_on_close: bool = True
+        self,
+        client: LeaseHolder | None,
+        info: Mapping[str, Any],
+        *,
+        release_on_close: bool = True,
+        wait: bool = True,
     ) -> None:
         self.info = dict(info)
         self.id: str = info["buffer_id"]
@@ -93,6 +102,8 @@ class Buffer:
         self._client = client
         self._release_on_close = release_on_close
         self._attached: Attached | None = attach(info["handle"], self.nbytes)
+        if wait:
+            wait_ready([info["handle"]])  # copies still landing (a wait=false load)
         flat = self._attached.array
         # Kept even after close(): arrays made through __array_interface__ or
         # __cuda_array_interface__ hold this object, not the array, and must stay mapped.
@@ -294,6 +305,11 @@ class Tensors(Mapping[str, Any]):
             exact = DTYPES[self.dtypes[name]].exact
             out[name] = t.view(getattr(torch, exact)) if exact else t
         return out
+
+    def wait(self) -> None:
+        """Wait until every shard's bytes have landed (only a load opened without waiting
+        needs it: see :func:`~tierd_client._loads.open_tensors`)."""
+        wait_ready(b.info["handle"] for b in self.buffers)
 
     def close(self, release: bool | None = None) -> None:
         """Close every shard's buffer (and release the leases, by default)."""

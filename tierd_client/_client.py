@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, overload
 import httpx
 import numpy as np
 
+from tiering.io.fences import wait_ready
+
 from ._buffers import Buffer, Tensors
 from ._exceptions import TierdClientError, TransportError, error_from_response
-from ._loads import drop_none, file_ref, file_refs, open_tensors, parse_target
+from ._loads import drop_none, file_ref, file_refs, open_tensors, parse_target, safetensors_body
 from ._models import ModelsMixin
 from ._progress import finish
 from ._state_dict import StateDictSource, close_client, load_state_dict
@@ -91,9 +93,9 @@ class Client(ModelsMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open(self, info: Mapping[str, Any], release_on_close: bool) -> Buffer:
+    def _open(self, info: Mapping[str, Any], release_on_close: bool, wait: bool = True) -> Buffer:
         try:
-            return Buffer(self, info, release_on_close=release_on_close)
+            return Buffer(self, info, release_on_close=release_on_close, wait=wait)
         except BaseException:
             # The lease is useless to a caller who cannot open it: give it back now.
             with contextlib.suppress(TierdClientError):
@@ -102,13 +104,17 @@ class Client(ModelsMixin):
 
     # -- loads -----------------------------------------------------------------------------
 
-    def _open_all(self, reply: Mapping[str, Any]) -> list[Buffer]:
-        """Every buffer of a reply, opened here; on a failure none stays leased (the opened
-        ones are closed and released, the rest released unopened)."""
+    def _open_all(self, reply: Mapping[str, Any], wait: bool = True) -> list[Buffer]:
+        """Every buffer of a reply, opened here, then waited for (its copies may still be
+        landing: see ``wait`` of the load's request; ``wait`` false leaves that to the
+        caller); on a failure none stays leased (the opened ones are closed and released, the
+        rest released unopened)."""
         out: list[Buffer] = []
         try:
             for info in reply["buffers"]:
-                out.append(self._open(info, True))
+                out.append(self._open(info, True, wait=False))
+            if wait:
+                wait_ready(b.info["handle"] for b in out)
         except BaseException:
             for b in out:
                 b.close()
@@ -286,15 +292,7 @@ class Client(ModelsMixin):
         rank only, into ``device`` (or the one of ``devices``).
         """
         target = parse_target(device, devices, sharding, rank)
-        body = drop_none(
-            {
-                **file_refs(files),
-                "names": list(names) if names is not None else None,
-                **target.to_json(),
-                "ttl_s": ttl_s,
-                "shared": shared or None,
-            }
-        )
+        body = safetensors_body(files, names, target, ttl_s, shared)
         return open_tensors(self, target, self.request("POST", "/v1/load/safetensors", json=body))
 
     def load_state_dict(

@@ -19,7 +19,15 @@ from tiering.io.target import LoadTarget
 from ._buffers import Buffer, Tensors
 from ._exceptions import InvalidRequest, TierdClientError
 
-__all__ = ["drop_none", "file_ref", "file_refs", "open_tensors", "parse_target"]
+__all__ = [
+    "drop_none",
+    "file_ref",
+    "file_refs",
+    "model_body",
+    "open_tensors",
+    "parse_target",
+    "safetensors_body",
+]
 
 
 def file_ref(file: int | str) -> dict[str, Any]:
@@ -42,6 +50,55 @@ def file_refs(files: int | str | Sequence[int | str]) -> dict[str, Any]:
 def drop_none(d: dict[str, Any]) -> dict[str, Any]:
     """A body without the fields left to the server's defaults."""
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _no_wait(target: LoadTarget) -> dict[str, Any]:
+    """``wait: false`` for a load into one GPU: the server replies before its copies of bytes
+    held in memory land, and the client waits on the reply's ``ready_event`` once its buffers
+    are open (:func:`open_tensors`; :meth:`Tensors.wait`), so opening them overlaps the
+    copies."""
+    one = not target.many and target.sharding is None and len(target.devices) == 1
+    return {"wait": False} if one and target.devices[0].is_cuda else {}
+
+
+def safetensors_body(
+    files: int | str | Sequence[int | str],
+    names: Sequence[str] | None,
+    target: LoadTarget,
+    ttl_s: float | None,
+    shared: bool,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/load/safetensors``."""
+    return drop_none(
+        {
+            **file_refs(files),
+            "names": list(names) if names is not None else None,
+            **target.to_json(),
+            "ttl_s": ttl_s,
+            "shared": shared or None,
+            **_no_wait(target),
+        }
+    )
+
+
+def model_body(
+    names: Sequence[str] | None,
+    prefix: str | None,
+    target: LoadTarget,
+    ttl_s: float | None,
+    shared: bool,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/models/load``."""
+    return drop_none(
+        {
+            "names": list(names) if names is not None else None,
+            "prefix": prefix,
+            **target.to_json(),
+            "ttl_s": ttl_s,
+            "shared": shared or None,
+            **_no_wait(target),
+        }
+    )
 
 
 def parse_target(
@@ -70,19 +127,20 @@ def parse_target(
 
 
 class _Opener(Protocol):
-    def _open_all(self, reply: Mapping[str, Any]) -> list[Buffer]: ...
+    def _open_all(self, reply: Mapping[str, Any], wait: bool = True) -> list[Buffer]: ...
 
     def release(self, buffer_id: str) -> dict[str, Any]: ...
 
 
 def open_tensors(
-    client: _Opener, target: LoadTarget, reply: Mapping[str, Any]
+    client: _Opener, target: LoadTarget, reply: Mapping[str, Any], wait: bool = True
 ) -> Tensors | list[Tensors]:
     """The :class:`Tensors` of a safetensors or model load's reply, opened here; a list of
     them, one per device (``.device``, ``.rank``, ``.delivery``), for a ``many`` target. On a
-    failure none stays leased."""
+    failure none stays leased. ``wait`` false (one device): the caller calls
+    :meth:`Tensors.wait` before the bytes are read."""
     if not target.many:
-        return Tensors(client._open_all(reply), reply["tensors"])
+        return Tensors(client._open_all(reply, wait), reply["tensors"])
     out: list[Tensors] = []
     try:
         for entry in reply["devices"]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from ._buffers import Buffer, Tensors
-from ._loads import drop_none, open_tensors, parse_target
+from ._loads import drop_none, model_body, open_tensors, parse_target
 from ._progress import finish
 
 __all__ = ["ModelsMixin"]
@@ -36,7 +36,7 @@ class ModelsMixin:
             params: Mapping[str, Any] | None = None,
         ) -> Any: ...
 
-        def _open_all(self, reply: Mapping[str, Any]) -> list[Buffer]: ...
+        def _open_all(self, reply: Mapping[str, Any], wait: bool = True) -> list[Buffer]: ...
 
         def job(self, job_id: str) -> dict[str, Any]: ...
 
@@ -148,15 +148,7 @@ class ModelsMixin:
             Over the device's lease budget.
         """
         target = parse_target(device, devices, sharding, rank)
-        body = drop_none(
-            {
-                "names": list(names) if names is not None else None,
-                "prefix": prefix,
-                **target.to_json(),
-                "ttl_s": ttl_s,
-                "shared": shared or None,
-            }
-        )
+        body = model_body(names, prefix, target, ttl_s, shared)
         reply = self.request("POST", "/v1/models/load", params={"name": name}, json=body)
         return open_tensors(self, target, reply)
 

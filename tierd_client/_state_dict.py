@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,8 +42,9 @@ import numpy as np
 
 from tiering.io.safetensors import convert
 
-from ._buffers import Tensors
+from ._buffers import Buffer, Tensors
 from ._exceptions import NotFound
+from ._loads import model_body, open_tensors, parse_target, safetensors_body
 
 if TYPE_CHECKING:
     import torch
@@ -60,26 +61,16 @@ StateDictSource = str | int | Sequence[str | int]
 class _Client(Protocol):
     """What a state dict needs of its client (a :class:`Client`)."""
 
-    def load_model(
+    def request(
         self,
-        name: str,
+        method: str,
+        path: str,
         *,
-        names: Sequence[str] | None = None,
-        prefix: str | None = None,
-        device: str = "cpu",
-        ttl_s: float | None = None,
-        shared: bool = False,
-    ) -> Tensors: ...
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+    ) -> Any: ...
 
-    def load_safetensors(
-        self,
-        files: str | int | Sequence[str | int],
-        *,
-        names: Sequence[str] | None = None,
-        device: str = "cpu",
-        ttl_s: float | None = None,
-        shared: bool = False,
-    ) -> Tensors: ...
+    def _open_all(self, reply: Mapping[str, Any], wait: bool = True) -> list[Buffer]: ...
 
     def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]: ...
 
@@ -101,20 +92,28 @@ def load_state_dict(
         import torch  # noqa: F401  (checked before anything is leased)
     except ImportError as exc:
         raise ImportError("load_state_dict needs torch: pip install torch") from exc
+    target = parse_target(device)
     if isinstance(model, str) and not model.endswith(".safetensors"):
-        tensors = client.load_model(
-            model, names=names, prefix=prefix, device=device, ttl_s=ttl_s, shared=shared
-        )
+        body = model_body(names, prefix, target, ttl_s, shared)
+        reply = client.request("POST", "/v1/models/load", params={"name": model}, json=body)
     elif prefix is not None:
         raise TypeError("prefix selects tensors of a model by name; with files, give names")
     else:
-        tensors = client.load_safetensors(
-            model, names=names, device=device, ttl_s=ttl_s, shared=shared
-        )
+        body = safetensors_body(model, names, target, ttl_s, shared)
+        reply = client.request("POST", "/v1/load/safetensors", json=body)
+    # Opened without waiting: the buffers' views and the torch tensors are made while the
+    # server's copies of bytes held in memory still run, and waited for last.
+    tensors = open_tensors(client, target, reply, wait=False)
+    assert isinstance(tensors, Tensors)
     try:
         out = _wrap(client, tensors)
     except BaseException:
         tensors.close()
+        raise
+    try:
+        tensors.wait()
+    except BaseException:
+        out.clear()  # the keeper releases the leases once the tensors are gone
         raise
     # The arrays made from the buffers keep the mappings; the leases are the keeper's now.
     for b in tensors.buffers:

@@ -69,7 +69,7 @@ def load(req: LoadRequest, loader: LoaderDep) -> Response:
         body = lease_json(replicas[0].lease)
     phases = {"load": t1 - t0}
     report = replicas[0].lease.report
-    if report is not None and report.seconds is not None:
+    if report is not None and report.landed:
         phases["io"] = report.seconds
     phases["reply"] = time.perf_counter() - t1
     return Response(
@@ -113,7 +113,12 @@ def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> Response:
     target = req.target()
     t0 = time.perf_counter()
     loads = loader.load_safetensors(
-        req.refs, names=req.names, device=target, ttl_s=req.ttl_s, shared=req.shared
+        req.refs,
+        names=req.names,
+        device=target,
+        ttl_s=req.ttl_s,
+        shared=req.shared,
+        wait=req.wait,
     )
     t1 = time.perf_counter()
     body = tensors_out(target, loads).model_dump_json()

@@ -137,6 +137,7 @@ def load_model(
         device=target,
         ttl_s=req.ttl_s,
         shared=req.shared,
+        wait=req.wait,
     )
     return Response(tensors_out(target, loads).model_dump_json(), media_type="application/json")
 

@@ -171,6 +171,15 @@ def test_load_all_into_cpu(root: Path) -> None:
             json={"paths": [f"models/llama/{S1}", f"models/llama/{S2}"]},
         )
         assert set(raw) == set(same) == {"buffers", "tensors"}
+        # wait=false asks for the reply before copies into a GPU land: into cpu there are
+        # none, and the reply is the same, every read landed and timed, no event to wait on.
+        eager = data.request(
+            "POST", "/v1/models/load", params={"name": "models/llama"}, json={"wait": False}
+        )
+        assert [b["seconds"] is not None for b in eager["buffers"]] == [True, True]
+        assert all("ready_event" not in b["handle"] for b in eager["buffers"])
+        for b in eager["buffers"]:
+            data.release(b["buffer_id"])
         strip = {"buffer_id"}
         assert [
             {k: v for k, v in t.items() if k not in strip} for t in raw["tensors"].values()

@@ -319,6 +319,8 @@ def test_bad_shared_input_changes_nothing(api, upload, server, data_dir):
         ("/v1/load/batch", {"items": [{"file_id": fid}], "shared": "true"}),
         ("/v1/load/safetensors", {"file_ids": [fid], "shared": "no"}),
         ("/v1/models/load?name=w", {"shared": 0}),
+        ("/v1/load/safetensors", {"file_ids": [fid], "wait": "no"}),
+        ("/v1/models/load?name=w", {"wait": 0}),
     ):
         r = http.post(route, json=body)
         assert r.status_code == 422 and r.json()["error"]["code"], (route, r.text)

@@ -10,15 +10,17 @@ at the GPU's memory bandwidth), one ``cudaMemcpyPeerAsync`` between two GPUs, or
 the file's authoritative bytes, and the copy's :data:`~tiering.io.LoadSource`.
 
 The holder keeps the array alive and unchanged while the file is open: ``on_close`` tells it
-when the last read has ended.
+when the last read has ended (for a copy queued under a :class:`~tiering.io.fences.Fence`,
+when it has landed, which may be after the file was closed).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +29,9 @@ from tiering.errors import InvalidInput
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._stats import IoReport, LoadSource, Stats
+
+if TYPE_CHECKING:
+    from .fences import Fence
 
 __all__ = ["CopyFile", "copy_into", "peer_access"]
 
@@ -69,6 +74,8 @@ class CopyFile(GdsFile):
         self.held_on = held_on
         self.source: LoadSource = _source(held_on, target)
         self._on_close = on_close
+        self._queued = 0  # copies out of the array queued under a fence, not yet landed
+        self._released = False
 
     def _rows(self, populate: bool) -> np.ndarray:
         if self.held_on.is_cuda:
@@ -79,6 +86,27 @@ class CopyFile(GdsFile):
 
     def _release(self) -> None:
         self.array = None
+        with self._cond:
+            self._released = True
+            if self._queued:
+                return  # the last queued copy's landing tells the holder
+        self._tell_holder()
+
+    def _hold_until(self, fence: Fence) -> None:
+        """A copy out of the array was queued under ``fence``: the holder must keep the
+        array, unchanged, until it lands, even if the file is closed sooner."""
+        with self._cond:
+            self._queued += 1
+        fence.then(self._landed)
+
+    def _landed(self, _fence: Fence) -> None:
+        with self._cond:
+            self._queued -= 1
+            if self._queued or not self._released:
+                return
+        self._tell_holder()
+
+    def _tell_holder(self) -> None:
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()
@@ -148,25 +176,49 @@ def copy_into(
     file_offset: int,
     nbytes: int,
     stats: Stats,
+    fence: Fence | None = None,
 ) -> IoReport:
     """Copy ``nbytes`` of ``file`` from ``file_offset`` into flat uint8 ``dst[dst_offset:]`` on
     ``target``; counted as one operation under the ``copy`` path. Returns when the bytes have
-    landed."""
+    landed, or, given a ``fence`` and a GPU target, once the copy is queued: the fence then
+    waits for it and ends its count (the report's ``seconds`` are the queueing's alone)."""
     started = stats.begin("copy", file.tier_key, file.source)
     ok = False
+    queued = False
     try:
         if nbytes:
             with file._use():
-                _copy(file, target, dst, dst_offset, file_offset, nbytes)
+                stream = _copy(file, target, dst, dst_offset, file_offset, nbytes, fence)
+            if stream is not None:
+                assert fence is not None
+                tier, source = file.tier_key, file.source
+
+                def finish(landed: bool) -> None:
+                    stats.end("copy", tier, started, nbytes, landed, source)
+
+                fence.queued(stream, finish)
+                file._hold_until(fence)
+                queued = True
         ok = True
     finally:
-        seconds = stats.end("copy", file.tier_key, started, nbytes, ok, file.source)
-    return IoReport(nbytes, "copy", file.tier_key, seconds, source=file.source)
+        if queued:
+            seconds = time.perf_counter() - started
+        else:
+            seconds = stats.end("copy", file.tier_key, started, nbytes, ok, file.source)
+    return IoReport(nbytes, "copy", file.tier_key, seconds, source=file.source, landed=not queued)
 
 
 def _copy(
-    file: CopyFile, target: Device, dst: Any, dst_offset: int, file_offset: int, nbytes: int
-) -> None:
+    file: CopyFile,
+    target: Device,
+    dst: Any,
+    dst_offset: int,
+    file_offset: int,
+    nbytes: int,
+    fence: Fence | None,
+) -> Any:
+    """The copy; the stream it is queued on where ``fence`` waits for it, else None once it
+    has landed."""
     src = file.array
     held = file.held_on
     if not target.is_cuda:
@@ -181,7 +233,7 @@ def _copy(
                 s.synchronize()
         else:
             np.copyto(out, src[file_offset : file_offset + nbytes])
-        return
+        return None
     cp = import_cupy()
     dst_ptr = dst.data.ptr + dst_offset
     with cp.cuda.Device(target.index):
@@ -197,4 +249,7 @@ def _copy(
             cp.cuda.runtime.memcpyPeerAsync(
                 dst_ptr, target.index, src.data.ptr + file_offset, held.index, nbytes, s.ptr
             )
+        if fence is not None:
+            return s
         s.synchronize()
+        return None

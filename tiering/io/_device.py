@@ -154,3 +154,31 @@ def parse_device(device: str | int | Device) -> Device:
                 device_count=count,
             )
     return parsed
+
+
+_uuids: dict[int, str] = {}
+
+
+def gpu_uuid(index: int) -> str:
+    """The UUID of CUDA device ``index``, as ``nvidia-smi -L`` prints it (``GPU-…``)."""
+    found = _uuids.get(index)
+    if found is None:
+        # cudaGetDeviceProperties costs milliseconds: once per device and process.
+        raw = import_cupy().cuda.runtime.getDeviceProperties(index)["uuid"]
+        h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
+        found = _uuids[index] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    return found
+
+
+def local_device(index: int, uuid: str | None) -> int:
+    """This process's index of the GPU the handle is on (CUDA_VISIBLE_DEVICES may differ)."""
+    cp = import_cupy()
+    count = int(cp.cuda.runtime.getDeviceCount())
+    if uuid:
+        for i in range(count):
+            if gpu_uuid(i) == uuid:
+                return i
+        raise InvalidDevice(f"GPU {uuid} is not visible to this process", device=uuid)
+    if index >= count:
+        raise InvalidDevice(f"cuda:{index} does not exist in this process", device=index)
+    return index

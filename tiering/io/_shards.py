@@ -20,6 +20,7 @@ from tiering.errors import InvalidInput
 from ._device import Device
 from ._file import GdsFile
 from ._stats import IoReport
+from .fences import Fence
 from .safetensors import (
     DTYPES,
     LoadedTensors,
@@ -53,7 +54,12 @@ class ShardStorage(Protocol):
         ...
 
     def _transfer_ranges(
-        self, file: GdsFile, fd: int, dst: Any, reads: Sequence[tuple[int, int, int]]
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        reads: Sequence[tuple[int, int, int]],
+        fence: Fence | None = None,
     ) -> IoReport:
         """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
         ...
@@ -147,11 +153,13 @@ def load_shards_raw(
     paths: Sequence[str | os.PathLike[str] | GdsFile],
     names: Iterable[str] | None,
     allocate: Allocate | None = None,
+    fence: Fence | None = None,
 ) -> list[ShardLayout]:
     """Read the selected tensors of each shard into one allocation per shard.
 
     Every header is read and checked before ``allocate`` is called. Open :class:`GdsFile`
-    items are used as they are and left open; paths are opened and closed here.
+    items are used as they are and left open; paths are opened and closed here. ``fence``:
+    see :meth:`GpuDirectStorage.load_safetensors_raw`.
     """
     files: list[GdsFile] = []
     owned: list[GdsFile] = []
@@ -173,7 +181,7 @@ def load_shards_raw(
             for f, h, picked in zip(files, headers, chosen, strict=True)
         ]
         alloc: Allocate = allocate or storage.device.empty
-        return storage._fan_out(_loader(storage, alloc), [(j,) for j in jobs])
+        return storage._fan_out(_loader(storage, alloc, fence), [(j,) for j in jobs])
     finally:
         for f in owned:
             f.close()
@@ -198,7 +206,7 @@ def load_shards(
     return LoadedTensors(tensors, dtypes, reports)
 
 
-def _loader(storage: ShardStorage, allocate: Allocate) -> Any:
+def _loader(storage: ShardStorage, allocate: Allocate, fence: Fence | None = None) -> Any:
     """The per-shard job: one allocation, the planned reads into it."""
 
     def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> ShardLayout:
@@ -208,7 +216,7 @@ def _loader(storage: ShardStorage, allocate: Allocate) -> Any:
         )
         buf = allocate(total)
         with f._use() as fd:
-            report = storage._transfer_ranges(f, fd, buf, reads)
+            report = storage._transfer_ranges(f, fd, buf, reads, fence)
         return ShardLayout(h.path, buf, {t.name: (where[t.name], t) for t in selected}, report)
 
     return load_one

@@ -66,6 +66,9 @@ class IoReport:
     engine: str | None = None
     #: Where the bytes came from (see :data:`LoadSource`).
     source: LoadSource = "page_cache"
+    #: False for copies queued under a :class:`~tiering.io.fences.Fence` that had not landed
+    #: when the report was made: ``seconds`` then timed the queueing alone.
+    landed: bool = True
 
     @property
     def gbps(self) -> float:

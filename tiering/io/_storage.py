@@ -39,6 +39,7 @@ from ._shards import ShardLayout, load_shards, load_shards_raw
 from ._stats import GdsStatsSnapshot, IoReport, Stats
 from ._transfer import Transfer
 from ._vectors import Vectors
+from .fences import Fence
 from .safetensors import Framework, LoadedTensors
 
 __all__ = ["GpuDirectStorage"]
@@ -262,10 +263,15 @@ class GpuDirectStorage(AsyncTwins):
     # -- the transfer primitive, for _shards (see ShardStorage) -----------------------------
 
     def _transfer_ranges(
-        self, file: GdsFile, fd: int, dst: Any, reads: Sequence[tuple[int, int, int]]
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        reads: Sequence[tuple[int, int, int]],
+        fence: Fence | None = None,
     ) -> IoReport:
         """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
-        return self._engine.transfer_ranges(file, fd, dst, reads)
+        return self._engine.transfer_ranges(file, fd, dst, reads, fence)
 
     def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
         return self._pools.fan_out(fn, calls)
@@ -420,19 +426,22 @@ class GpuDirectStorage(AsyncTwins):
         files: Sequence[str | os.PathLike[str] | GdsFile],
         names: Iterable[str] | None = None,
         allocate: Callable[[int], Any] | None = None,
+        fence: Fence | None = None,
     ) -> list[ShardLayout]:
         """Like :meth:`load_safetensors`, but return each shard's allocation and layout.
 
         For callers that own the memory (tierd's service hands it to another process):
         ``allocate(nbytes)`` must return a flat ``uint8`` array on this storage's device, and
         is called once per shard, only after every header has been read and checked. Open
-        :class:`GdsFile` items are read as they are and left open.
+        :class:`GdsFile` items are read as they are and left open. Copies of bytes held in
+        memory may leave their wait to ``fence`` (the caller seals it; see
+        :mod:`tiering.io.fences`); every other read has landed on return.
 
         Raises
         ------
         MalformedFile, InvalidDtype, InvalidInput, FileNotFound
         """
-        return load_shards_raw(self, list(files), names, allocate)
+        return load_shards_raw(self, list(files), names, allocate, fence)
 
     def write_from_gpu(
         self, buffer: Any, path: str | os.PathLike[str], *, overwrite: bool = False

@@ -34,6 +34,7 @@ from ._file import GdsFile
 from ._pools import Pools
 from ._remote import RemoteFile, RemoteReads, Segment
 from ._stats import IoReport, LoadSource, Stats
+from .fences import Fence
 
 __all__ = ["Transfer", "merge_reports"]
 
@@ -75,13 +76,23 @@ class Transfer:
         self.remote.close()
 
     def transfer(
-        self, file: GdsFile, fd: int, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        dst_offset: int,
+        file_offset: int,
+        nbytes: int,
+        fence: Fence | None = None,
     ) -> IoReport:
-        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``."""
+        """Read ``nbytes`` at ``file_offset`` into flat uint8 ``dst[dst_offset:]``; a copy
+        held in memory may leave its wait to ``fence`` (see :mod:`tiering.io.fences`)."""
         if isinstance(file, RemoteFile):
             return self.remote.read(file, dst, [(file_offset, nbytes, dst_offset)])
         if isinstance(file, CopyFile):
-            return copy_into(file, self._device, dst, dst_offset, file_offset, nbytes, self._stats)
+            return copy_into(
+                file, self._device, dst, dst_offset, file_offset, nbytes, self._stats, fence
+            )
         io = self._config.io_for(file.tier, file.rank)
         cold = False
         if nbytes > _INLINE_MAX:
@@ -110,7 +121,12 @@ class Transfer:
         return IoReport(nbytes, file.io_path, file.tier_key, seconds, cold, source=source)
 
     def transfer_ranges(
-        self, file: GdsFile, fd: int, dst: Any, segments: Sequence[Segment]
+        self,
+        file: GdsFile,
+        fd: int,
+        dst: Any,
+        segments: Sequence[Segment],
+        fence: Fence | None = None,
     ) -> IoReport:
         """Read every ``(file_offset, nbytes, dst_offset)`` of ``segments`` into ``dst``.
 
@@ -124,7 +140,7 @@ class Transfer:
             report = self._pooled_many(file, fd, dst, segments)
             if report is not None:
                 return report
-        parts = [self.transfer(file, fd, dst, at, off, n) for off, n, at in segments]
+        parts = [self.transfer(file, fd, dst, at, off, n, fence) for off, n, at in segments]
         return merge_reports(file, parts)
 
     def _pooled_many(
@@ -221,4 +237,5 @@ def merge_reports(file: GdsFile, parts: Sequence[IoReport]) -> IoReport:
         sum(r.seconds for r in parts),
         cold,
         source=source,
+        landed=all(r.landed for r in parts),
     )

@@ -33,13 +33,16 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tiering.errors import FileNotFound, InsufficientSpace, InvalidDevice, InvalidInput
+from tiering.errors import FileNotFound, InsufficientSpace, InvalidInput
 
-from ._device import Device, import_cupy
+from ._device import Device, gpu_uuid, import_cupy, local_device
+
+if TYPE_CHECKING:
+    from .fences import Fence
 
 __all__ = [
     "CUDA_GRANULE",
@@ -74,25 +77,20 @@ def alloc_size(device: Device, nbytes: int) -> int:
     return max(granule, -(-nbytes // granule) * granule)
 
 
-_uuids: dict[int, str] = {}
-
-
-def gpu_uuid(index: int) -> str:
-    """The UUID of CUDA device ``index``, as ``nvidia-smi -L`` prints it (``GPU-…``)."""
-    found = _uuids.get(index)
-    if found is None:
-        # cudaGetDeviceProperties costs milliseconds: once per device and process.
-        raw = import_cupy().cuda.runtime.getDeviceProperties(index)["uuid"]
-        h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
-        found = _uuids[index] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-    return found
-
-
 class DeviceBuffer(ABC):
     """One dedicated allocation that can be handed to another process."""
 
     device: Device
     alloc_bytes: int
+    #: Copies into the buffer queued by a load that replied before they landed (see
+    #: :mod:`tiering.io.fences`); None once they have, or when there were none.
+    fence: Fence | None = None
+
+    def settle(self) -> None:
+        """Wait for the copies of the buffer's pending fence, if any; then it has none."""
+        fence, self.fence = self.fence, None
+        if fence is not None:
+            fence.wait()
 
     @abstractmethod
     def array(self) -> Any:
@@ -141,7 +139,7 @@ class _CudaBuffer(DeviceBuffer):
         return cp.ndarray((self.alloc_bytes,), dtype=cp.uint8, memptr=ptr)
 
     def handle(self) -> dict[str, Any]:
-        return {
+        h = {
             "kind": "cuda_ipc",
             "ipc_handle": self._ipc,
             "offset": 0,
@@ -149,6 +147,10 @@ class _CudaBuffer(DeviceBuffer):
             "device_index": self.device.index,
             "gpu_uuid": self._uuid,
         }
+        ready = None if self.fence is None else self.fence.handle()
+        if ready is not None:
+            h["ready_event"] = ready  # the bytes land when it fires: wait_ready
+        return h
 
     def synchronize(self) -> None:
         import_cupy().cuda.Device(self.device.index).synchronize()
@@ -159,6 +161,10 @@ class _CudaBuffer(DeviceBuffer):
 
     def park(self) -> bool:
         return self._mem is not None
+
+    def unpark(self) -> bool:
+        self.settle()  # the last load's copies must not land in the next one's bytes
+        return True
 
 
 class _ShmBuffer(DeviceBuffer):
@@ -306,20 +312,6 @@ def close_cached_mappings() -> None:
         _close_cuda(p, i)
 
 
-def _local_device(index: int, uuid: str | None) -> int:
-    """This process's index of the GPU the handle is on (CUDA_VISIBLE_DEVICES may differ)."""
-    cp = import_cupy()
-    count = int(cp.cuda.runtime.getDeviceCount())
-    if uuid:
-        for i in range(count):
-            if gpu_uuid(i) == uuid:
-                return i
-        raise InvalidDevice(f"GPU {uuid} is not visible to this process", device=uuid)
-    if index >= count:
-        raise InvalidDevice(f"cuda:{index} does not exist in this process", device=index)
-    return index
-
-
 class Attached:
     """A handle opened in this process: a flat ``uint8`` array over the shared bytes.
 
@@ -416,7 +408,7 @@ def _attach_cuda(handle: Mapping[str, Any], offset: int, size: int, alloc: int) 
         raw = base64.b64decode(handle["ipc_handle"], validate=True)
     except (KeyError, binascii.Error) as exc:
         raise InvalidInput(f"bad CUDA IPC handle: {exc}") from exc
-    index = _local_device(int(handle.get("device_index", 0)), handle.get("gpu_uuid"))
+    index = local_device(int(handle.get("device_index", 0)), handle.get("gpu_uuid"))
     key = str(handle["ipc_handle"])
     ptr = _open_cuda(key, raw, index, alloc)
     owner = _MappingOwner()

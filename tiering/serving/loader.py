@@ -310,6 +310,7 @@ class Loader:
         device: str | Device = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> TensorsLoaded: ...
 
     @overload
@@ -321,6 +322,7 @@ class Loader:
         device: LoadTarget,
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> list[DeviceLoaded]: ...
 
     def load_safetensors(
@@ -331,11 +333,18 @@ class Loader:
         device: str | Device | LoadTarget = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> TensorsLoaded | list[DeviceLoaded]:
         """Load the tensors (all, or ``names``) of safetensors shards: one lease per shard.
 
         ``shared`` (one device only; see :meth:`load`): a shard whose selected tensors are
         resident on ``device`` is handed out again, allocation and layout as they are.
+
+        ``wait`` false (for a caller in another process that waits itself): return once the
+        copies of bytes held in memory into one GPU are queued, before they land; each
+        buffer's handle then carries the ``ready_event`` to wait on (see
+        :mod:`tiering.io.fences`). Other reads, loads into several devices and ``shared``
+        loads have landed on return either way.
 
         ``device`` a :class:`~tiering.io.target.LoadTarget`: returns one
         :class:`~tiering.serving.sharded.DeviceLoaded` per device. Without a sharding each
@@ -357,7 +366,13 @@ class Loader:
             More than ``max_batch_items`` files.
         """
         out = load_devices(
-            self._ctx, files, LoadTarget.of(device), names=names, ttl_s=ttl_s, shared=shared
+            self._ctx,
+            files,
+            LoadTarget.of(device),
+            names=names,
+            ttl_s=ttl_s,
+            shared=shared,
+            wait=wait,
         )
         return out if isinstance(device, LoadTarget) else out[0].loaded
 

@@ -228,6 +228,7 @@ class Models:
         device: str | Device = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> TensorsLoaded: ...
 
     @overload
@@ -240,6 +241,7 @@ class Models:
         device: LoadTarget,
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> list[DeviceLoaded]: ...
 
     def load(
@@ -251,6 +253,7 @@ class Models:
         device: str | Device | LoadTarget = "cpu",
         ttl_s: float | None = None,
         shared: bool = False,
+        wait: bool = True,
     ) -> TensorsLoaded | list[DeviceLoaded]:
         """Load a model's tensors (all, the ``names`` given, or those starting with
         ``prefix``) into one lease per shard, the shards concurrently.
@@ -260,7 +263,8 @@ class Models:
         :meth:`tiering.serving.Loader.load_safetensors` (one entry per device is returned).
 
         ``shared``: read-only leases, handed out again from resident shards (see
-        :meth:`tiering.serving.Loader.load`).
+        :meth:`tiering.serving.Loader.load`). ``wait``: as for
+        :meth:`tiering.serving.Loader.load_safetensors`.
 
         Raises
         ------
@@ -286,6 +290,7 @@ class Models:
             ttl_s=ttl_s,
             shared=shared,
             select=self._selector(lay, names, prefix),
+            wait=wait,
         )
         return out if isinstance(device, LoadTarget) else out[0].loaded
 

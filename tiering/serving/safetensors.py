@@ -13,6 +13,7 @@ other shards are read into read-only buffers that become resident.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiering.errors import InvalidInput, TooLarge
-from tiering.io import Device, GdsFile, GpuDirectStorage, ShardLayout
+from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, ShardLayout
 from tiering.io.buffers import alloc_size
+from tiering.io.fences import Fence
 from tiering.io.safetensors import parse_header, select_tensors
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext
@@ -72,11 +74,15 @@ def load_shards(
     ttl_s: float | None,
     select: Select | None = None,
     shared: bool = False,
+    wait: bool = True,
 ) -> TensorsLoaded:
     """Tensors of safetensors shards; see :meth:`tiering.serving.Loader.load_safetensors`.
 
     ``select`` (with ``names`` None) chooses the tensors once the shards are open, so a
-    caller can check them (a model's weight map) without opening them twice.
+    caller can check them (a model's weight map) without opening them twice. ``wait`` false
+    (a GPU, not ``shared``): the copies of bytes held in memory are left to a
+    :class:`~tiering.io.fences.Fence` that the buffers' handles name, and counted (stats,
+    the load observer) once they land.
     """
     if not files:
         raise InvalidInput("name at least one file")
@@ -109,6 +115,7 @@ def load_shards(
         return arr
 
     leases: list[Lease] = []
+    fence = None if wait or not dev.is_cuda else Fence(dev)
     with contextlib.ExitStack() as stack:
         t0 = time.perf_counter()
         opened = [stack.enter_context(ctx.open(ref, storage)) for ref in files]
@@ -117,23 +124,29 @@ def load_shards(
         t1 = time.perf_counter()
         timings["open"] = t1 - t0
         try:
-            with storage.device.current():
-                shards = storage.load_safetensors_raw([f for f, _ in opened], names, alloc)
+            try:
+                with storage.device.current():
+                    shards = storage.load_safetensors_raw(
+                        [f for f, _ in opened], names, alloc, fence
+                    )
+            finally:
+                if fence is not None:
+                    fence.seal()  # even after a failure: what was queued is waited for
             timings["read"] = time.perf_counter() - t1
             for shard, (_f, file_id) in zip(shards, opened, strict=True):
                 res = by_array[id(shard.buffer)]
                 if not shard.tensors:
                     res.cancel()  # nothing selected from this shard
                     continue
-                leases.append(
-                    _grant(ctx, res, shard, file_id, ttl_s, read_only=False, timings=timings)
-                )
+                leases.append(_grant(ctx, res, shard, file_id, ttl_s, fence=fence, timings=timings))
         except BaseException:
+            if fence is not None:
+                fence.wait()  # nothing may still be copying into buffers given back
             ctx.leases.release_many([lease.id for lease in leases])
             for res in reserved:
                 res.cancel()
             raise
-    out = loaded(ctx, dev, leases)
+    out = loaded(ctx, dev, leases, fence)
     out.timings.update(timings)
     return out
 
@@ -145,14 +158,19 @@ def _grant(
     file_id: int,
     ttl_s: float | None,
     *,
-    read_only: bool,
+    read_only: bool = False,
+    fence: Fence | None = None,
     timings: dict[str, float] | None = None,
 ) -> Lease:
     """One shard's reservation, filled, as a lease with its tensors' layout (``timings``:
-    where the seconds of its ``sync`` and ``grant`` are added)."""
+    where the seconds of its ``sync`` and ``grant`` are added). With a pending ``fence`` the
+    buffer is handed out before its copies land, and its handle names the fence."""
     assert res.buffer is not None
     t0 = time.perf_counter()
-    res.buffer.synchronize()
+    if fence is not None and fence.pending:
+        res.buffer.fence = fence
+    else:
+        res.buffer.synchronize()
     t1 = time.perf_counter()
     layout = {
         name: {"offset": at, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
@@ -169,8 +187,11 @@ def _grant(
     return lease
 
 
-def loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
-    """The reply of a load: every lease's tensors by name; each lease reported."""
+def loaded(
+    ctx: LoadContext, dev: Device, leases: list[Lease], fence: Fence | None = None
+) -> TensorsLoaded:
+    """The reply of a load: every lease's tensors by name; each lease reported (once its
+    copies have landed, where ``fence`` still waits for them: with the seconds they took)."""
     tensors: dict[str, TensorLoc] = {}
     for lease in leases:
         for name, t in lease.tensors.items():
@@ -185,8 +206,20 @@ def loaded(ctx: LoadContext, dev: Device, leases: list[Lease]) -> TensorsLoaded:
                 None if at is None else tuple(at),
             )
         assert lease.report is not None
-        ctx.observe("safetensors", dev, lease.report)
+        if fence is not None and fence.pending:
+            fence.then(_observe_landed(ctx, dev, lease.report))
+        else:
+            ctx.observe("safetensors", dev, lease.report)
     return TensorsLoaded(leases, tensors)
+
+
+def _observe_landed(ctx: LoadContext, dev: Device, report: IoReport) -> Callable[[Fence], None]:
+    def observe(fence: Fence) -> None:
+        seconds = max(report.seconds, fence.seconds or 0.0)
+        landed = dataclasses.replace(report, seconds=seconds, landed=True)
+        ctx.observe("safetensors", dev, landed)
+
+    return observe
 
 
 def _load_shared(

@@ -109,12 +109,13 @@ def load_devices(
     ttl_s: float | None,
     shared: bool = False,
     select: Select | None = None,
+    wait: bool = True,
 ) -> list[DeviceLoaded]:
     """Tensors of safetensors shards into the devices of ``target``, one entry per device;
     see :meth:`tiering.serving.Loader.load_safetensors`. One device without sharding is the
     plain load (:func:`~tiering.serving.safetensors.load_shards`, ``shared`` and ``select``
     as there; ``select`` checks the opened shards and chooses the tensors, with ``names``
-    None)."""
+    None; ``wait`` false lets it reply before its copies land)."""
     if not files:
         raise InvalidInput("name at least one file")
     if len(files) > ctx.config.max_batch_items:
@@ -130,7 +131,14 @@ def load_devices(
     ctx.leases.ttl(ttl_s)
     if spec is None and len(devs) == 1:
         one = load_shards(
-            ctx, files, names=names, device=devs[0], ttl_s=ttl_s, select=select, shared=shared
+            ctx,
+            files,
+            names=names,
+            device=devs[0],
+            ttl_s=ttl_s,
+            select=select,
+            shared=shared,
+            wait=wait,
         )
         return [DeviceLoaded(devs[0], None, one, "read")]
     # Every rank reads its own slices; replicas split the reads over every device, or read
