@@ -112,7 +112,7 @@ with httpx.Client(base_url=args["url"], timeout=60) as http:
         for a in opened.values():
             a.close()
         for b in reply["buffers"]:
-            assert http.post(f"/v1/buffers/{b['buffer_id']}/release").status_code == 200
+            assert http.delete(f"/v1/buffers/{b['buffer_id']}").status_code == 200
 with Client(args["url"]) as api:
     sd = api.load_state_dict(args["paths"], device="cuda:0")
     for path, f in zip(args["paths"], args["files"]):

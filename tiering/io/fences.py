@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -158,36 +158,42 @@ class Fence:
 
 
 class _Waiter:
-    """One daemon thread that waits on sealed fences in order (their copies share each
-    device's copy stream, so they land in about the order they were queued)."""
+    """One thread that waits on sealed fences in order (their copies share each device's copy
+    stream, so they land in about the order they were queued). It runs only while fences are
+    pending: it starts with the first one and ends once none is left, so nothing of it
+    outlives the loads (a service that stops leaves no thread behind)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Fence] = queue.SimpleQueue()
-        thread = threading.Thread(target=self._run, name="tierd-fences", daemon=True)
-        thread.start()
+        self._lock = threading.Lock()
+        self._pending: collections.deque[Fence] = collections.deque()
+        self._running = False
 
     def put(self, fence: Fence) -> None:
-        self._queue.put(fence)
+        with self._lock:
+            self._pending.append(fence)
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="tierd-fences", daemon=True).start()
 
     def _run(self) -> None:
         while True:
-            fence = self._queue.get()
+            with self._lock:
+                if not self._pending:
+                    self._running = False
+                    return
+                fence = self._pending.popleft()
             try:
                 fence.wait()
             except Exception:
                 log.exception("waiting on a fence failed")
 
 
-_waiter_lock = threading.Lock()
-_the_waiter: _Waiter | None = None
+_the_waiter = _Waiter()
 
 
 def _waiter() -> _Waiter:
-    global _the_waiter
-    with _waiter_lock:
-        if _the_waiter is None:
-            _the_waiter = _Waiter()
-        return _the_waiter
+    return _the_waiter
 
 
 # -- the importing side -----------------------------------------------------------------------
