@@ -37,7 +37,6 @@ __all__ = ["CopyFile", "copy_into", "peer_access"]
 
 # cudaMemcpyKind values (cuda_runtime_api.h): what CuPy's runtime module takes.
 _H2D, _D2H, _D2D = 1, 2, 3
-_COPY_STEP = 64 << 20
 
 
 class CopyFile(GdsFile):
@@ -236,26 +235,20 @@ def _copy(
             np.copyto(out, src[file_offset : file_offset + nbytes])
         return None
     cp = import_cupy()
-    rt = cp.cuda.runtime
     dst_ptr = dst.data.ptr + dst_offset
     with cp.cuda.Device(target.index):
         s = _stream(target.index)
-        if held.is_cuda and held.index != target.index:
+        if not held.is_cuda:
+            cp.cuda.runtime.memcpyAsync(dst_ptr, src.ctypes.data + file_offset, nbytes, _H2D, s.ptr)
+        elif held.index == target.index:
+            cp.cuda.runtime.memcpyAsync(dst_ptr, src.data.ptr + file_offset, nbytes, _D2D, s.ptr)
+        else:
             # Direct over NVLink/PCIe where peer access is on; CUDA stages through the host
             # where it is not (the loaders only offer peer copies that peer_access allows).
             peer_access(target.index, held.index)
-        src_ptr = (src.data.ptr if held.is_cuda else src.ctypes.data) + file_offset
-        # In steps: queueing one copy of a GiB takes the driver about 0.5 ms, and the link
-        # stays idle until the call returns; the first step's bytes move while the rest are
-        # queued (the load's first byte lands that much sooner, the copy's rate is the same).
-        for at in range(0, nbytes, _COPY_STEP):
-            n = min(_COPY_STEP, nbytes - at)
-            if not held.is_cuda:
-                rt.memcpyAsync(dst_ptr + at, src_ptr + at, n, _H2D, s.ptr)
-            elif held.index == target.index:
-                rt.memcpyAsync(dst_ptr + at, src_ptr + at, n, _D2D, s.ptr)
-            else:
-                rt.memcpyPeerAsync(dst_ptr + at, target.index, src_ptr + at, held.index, n, s.ptr)
+            cp.cuda.runtime.memcpyPeerAsync(
+                dst_ptr, target.index, src.data.ptr + file_offset, held.index, nbytes, s.ptr
+            )
         if fence is not None:
             return s
         s.synchronize()
