@@ -69,16 +69,7 @@ def safetensors_body(
     shared: bool,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/load/safetensors``."""
-    return drop_none(
-        {
-            **file_refs(files),
-            "names": list(names) if names is not None else None,
-            **target.to_json(),
-            "ttl_s": ttl_s,
-            "shared": shared or None,
-            **_no_wait(target),
-        }
-    )
+    return {**file_refs(files), **model_body(names, None, target, ttl_s, shared)}
 
 
 def model_body(
@@ -88,7 +79,7 @@ def model_body(
     ttl_s: float | None,
     shared: bool,
 ) -> dict[str, Any]:
-    """The body of ``POST /v1/models/load``."""
+    """The body of ``POST /v1/models/load`` (less the files, that of a safetensors load)."""
     return drop_none(
         {
             "names": list(names) if names is not None else None,

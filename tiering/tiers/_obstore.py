@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -109,39 +110,13 @@ class ObstoreGets:
 
     def get_into(self, key: str, version: str, view: memoryview, start: int, where: str) -> None:
         """Fill ``view`` with the bytes at ``start`` of ``key`` at ETag ``version``."""
-        global _started_in
-        if _started_in is None:
-            _started_in = os.getpid()
-        n, pos, attempt = len(view), 0, 0
-        errors = self._errors
+        n, pos = len(view), 0
         while pos < n:
             options = {"range": (start + pos, start + n), "if_match": quote_etag(version)}
             try:
-                got = self._obs.get(self._store, key, options=options).bytes()
-            except (errors.PreconditionError, errors.NotFoundError, FileNotFoundError) as exc:
-                # obstore raises a 404 as FileNotFoundError. Not any 404: a vanished bucket is
-                # NoSuchBucket, and the tier's problem, not the object's.
-                if "NoSuchBucket" in str(exc):
-                    raise TierUnavailable(
-                        f"tier {self.tier}: read {where} failed: no such bucket",
-                        tier=self.tier,
-                        reason="no_such_bucket",
-                    ) from None
+                got = self._call("read", where, partial(self._get, key, options))
+            except _Gone:
                 raise self._changed(key, version) from None
-            except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
-                raise TierUnavailable(
-                    f"tier {self.tier}: read {where} failed: access denied ({exc})",
-                    tier=self.tier,
-                    reason="access_denied",
-                ) from exc
-            except errors.BaseError as exc:
-                # A 5xx, a refused or dropped connection, a timeout, or a body cut short.
-                attempt += 1
-                if attempt >= self.max_attempts:
-                    raise gave_up(self.tier, where, attempt, exc) from exc
-                log.info("tier %s: retrying a read of %s after %s", self.tier, where, exc)
-                time.sleep(backoff(attempt))
-                continue
             size = len(got)
             if size == 0 or size > n - pos:
                 raise StorageError(
@@ -159,6 +134,21 @@ class ObstoreGets:
         costs a fraction of botocore's (its signing and parsing in Python took about 2 ms of
         a 58 ms, 1 GiB load into a GPU), and it runs without the GIL.
         """
+        try:
+            meta = self._call("stat", where, lambda: self._obs.head(self._store, key))
+        except _Gone:
+            return False
+        etag = meta.get("e_tag")
+        return etag is not None and strip_etag(etag) == version and meta["size"] == size
+
+    def _get(self, key: str, options: dict[str, Any]) -> Any:
+        return self._obs.get(self._store, key, options=options).bytes()  # the body too
+
+    def _call(self, action: str, where: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` (one request) with obstore's errors as tierd's: tried again, with backoff,
+        after a 5xx, a refused or dropped connection, a timeout or a body cut short; a missing
+        object or a failed ``If-Match`` raises :class:`_Gone`; a missing bucket or a refusal,
+        the tier's :class:`~tiering.errors.TierUnavailable`."""
         global _started_in
         if _started_in is None:
             _started_in = os.getpid()
@@ -166,18 +156,20 @@ class ObstoreGets:
         attempt = 0
         while True:
             try:
-                meta = self._obs.head(self._store, key)
-            except (errors.NotFoundError, FileNotFoundError) as exc:
+                return fn()
+            except (errors.PreconditionError, errors.NotFoundError, FileNotFoundError) as exc:
+                # obstore raises a 404 as FileNotFoundError. Not any 404: a vanished bucket is
+                # NoSuchBucket, and the tier's problem, not the object's.
                 if "NoSuchBucket" in str(exc):
                     raise TierUnavailable(
-                        f"tier {self.tier}: stat {where} failed: no such bucket",
+                        f"tier {self.tier}: {action} {where} failed: no such bucket",
                         tier=self.tier,
                         reason="no_such_bucket",
                     ) from None
-                return False
+                raise _Gone from None
             except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
                 raise TierUnavailable(
-                    f"tier {self.tier}: stat {where} failed: access denied ({exc})",
+                    f"tier {self.tier}: {action} {where} failed: access denied ({exc})",
                     tier=self.tier,
                     reason="access_denied",
                 ) from exc
@@ -185,7 +177,9 @@ class ObstoreGets:
                 attempt += 1
                 if attempt >= self.max_attempts:
                     raise gave_up(self.tier, where, attempt, exc) from exc
+                log.info("tier %s: retrying a %s of %s after %s", self.tier, action, where, exc)
                 time.sleep(backoff(attempt))
-                continue
-            etag = meta.get("e_tag")
-            return etag is not None and strip_etag(etag) == version and meta["size"] == size
+
+
+class _Gone(Exception):
+    """The object is not there, or no longer has the ETag asked for."""
