@@ -14,6 +14,8 @@ holds the GPU figures and the host-memory ones that the 2-core box can be held a
 from __future__ import annotations
 
 import importlib
+import statistics
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,6 +53,8 @@ def tierd_loads(run: ObjRun, eng: Engine, fid: int, devices: list[str]) -> None:
     try:
         for device in devices:
             _tierd_load(run.on(device), loader, fid)
+            free_gpu()
+            _alternated(run.on(device), loader, fid)
             free_gpu()
         _objlatency.tierd_small(run.on("cpu"), loader, fid)
     finally:
@@ -90,6 +94,70 @@ def _tierd_load(run: ObjRun, loader: Any, fid: int) -> None:
         return
     note = f"(io path: {', '.join(sorted(paths))})" if paths else ""
     run.rate_row(key, label, t, cpu, note)
+
+
+def _alternated(run: ObjRun, loader: Any, fid: int) -> None:
+    """tierd's load and KvikIO's ``RemoteFile`` (at tierd's thread count and task size) taken
+    in turns, one of each per round: rows ``load_tierd_alt_<dev>`` and ``load_kvikio_alt_<dev>``.
+
+    On an origin that shares the host's cores, a load's time has two modes (about 56 and about
+    100 ms for 1 GiB on the H100 machine, for both readers), and which block of loads gets more
+    slow ones moved the ratio of the separate rows by ±10 %; in turns, both see the same
+    minutes of the origin.
+    """
+    tierd_key, kv_key = f"load_tierd_alt_{run.dev}", f"load_kvikio_alt_{run.dev}"
+    threads = GdsConfig().remote_kvikio_threads
+    kv_label = f"  KvikIO RemoteFile ({threads} threads x {PART // MiB} MiB), in turns with tierd"
+    tierd_label = "  tierd load, in turns with KvikIO RemoteFile"
+    try:
+        kvikio = importlib.import_module("kvikio")
+        defaults = importlib.import_module("kvikio.defaults")
+    except ImportError:
+        for key, label in ((tierd_key, tierd_label), (kv_key, kv_label)):
+            run.missing(key, label, "kvikio not installed")
+        return
+    url = run.origin.url_of(run.key)
+    opener = kvikio.RemoteFile.open_http if run.origin.nginx else kvikio.RemoteFile.open_s3_url
+    if run.cuda:
+        buf: Any = importlib.import_module("cupy").empty(run.size, np.uint8)
+    else:
+        buf = np.empty(run.size, np.uint8)
+
+    def tierd() -> Callable[[], None]:
+        lease = loader.load(fid, device=run.device)
+
+        def check() -> None:  # off the clock, then the lease goes back to the pool
+            try:
+                arr = lease.buffer.array()
+                got = checksum_of_array(arr[lease.offset : lease.offset + lease.nbytes])
+                run.check("tierd load", got)
+            finally:
+                arr.fill(0)  # a pooled buffer handed out again must not pass on old bytes
+                loader.leases.release(lease.id)
+
+        return check
+
+    def kv() -> Callable[[], None]:
+        with opener(url) as f:
+            f.read(buf)
+        return lambda: run.check("KvikIO RemoteFile", checksum_of_array(buf))
+
+    times: dict[str, list[float]] = {"tierd": [], "kvikio": []}
+    with defaults.set({"num_threads": threads, "task_size": PART}):
+        for i in range(1 + run.repeats):  # the first round warms both up
+            for who, fn in (("tierd", tierd), ("kvikio", kv)):
+                if who == "kvikio":
+                    buf.fill(0)  # a read that wrote nothing cannot pass the check
+                run.sync()
+                t0 = time.perf_counter()
+                check = fn()
+                run.sync()
+                dt = time.perf_counter() - t0
+                check()
+                if i:
+                    times[who].append(dt)
+    run.rate_row(tierd_key, tierd_label, statistics.median(times["tierd"]))
+    run.rate_row(kv_key, kv_label, statistics.median(times["kvikio"]))
 
 
 # -- the peers ---------------------------------------------------------------------------------

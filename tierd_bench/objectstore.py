@@ -306,6 +306,8 @@ def _compare(report: Report) -> None:
         kvikio = f"load_kvikio_{dev}"
         ref = kvikio if _measured(report, kvikio) else f"load_best_{dev}"
         report.compare(f"load_tierd_{dev}", ref, LOAD_TARGET)
+        # The same target, both loads taken in turns (see _objload._alternated).
+        report.compare(f"load_tierd_alt_{dev}", f"load_kvikio_alt_{dev}", LOAD_TARGET)
         report.compare(f"rest_tierd_{dev}", f"load_tierd_{dev}", REST_TARGET)
     if _measured(report, "rest_tierd_cpu"):
         # Issue 17 on the 2-core box: REST into cpu against the better Python client. A row
