@@ -187,18 +187,18 @@ def copy_into(
     queued = False
     try:
         if nbytes:
-            with file._use():
+            with file._use():  # (held until the copy is the fence's: no close in between)
                 stream = _copy(file, target, dst, dst_offset, file_offset, nbytes, fence)
-            if stream is not None:
-                assert fence is not None
-                tier, source = file.tier_key, file.source
+                if stream is not None:
+                    assert fence is not None
+                    tier, source = file.tier_key, file.source
 
-                def finish(landed: bool) -> None:
-                    stats.end("copy", tier, started, nbytes, landed, source)
+                    def finish(landed: bool) -> None:
+                        stats.end("copy", tier, started, nbytes, landed, source)
 
-                fence.queued(stream, finish)
-                file._hold_until(fence)
-                queued = True
+                    fence.queued(stream, finish)
+                    file._hold_until(fence)
+                    queued = True
         ok = True
     finally:
         if queued:
