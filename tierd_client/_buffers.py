@@ -270,10 +270,13 @@ class Tensors(Mapping[str, Any]):
         #: Of a sharded load: each tensor's whole shape, and its slice's index in it.
         self.full_shapes: dict[str, tuple[int, ...]] = {}
         self.slice_offsets: dict[str, tuple[int, ...]] = {}
+        #: Each tensor's buffer and byte offset in it.
+        self.locations: dict[str, tuple[Buffer, int]] = {}
         self._arrays: dict[str, Any] = {}
         for name, t in layout.items():
             buf = by_id[t["buffer_id"]]
             self.dtypes[name] = t["dtype"]
+            self.locations[name] = (buf, int(t["offset"]))
             if t.get("full_shape") is not None:
                 self.full_shapes[name] = tuple(t["full_shape"])
                 self.slice_offsets[name] = tuple(t["slice_offset"])

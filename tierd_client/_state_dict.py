@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tiering.io.safetensors import convert
+from tiering.io.safetensors import DTYPES, convert
 
 from ._buffers import Buffer, Tensors
 from ._exceptions import NotFound
@@ -126,12 +126,48 @@ def _wrap(client: _Client, tensors: Tensors) -> dict[str, torch.Tensor]:
     ttl = min((float(b.info.get("ttl_s", 0) or 0) for b in tensors.buffers), default=0.0)
     keep = _Keep()
     out: dict[str, torch.Tensor] = {}
+    wholes: dict[tuple[str, str], torch.Tensor] = {}
     for name, arr in tensors.items():
-        # An empty tensor has nothing to share, and needs no lease.
-        arr = _empty(arr) if arr.nbytes == 0 else _held(arr, keep)
-        out[name] = convert(arr, tensors.dtypes[name], "torch")
+        if arr.nbytes == 0:  # nothing to share, and no lease needed
+            out[name] = convert(_empty(arr), tensors.dtypes[name], "torch")
+        else:
+            out[name] = _tensor(tensors, name, arr, keep, wholes)
     _renewer(client).add(_Group(client, ids, ttl), keep)
     return out
+
+
+def _tensor(
+    tensors: Tensors,
+    name: str,
+    arr: Any,
+    keep: _Keep,
+    wholes: dict[tuple[str, str], torch.Tensor],
+) -> torch.Tensor:
+    """Tensor ``name`` as a strided view of its buffer, made one torch tensor per dtype once
+    (``wholes``): a DLPack export costs several times a view, and a checkpoint has hundreds of
+    tensors (300 of them took 8.6 ms one export each, 4.0 ms as views of one, on the 2-core
+    machine). A tensor whose offset is not a whole number of its items, or whose dtype this
+    torch lacks, gets its own export."""
+    import torch
+    from torch.utils.dlpack import from_dlpack  # what torch re-exports as torch.from_dlpack
+
+    buf, offset = tensors.locations[name]
+    spec = DTYPES[tensors.dtypes[name]]
+    dt = getattr(torch, spec.exact or spec.storage, None)
+    size = arr.dtype.itemsize
+    if dt is None or offset % size:
+        one: torch.Tensor = convert(_held(arr, keep), tensors.dtypes[name], "torch")
+        return one
+    whole = wholes.get((buf.id, str(dt)))
+    if whole is None:
+        n = buf.nbytes - buf.nbytes % size
+        flat = buf.view(0, n, np.uint8, (n,))
+        whole = wholes[buf.id, str(dt)] = from_dlpack(_held(flat, keep)).view(dt)
+    strides, step = [], 1
+    for dim in reversed(arr.shape):
+        strides.append(step)
+        step *= dim
+    return torch.as_strided(whole, arr.shape, tuple(reversed(strides)), offset // size)
 
 
 def _empty(arr: Any) -> Any:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import gc
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.conftest import LiveServer, wait_for
@@ -76,6 +78,38 @@ def test_exact_dtypes_by_model_name_or_files(
         "torch.int64",
         "torch.bool",
     }
+
+
+def test_one_export_per_buffer_and_dtype_and_misaligned_tensors(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The state dict's tensors are views of one torch tensor per buffer and dtype (one DLPack
+    export each, not one per tensor); a tensor whose offset is not a whole number of its items
+    (the format allows it; torch's writer never does it) gets its own, with the right bytes."""
+    a = np.arange(3, dtype=np.uint8)
+    b = np.array([1.5, -2.25, 3.0], dtype=np.float32)  # at byte 3: misaligned
+    c = np.array([7.0, 8.0], dtype=np.float32)  # at byte 15: misaligned too
+    d = np.array([9, 10], dtype=np.uint8)
+    header = {
+        "a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},
+        "b": {"dtype": "F32", "shape": [3], "data_offsets": [3, 15]},
+        "c": {"dtype": "F32", "shape": [2], "data_offsets": [15, 23]},
+        "d": {"dtype": "U8", "shape": [2], "data_offsets": [23, 25]},
+    }
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    blob = struct.pack("<Q", len(head)) + head + a.tobytes() + b.tobytes() + c.tobytes()
+    blob += d.tobytes()
+    with model_server(data_dir, {"odd/w.safetensors": blob}) as srv, Client(srv.url) as api:
+        sd = api.load_state_dict("odd/w.safetensors")
+        assert sd["a"].tolist() == [0, 1, 2] and sd["d"].tolist() == [9, 10]
+        assert sd["b"].tolist() == [1.5, -2.25, 3.0] and sd["c"].tolist() == [7.0, 8.0]
+        # The aligned u8 tensors share one storage; the misaligned ones have their own.
+        ptr = sd["a"].untyped_storage().data_ptr()
+        assert sd["d"].untyped_storage().data_ptr() == ptr
+        assert sd["d"].data_ptr() - sd["a"].data_ptr() == 23
+        assert sd["b"].untyped_storage().data_ptr() != ptr
+        del sd
 
 
 def test_tensors_view_the_lease_memory(
