@@ -63,7 +63,7 @@ class Fence:
         self._handle: dict[str, Any] | None = None
         self._landed = threading.Event()
         self._sealed = False
-        self.started: float | None = None
+        self._started = 0.0
         #: Seconds from the first copy queued until the fence saw them all land.
         self.seconds: float | None = None
 
@@ -74,7 +74,7 @@ class Fence:
             if self._sealed:
                 raise RuntimeError("a copy was queued on a sealed fence")
             if self._stream is None:
-                self._stream, self.started = stream, time.perf_counter()
+                self._stream, self._started = stream, time.perf_counter()
             elif stream is not self._stream:
                 raise RuntimeError("every copy of a fence goes to one stream")
             self._finish.append(finish)
@@ -102,7 +102,7 @@ class Fence:
             "device_index": self.device.index,
             "gpu_uuid": gpu_uuid(self.device.index),
         }
-        _waiter().put(self)
+        _WAITER.put(self)
 
     @property
     def pending(self) -> bool:
@@ -143,8 +143,7 @@ class Fence:
         with self._lock:
             if not self.pending:
                 return  # another waiter got here first
-            assert self.started is not None
-            self.seconds = time.perf_counter() - self.started
+            self.seconds = time.perf_counter() - self._started
             finish, self._finish = self._finish, []
             then, self._then = self._then, []
             self._landed.set()
@@ -189,11 +188,7 @@ class _Waiter:
                 log.exception("waiting on a fence failed")
 
 
-_the_waiter = _Waiter()
-
-
-def _waiter() -> _Waiter:
-    return _the_waiter
+_WAITER = _Waiter()
 
 
 # -- the importing side -----------------------------------------------------------------------
