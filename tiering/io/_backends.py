@@ -139,6 +139,37 @@ class Staging:
         self.events = [None] * len(self.events)
 
 
+class StagingPool:
+    """At most ``limit`` :class:`Staging` rings of ``slots`` pieces, made at first need and kept
+    for reuse (``cudaHostAlloc`` costs milliseconds); a load that finds none free waits."""
+
+    def __init__(self, piece: int, slots: int, limit: int) -> None:
+        self._piece, self._slots = piece, slots
+        self._sem = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self._free: list[Staging] = []
+
+    def acquire(self, cp: Any) -> Staging:
+        self._sem.acquire()
+        try:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
+            return Staging(cp, self._piece, self._slots)
+        except BaseException:
+            self._sem.release()
+            raise
+
+    def release(self, staging: Staging) -> None:
+        with self._lock:
+            self._free.append(staging)
+        self._sem.release()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
 class HostBackend:
     """Parallel ``preadv`` into host memory (and from there to a GPU, if asked)."""
 

@@ -23,17 +23,20 @@ compat path otherwise); ``host`` is tierd's own parallel ``preadv`` into host me
 
 _BACKENDS = ("auto", "gds", "kvikio", "host")
 
-RemoteBackendName = Literal["auto", "kvikio", "python"]
-"""Which engine reads remote files (object-store tiers) that can be read by presigned URL.
+RemoteBackendName = Literal["auto", "sockets", "kvikio", "python"]
+"""Which engine reads remote files (object-store tiers) that can be read by presigned URL, in
+calls of at least ``remote_url_min_bytes`` (smaller ones always take tierd's ranged GETs).
 
-``auto``: KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) when KvikIO is installed
-and built with remote I/O, for calls of at least ``remote_kvikio_min_bytes``; tierd's Python
-ranged GETs otherwise, and whenever a KvikIO read fails for a reason other than a changed
-object. ``kvikio``: KvikIO for every read of such a file (an error where it cannot run).
-``python``: always tierd's own ranged GETs (``If-Match`` on every request).
+``auto``: tierd's own HTTP connections (:mod:`tiering.ranges._http`: each body received
+straight into host memory or a pinned piece, ``If-Match`` on every GET) where the URL is plain
+``http://`` with no proxy; KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) for other
+URLs, where KvikIO is installed with remote I/O; tierd's ranged GETs otherwise, and for any
+range the first two could not read. ``sockets``: tierd's connections where the URL allows,
+never KvikIO. ``kvikio``: KvikIO for every read of such a file (an error where it cannot run).
+``python``: always tierd's ranged GETs through the tier's S3 client.
 """
 
-_REMOTE_BACKENDS = ("auto", "kvikio", "python")
+_REMOTE_BACKENDS = ("auto", "sockets", "kvikio", "python")
 
 
 @dataclass(frozen=True)
@@ -124,21 +127,21 @@ class GdsConfig:
         of pinned memory); more wait for one to finish.
     remote_backend:
         See :data:`RemoteBackendName`.
-    remote_kvikio_threads:
-        KvikIO's thread pool (one per process) is grown to at least this many threads before
-        the first KvikIO remote read: one thread is one HTTP connection in flight. S3 gives
+    remote_url_threads:
+        Connections of a read by URL: tierd's HTTP pool has this many threads, and KvikIO's
+        thread pool (one per process) is grown to at least this many before the first KvikIO
+        remote read: one thread is one HTTP connection in flight. S3 gives
         about 90 MB/s a connection, so filling a GPU host's 100-400 Gbit/s takes 128 or more
         of them; against an S3-like origin (100 MB/s per connection) on the H100 machine 64
         x 8 MiB reached 7.3 GB/s and KvikIO's default of 16 a quarter of that.
-    remote_kvikio_task_size:
-        Bytes per ranged GET of a KvikIO remote read. KvikIO's ``task_size`` is one per
-        process too: it is raised to at least this (tierd's local reads pass their own).
-    remote_kvikio_min_bytes:
-        Under ``auto``, calls that move fewer bytes use the Python path: one GET with
-        ``If-Match`` costs one round trip, a KvikIO read one GET plus the HEAD that checks
-        the ETag afterwards.
+    remote_url_task_size:
+        Bytes per ranged GET of a read by URL. KvikIO's ``task_size`` is one per process: it
+        is raised to at least this (tierd's local reads pass their own).
+    remote_url_min_bytes:
+        Calls that move fewer bytes use the tier's own ranged GETs: a read by URL costs a
+        presigned URL at the file's first read (and, through KvikIO, a HEAD after it).
     remote_url_expires_s:
-        Lifetime of the presigned GET URL a KvikIO read uses; an open file presigns a new
+        Lifetime of the presigned GET URL a read by URL uses; an open file presigns a new
         one when half of it has passed.
     gpu_decode:
         Compressed files loaded into GPU memory cross PCIe as their stored bytes and are
@@ -164,9 +167,9 @@ class GdsConfig:
     remote_pieces: int = 8
     remote_stagings: int = 2
     remote_backend: RemoteBackendName = "auto"
-    remote_kvikio_threads: int = 128
-    remote_kvikio_task_size: int = 8 * MiB
-    remote_kvikio_min_bytes: int = 16 * MiB
+    remote_url_threads: int = 128
+    remote_url_task_size: int = 8 * MiB
+    remote_url_min_bytes: int = 16 * MiB
     remote_url_expires_s: int = 3600
     gpu_decode: bool = True
 
@@ -179,8 +182,8 @@ class GdsConfig:
             "gather_threads",
             "remote_threads",
             "remote_stagings",
-            "remote_kvikio_threads",
-            "remote_kvikio_task_size",
+            "remote_url_threads",
+            "remote_url_task_size",
             "remote_url_expires_s",
         ):
             value = getattr(self, name)
@@ -190,8 +193,8 @@ class GdsConfig:
             raise InvalidInput(
                 f"remote_backend must be one of {_REMOTE_BACKENDS}, got {self.remote_backend!r}"
             )
-        if not isinstance(self.remote_kvikio_min_bytes, int) or self.remote_kvikio_min_bytes < 0:
-            raise InvalidInput("remote_kvikio_min_bytes must be a non-negative integer")
+        if not isinstance(self.remote_url_min_bytes, int) or self.remote_url_min_bytes < 0:
+            raise InvalidInput("remote_url_min_bytes must be a non-negative integer")
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
             raise InvalidInput(f"alignment must be a power of two, got {self.alignment}")
         if self.prefetch_batch_size < self.alignment:

@@ -45,15 +45,27 @@ from typing import Any
 import numpy as np
 
 from tiering.errors import BackendUnavailable, IntegrityError, InvalidInput, StorageError
-from tiering.ranges import KvikioFailed, KvikioRanges, KvikioReads, RangeReader, settle
+from tiering.ranges import (
+    HttpRanges,
+    HttpReads,
+    HttpUnsupported,
+    KvikioFailed,
+    KvikioMode,
+    KvikioRanges,
+    KvikioReads,
+    RangeReader,
+    settle,
+)
 from tiering.tiers import Source
 
-from ._backends import KVIKIO_HINT, Staging, _host_view
+from ._backends import KVIKIO_HINT, StagingPool, _host_view
 from ._config import GdsConfig
 from ._decode_gpu import GpuDecoder, available
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
+from ._remote_http import pairs
+from ._remote_http import read_segments as read_by_http
 from ._remote_kvikio import read_segments
 from ._stats import IoReport, Stats
 
@@ -105,6 +117,8 @@ class RemoteFile(GdsFile):
         self.source = source
         self.ranges = ranges
         self._kvikio: KvikioRanges | None = None
+        self._http: HttpRanges | None = None
+        self._http_why: str | None = None
         self._kvikio_lock = threading.Lock()
 
     def kvikio(self, reads: KvikioReads) -> KvikioRanges:
@@ -114,6 +128,19 @@ class RemoteFile(GdsFile):
             if self._kvikio is None:
                 self._kvikio = reads.open(self.ranges)
             return self._kvikio
+
+    def http(self, reads: HttpReads) -> HttpRanges | None:
+        """The file's reader over tierd's own connections (made at its first such read, kept
+        until the file closes), or None where its URL is not one they read."""
+        with self._kvikio_lock:
+            if self._http is None and self._http_why is None:
+                try:
+                    self._http = reads.open(self.ranges)
+                except HttpUnsupported as exc:
+                    self._http_why = str(exc)
+                    log.info("tiering.io: %s: read by URL without tierd's connections: %s",
+                             self.path, exc)  # fmt: skip
+            return self._http
 
     def _rows(self, populate: bool) -> np.ndarray:
         raise InvalidInput(f"{self.path} is remote: it has no memory map")
@@ -175,37 +202,6 @@ def coalesce_rows(
     return first, last + 1
 
 
-class _StagingPool:
-    """At most ``limit`` :class:`Staging` rings, made at first need and kept for reuse
-    (``cudaHostAlloc`` costs milliseconds); a load that finds none free waits for one."""
-
-    def __init__(self, piece: int, slots: int, limit: int) -> None:
-        self._piece, self._slots = piece, slots
-        self._sem = threading.BoundedSemaphore(limit)
-        self._lock = threading.Lock()
-        self._free: list[Staging] = []
-
-    def acquire(self, cp: Any) -> Staging:
-        self._sem.acquire()
-        try:
-            with self._lock:
-                if self._free:
-                    return self._free.pop()
-            return Staging(cp, self._piece, self._slots)
-        except BaseException:
-            self._sem.release()
-            raise
-
-    def release(self, staging: Staging) -> None:
-        with self._lock:
-            self._free.append(staging)
-        self._sem.release()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
 class RemoteReads:
     """The reads of remote files for one storage (one device); see the module docstring."""
 
@@ -219,12 +215,21 @@ class RemoteReads:
     ) -> None:
         self._device = device
         mode = config.remote_backend
+        self._http = HttpReads(
+            "auto" if mode in ("auto", "sockets") else "never",
+            threads=config.remote_url_threads,
+            task_size=config.remote_url_task_size,
+            min_bytes=config.remote_url_min_bytes,
+            expires_s=config.remote_url_expires_s,
+        )
+        self._pairs = pairs(config.remote_url_threads)
+        kvikio: KvikioMode = "kvikio" if mode == "kvikio" else "auto"
         try:
             self._kvikio = KvikioReads(
-                "never" if mode == "python" else mode,
-                threads=config.remote_kvikio_threads,
-                task_size=config.remote_kvikio_task_size,
-                min_bytes=config.remote_kvikio_min_bytes,
+                "never" if mode in ("python", "sockets") else kvikio,
+                threads=config.remote_url_threads,
+                task_size=config.remote_url_task_size,
+                min_bytes=config.remote_url_min_bytes,
                 expires_s=config.remote_url_expires_s,
                 grow=grow_pool,
             )
@@ -235,7 +240,7 @@ class RemoteReads:
         self._piece = config.remote_piece_size
         self._stats = stats
         self._pools = pools
-        self._staging = _StagingPool(
+        self._staging = StagingPool(
             config.remote_piece_size, config.remote_pieces, config.remote_stagings
         )
         self._gpu_decode = config.gpu_decode
@@ -243,8 +248,11 @@ class RemoteReads:
         self._decoder_lock = threading.Lock()
 
     def close(self) -> None:
-        """Free the pinned staging kept for reuse, and the GPU decoder's buffers."""
+        """Free the pinned staging kept for reuse, tierd's HTTP connections and the GPU
+        decoder's buffers."""
         self._staging.clear()
+        self._pairs.clear()
+        self._http.close()
         with self._decoder_lock:
             if self._decoder is not None:
                 self._decoder.close()
@@ -272,6 +280,8 @@ class RemoteReads:
             with self._device.current():
                 if nbytes and self._decoded_on_device(file, dst, segments):
                     engine = "nvcomp"
+                elif nbytes and self._by_http(file, dst, segments, nbytes):
+                    engine = "sockets"
                 elif nbytes and self._by_kvikio(file, dst, segments, nbytes):
                     engine = "kvikio"
                 elif nbytes and isinstance(dst, np.ndarray):
@@ -301,6 +311,19 @@ class RemoteReads:
             raise
         return True
 
+    def _by_http(
+        self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int
+    ) -> bool:
+        """Read over tierd's own connections when they apply; False when another engine must
+        (a range they fail to read is read through the tier's GETs, not here)."""
+        if not self._http.wins(file.ranges, nbytes):
+            return False
+        ranges = file.http(self._http)
+        if ranges is None:
+            return False
+        read_by_http(ranges, dst, segments, device=self._device, pairs=self._pairs)
+        return True
+
     def _by_kvikio(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int
     ) -> bool:
@@ -325,7 +348,9 @@ class RemoteReads:
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""
         nbytes = sum(n for _, n, _ in segments)
-        if nbytes and not self._by_kvikio(file, dst, segments, nbytes):
+        if not nbytes or self._by_http(file, dst, segments, nbytes):
+            return
+        if not self._by_kvikio(file, dst, segments, nbytes):
             self._python_to_host(file, dst, segments)
 
     def _python_to_host(

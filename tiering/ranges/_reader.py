@@ -12,8 +12,10 @@ everything else (a promotion's read-ahead, a load's parallel segments, KvikIO's
 - :meth:`~RangeReader.start` and :meth:`~RangeReader.readinto`: ranges in parallel, on the
   source's own pool of connections;
 - optionally :meth:`~RangeReader.url`: a plain HTTP URL that serves any ``Range`` of those
-  bytes, so KvikIO's ``RemoteFile`` can read them (:mod:`tiering.ranges._kvikio`), and
-  :meth:`~RangeReader.check_unchanged` for after such a read, which could not be pinned.
+  bytes, so KvikIO's ``RemoteFile`` (:mod:`tiering.ranges._kvikio`) or tierd's own
+  connections (:mod:`tiering.ranges._http`) can read them; :meth:`~RangeReader.pins`, the
+  headers that pin such a GET to the version opened, and
+  :meth:`~RangeReader.check_unchanged` for after a read that could not be pinned.
 
 **A peer source** fits without touching ``tiering.io``
 (:class:`tiering.fleet.peerreader.PeerRanges`): its ``get`` is a ranged
@@ -121,6 +123,12 @@ class RangeReader(abc.ABC):
         """A plain HTTP URL that serves any ``Range`` of the bytes opened, valid for
         ``expires_s`` seconds (only where :attr:`serves_url`)."""
         raise NotImplementedError(f"{type(self).__name__} serves no URL")
+
+    def pins(self) -> dict[str, str]:
+        """Headers that pin a GET of :meth:`url` to the version opened (an object's
+        ``If-Match``): a reader by URL that sends them needs no :meth:`check_unchanged` after.
+        Empty where a header cannot pin it (KvikIO sends none in any case)."""
+        return {}
 
     def read_by_url(self, nbytes: int) -> None:  # noqa: B027 - a reader that counts nothing
         """``nbytes`` of these bytes were read through :meth:`url` (KvikIO), not :meth:`get`:

@@ -7,9 +7,9 @@ replaced object raises :class:`~tiering.errors.FileChanged` rather than mixing t
 Longer ranges go out as parallel GETs of ``read_size`` on the tier's pool.
 
 KvikIO knows no AWS credentials: :meth:`ObjectRanges.url` presigns a GET URL with boto3 (any
-link of the AWS chain, any S3-protocol store), and KvikIO opens it as plain HTTP. It cannot
-send ``If-Match``: a reader by URL calls :meth:`ObjectRanges.check_unchanged` once its bytes
-are in.
+link of the AWS chain, any S3-protocol store), and KvikIO or tierd's own connections open it
+as plain HTTP. tierd's send :meth:`ObjectRanges.pins` (``If-Match``) with every GET; KvikIO
+cannot, so a read through it calls :meth:`ObjectRanges.check_unchanged` once its bytes are in.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from tiering.ranges import RangeReader
 from tiering.tiers._base import Stat
+from tiering.tiers._s3 import quote_etag
 from tiering.tiers._store import S3Store
 
 __all__ = ["ObjectRanges"]
@@ -38,6 +39,11 @@ class ObjectRanges(RangeReader):
     def get(self, view: memoryview, offset: int) -> None:
         self.store.get_into(self.key, self.version, view, offset)
         self.store.count_read(len(view))
+
+    def pins(self) -> dict[str, str]:
+        """``If-Match`` on the ETag opened: a GET of :meth:`url` that sends it gets 412, not
+        another version's bytes (tierd's own connections send it; KvikIO cannot)."""
+        return {"If-Match": quote_etag(self.version)}
 
     def read_by_url(self, nbytes: int) -> None:
         self.store.count_read(nbytes)
