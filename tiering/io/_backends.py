@@ -110,6 +110,7 @@ class Staging:
         self.views = [np.frombuffer(b, dtype=np.uint8, count=size) for b in self.bufs]
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.events: list[Any] = [None] * slots
+        self._marks: list[Any] = [None] * slots
 
     def wait_slot(self, slot: int) -> None:
         """Wait until the last copy out of ``slot`` has finished."""
@@ -128,8 +129,12 @@ class Staging:
         )
 
     def mark(self, cp: ModuleType, slot: int) -> None:
-        """Record that the copies queued so far read ``slot``."""
-        ev = cp.cuda.Event(block=False, disable_timing=True)
+        """Record that the copies queued so far read ``slot``. Each slot's event is made once
+        and recorded again: waiting on it waits for its latest record, and a new event per
+        piece cost a CUDA call with the GIL held, per piece."""
+        ev = self._marks[slot]
+        if ev is None:
+            ev = self._marks[slot] = cp.cuda.Event(block=False, disable_timing=True)
         ev.record(self.stream)
         self.events[slot] = ev
 

@@ -135,8 +135,10 @@ class GdsConfig:
         of them; against an S3-like origin (100 MB/s per connection) on the H100 machine 64
         x 8 MiB reached 7.3 GB/s and KvikIO's default of 16 a quarter of that.
     remote_url_task_size:
-        Bytes per ranged GET of a read by URL. KvikIO's ``task_size`` is one per process: it
-        is raised to at least this (tierd's local reads pass their own).
+        Bytes per ranged GET of a read by URL. Each thread of tierd's HTTP pool that has read
+        into GPU memory keeps one or two pinned pieces of this size (at most 128 x 2 x 8 MiB;
+        KvikIO's bounce buffers are 16 MiB a task in flight). KvikIO's ``task_size`` is one
+        per process: it is raised to at least this (tierd's local reads pass their own).
     remote_url_min_bytes:
         Calls that move fewer bytes use the tier's own ranged GETs: a read by URL costs a
         presigned URL at the file's first read (and, through KvikIO, a HEAD after it).

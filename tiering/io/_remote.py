@@ -64,7 +64,7 @@ from ._decode_gpu import GpuDecoder, available
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
-from ._remote_http import pairs
+from ._remote_http import Stagings
 from ._remote_http import read_segments as read_by_http
 from ._remote_kvikio import read_segments
 from ._stats import IoReport, Stats
@@ -222,7 +222,7 @@ class RemoteReads:
             min_bytes=config.remote_url_min_bytes,
             expires_s=config.remote_url_expires_s,
         )
-        self._pairs = pairs(config.remote_url_threads)
+        self._stagings = Stagings(config.remote_url_task_size)
         kvikio: KvikioMode = "kvikio" if mode == "kvikio" else "auto"
         try:
             self._kvikio = KvikioReads(
@@ -251,7 +251,6 @@ class RemoteReads:
         """Free the pinned staging kept for reuse, tierd's HTTP connections and the GPU
         decoder's buffers."""
         self._staging.clear()
-        self._pairs.clear()
         self._http.close()
         with self._decoder_lock:
             if self._decoder is not None:
@@ -321,7 +320,7 @@ class RemoteReads:
         ranges = file.http(self._http)
         if ranges is None:
             return False
-        read_by_http(ranges, dst, segments, device=self._device, pairs=self._pairs)
+        read_by_http(ranges, dst, segments, device=self._device, stagings=self._stagings)
         return True
 
     def _by_kvikio(

@@ -27,6 +27,7 @@ all of it, so Python threads cost nothing per byte.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -40,6 +41,8 @@ from typing import Literal, Protocol
 from tiering.ranges._reader import RangeReader, flat
 
 __all__ = ["HttpFailed", "HttpMode", "HttpRanges", "HttpReads", "HttpUnsupported", "Sink"]
+
+log = logging.getLogger(__name__)
 
 HttpMode = Literal["auto", "sockets", "never"]
 """``auto``: tierd's connections where the URL allows; ``sockets``: the same, named; ``never``."""
@@ -125,20 +128,23 @@ class _Connection:
     def _get(self, request: bytes, offset: int, nbytes: int, sink: Sink) -> None:
         sock = self._sock or self._connect()
         sock.sendall(request)
-        status, headers = self._read_head(sock)
+        status, headers, early = self._read_head(sock)
         length = int(headers.get("content-length", "-1"))
         if "transfer-encoding" in headers:
             raise _Response(f"a {status} with Transfer-Encoding {headers['transfer-encoding']}")
         if status != 206:
-            self._drain(sock, length)
+            self._drain(sock, length - len(early))
             raise _Response(f"HTTP {status}")
         first = headers.get("content-range", "").removeprefix("bytes ").partition("-")[0]
-        if length != nbytes or first != str(offset):
+        if length != nbytes or first != str(offset) or len(early) > nbytes:
             raise _Response(f"206 of {length} bytes from {first or '?'} for {nbytes} from {offset}")
         pos = 0
         while pos < nbytes:
             view = sink.view(pos, nbytes - pos)
-            got, want = 0, len(view)
+            want = len(view)
+            got = min(len(early), want)  # the body's first bytes came with the head
+            view[:got] = early[:got]
+            early = early[got:]
             while got < want:
                 k = sock.recv_into(view[got:], want - got, socket.MSG_WAITALL)
                 if k == 0:
@@ -149,24 +155,22 @@ class _Connection:
         if headers.get("connection", "").lower() == "close":
             self.close()
 
-    def _read_head(self, sock: socket.socket) -> tuple[int, dict[str, str]]:
-        """The status and headers (names lower-cased). Only the head is taken off the socket
-        (peeked first, then received up to its end), so the body lands where it belongs."""
+    def _read_head(self, sock: socket.socket) -> tuple[int, dict[str, str], memoryview]:
+        """The status, the headers (names lower-cased) and the body's bytes that came with
+        them (one ``recv`` usually holds the head and the body's first bytes)."""
         head, have = self._head, 0
         mv = memoryview(head)
         while True:
-            k = sock.recv_into(mv[have:], len(head) - have, socket.MSG_PEEK)
+            k = sock.recv_into(mv[have:], len(head) - have)
             if k == 0:
                 raise ConnectionError("closed before a response")
             end = head.find(b"\r\n\r\n", max(0, have - 3), have + k)
-            take = k if end < 0 else end + 4 - have
-            sock.recv_into(mv[have:], take, socket.MSG_WAITALL)
-            have += take
+            have += k
             if end >= 0:
                 break
             if have >= len(head):
                 raise _Response("a response head over 64 KiB")
-        lines = bytes(head[: have - 4]).decode("latin-1").split("\r\n")
+        lines = bytes(head[:end]).decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             raise _Response(f"not an HTTP/1.x response: {lines[0][:80]!r}")
@@ -174,10 +178,11 @@ class _Connection:
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        return int(parts[1]), headers
+        return int(parts[1]), headers, mv[end + 4 : have]
 
     def _drain(self, sock: socket.socket, length: int) -> None:
-        """Read past an error's body so the connection can be used again; or close it."""
+        """Read past the rest of an error's body so the connection can be used again; or
+        close it."""
         if 0 <= length <= _DRAIN_LIMIT:
             scrap = bytearray(length)
             if length:
@@ -319,7 +324,8 @@ class HttpRanges(RangeReader):
         failed."""
         try:
             self.fetch(offset, nbytes, sink)
-        except HttpFailed:
+        except HttpFailed as exc:
+            log.info("%s; reading it through the tier's own GETs", exc)
             fallback()
 
     def get(self, view: memoryview, offset: int) -> None:
