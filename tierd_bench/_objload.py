@@ -50,14 +50,21 @@ def tierd_loads(run: ObjRun, eng: Engine, fid: int, devices: list[str]) -> None:
             why = f"not available: {type(exc).__name__}: {exc}"
             on.missing(f"load_tierd_{on.dev}", _label(on), why)
         return
+    sockets = None
     try:
+        # tierd's own HTTP connections, asked for by name: "auto" takes KvikIO where it is
+        # installed, so this row shows the other engine beside it.
+        io = GdsConfig(remote_backend="sockets")
+        sockets = Loader(eng, LoaderConfig(io=io, cpu_budget_bytes=budget)).start()
         for device in devices:
             _tierd_load(run.on(device), loader, fid)
             free_gpu()
-            _alternated(run.on(device), loader, fid)
+            _alternated(run.on(device), loader, sockets, fid)
             free_gpu()
         _objlatency.tierd_small(run.on("cpu"), loader, fid)
     finally:
+        if sockets is not None:
+            sockets.stop()
         loader.stop()
 
 
@@ -96,25 +103,35 @@ def _tierd_load(run: ObjRun, loader: Any, fid: int) -> None:
     run.rate_row(key, label, t, cpu, note)
 
 
-def _alternated(run: ObjRun, loader: Any, fid: int) -> None:
-    """tierd's load and KvikIO's ``RemoteFile`` (at tierd's thread count and task size) taken
-    in turns, one of each per round: rows ``load_tierd_alt_<dev>`` and ``load_kvikio_alt_<dev>``.
+def _alternated(run: ObjRun, loader: Any, sockets: Any, fid: int) -> None:
+    """tierd's load, the same through its own HTTP connections (``remote_backend="sockets"``)
+    and KvikIO's ``RemoteFile`` (at tierd's thread count and task size) taken in turns, one of
+    each per round: rows ``load_tierd_alt_<dev>``, ``load_tierd_sockets_<dev>`` and
+    ``load_kvikio_alt_<dev>``, with the process's CPU seconds a load.
 
     On an origin that shares the host's cores, a load's time has two modes (about 56 and about
     100 ms for 1 GiB on the H100 machine, for both readers), and which block of loads gets more
-    slow ones moved the ratio of the separate rows by ±10 %; in turns, both see the same
+    slow ones moved the ratio of the separate rows by ±10 %; in turns, all see the same
     minutes of the origin.
     """
-    tierd_key, kv_key = f"load_tierd_alt_{run.dev}", f"load_kvikio_alt_{run.dev}"
-    threads = GdsConfig().remote_kvikio_threads
-    kv_label = f"  KvikIO RemoteFile ({threads} threads x {PART // MiB} MiB), in turns with tierd"
-    tierd_label = "  tierd load, in turns with KvikIO RemoteFile"
+    keys = {
+        "tierd": f"load_tierd_alt_{run.dev}",
+        "sockets": f"load_tierd_sockets_{run.dev}",
+        "kvikio": f"load_kvikio_alt_{run.dev}",
+    }
+    threads = GdsConfig().remote_url_threads
+    labels = {
+        "tierd": "  tierd load, in turns with KvikIO RemoteFile",
+        "sockets": "  tierd load by its own connections (remote_backend=sockets), in turns",
+        "kvikio": f"  KvikIO RemoteFile ({threads} threads x {PART // MiB} MiB), in turns",
+    }
     try:
         kvikio = importlib.import_module("kvikio")
         defaults = importlib.import_module("kvikio.defaults")
     except ImportError:
-        for key, label in ((tierd_key, tierd_label), (kv_key, kv_label)):
-            run.missing(key, label, "kvikio not installed")
+        for who, key in keys.items():
+            why = "kvikio not installed" + (": load_tierd is this engine" * (who == "sockets"))
+            run.missing(key, labels[who], why)
         return
     url = run.origin.url_of(run.key)
     opener = kvikio.RemoteFile.open_http if run.origin.nginx else kvikio.RemoteFile.open_s3_url
@@ -123,41 +140,47 @@ def _alternated(run: ObjRun, loader: Any, fid: int) -> None:
     else:
         buf = np.empty(run.size, np.uint8)
 
-    def tierd() -> Callable[[], None]:
-        lease = loader.load(fid, device=run.device)
+    def tierd(by: Any) -> Callable[[], Callable[[], None]]:
+        def load() -> Callable[[], None]:
+            lease = by.load(fid, device=run.device)
 
-        def check() -> None:  # off the clock, then the lease goes back to the pool
-            try:
-                arr = lease.buffer.array()
-                got = checksum_of_array(arr[lease.offset : lease.offset + lease.nbytes])
-                run.check("tierd load", got)
-            finally:
-                arr.fill(0)  # a pooled buffer handed out again must not pass on old bytes
-                loader.leases.release(lease.id)
+            def check() -> None:  # off the clock, then the lease goes back to the pool
+                try:
+                    arr = lease.buffer.array()
+                    got = checksum_of_array(arr[lease.offset : lease.offset + lease.nbytes])
+                    run.check("tierd load", got)
+                finally:
+                    arr.fill(0)  # a pooled buffer handed out again must not pass on old bytes
+                    by.leases.release(lease.id)
 
-        return check
+            return check
+
+        return load
 
     def kv() -> Callable[[], None]:
         with opener(url) as f:
             f.read(buf)
         return lambda: run.check("KvikIO RemoteFile", checksum_of_array(buf))
 
-    times: dict[str, list[float]] = {"tierd": [], "kvikio": []}
+    loads = {"tierd": tierd(loader), "sockets": tierd(sockets), "kvikio": kv}
+    times: dict[str, list[float]] = {who: [] for who in loads}
+    cpus: dict[str, list[float]] = {who: [] for who in loads}
     with defaults.set({"num_threads": threads, "task_size": PART}):
-        for i in range(1 + run.repeats):  # the first round warms both up
-            for who, fn in (("tierd", tierd), ("kvikio", kv)):
+        for i in range(1 + run.repeats):  # the first round warms them up
+            for who, fn in loads.items():
                 if who == "kvikio":
                     buf.fill(0)  # a read that wrote nothing cannot pass the check
                 run.sync()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 check = fn()
                 run.sync()
-                dt = time.perf_counter() - t0
+                dt, cpu = time.perf_counter() - t0, time.process_time() - c0
                 check()
                 if i:
                     times[who].append(dt)
-    run.rate_row(tierd_key, tierd_label, statistics.median(times["tierd"]))
-    run.rate_row(kv_key, kv_label, statistics.median(times["kvikio"]))
+                    cpus[who].append(cpu)
+    for who, key in keys.items():
+        run.rate_row(key, labels[who], statistics.median(times[who]), statistics.median(cpus[who]))
 
 
 # -- the peers ---------------------------------------------------------------------------------
@@ -259,7 +282,7 @@ def _kvikio_load(run: ObjRun, target: Target, check: Check) -> None:
     # At the run's connections (the issue's "tuned by hand": 64), and, where tierd's own
     # default differs, at tierd's count too: a ratio that comes from more connections alone is
     # then visible as such.
-    ours = GdsConfig().remote_kvikio_threads
+    ours = GdsConfig().remote_url_threads
     counts = [(key, label, run.conns)]
     if ours != run.conns:
         counts.append(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.io.conftest import cuda_ok
+from tests.io.conftest import cuda_ok, kvikio_ok
 from tests.s3_faults import FaultProxy, Headers
 from tiering.errors import FileChanged
 from tiering.io import GdsConfig, GpuDirectStorage
@@ -24,7 +24,12 @@ from tiering.ranges import HttpReads, HttpUnsupported, RangeReader
 
 KiB = 1 << 10
 SIZE = 300 * KiB + 77  # five GETs of 64 KiB, a ragged end
-SOCKETS = GdsConfig(remote_url_min_bytes=0, remote_url_task_size=64 * KiB, remote_url_threads=4)
+SOCKETS = GdsConfig(
+    remote_backend="sockets",
+    remote_url_min_bytes=0,
+    remote_url_task_size=64 * KiB,
+    remote_url_threads=4,
+)
 SIGNED = "X-Amz-Signature"  # in the query of the engine's GETs only (presigned)
 
 DEVICES = ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)]
@@ -77,7 +82,12 @@ def test_reads_go_straight_into_the_destination_with_exact_bytes(
 
 
 @pytest.mark.parametrize(
-    ("mode", "engine"), [("auto", "sockets"), ("sockets", "sockets"), ("python", "python")]
+    ("mode", "engine"),
+    [
+        ("auto", "kvikio" if kvikio_ok() else "sockets"),  # KvikIO first, where installed
+        ("sockets", "sockets"),
+        ("python", "python"),
+    ],
 )
 def test_remote_backend_picks_the_engine(
     object_tier: Any, put: Callable[[str, bytes], None], mode: str, engine: str
@@ -95,7 +105,7 @@ def test_small_reads_take_the_tiers_own_gets(
     object_tier: Any, put: Callable[[str, bytes], None]
 ) -> None:
     put("w.bin", _data(3))
-    config = GdsConfig(remote_url_min_bytes=1 << 20)
+    config = GdsConfig(remote_backend="sockets", remote_url_min_bytes=1 << 20)
     with (
         GpuDirectStorage("cpu", config) as gds,
         gds.open_source(object_tier.open("w.bin"), tier="s3", rank=1) as f,
@@ -327,7 +337,7 @@ def test_a_server_that_misbehaves_sends_the_range_to_the_readers_own_gets(
 def test_a_loader_loads_an_object_into_cuda_over_tierds_connections(
     tmp_path: Any, moto_endpoint: str, s3_bucket: str, s3_env: Any, s3_client: Any
 ) -> None:
-    """The loader's defaults: a plain-http object of 2 MiB into cuda:0, exact bytes."""
+    """A loader asked for tierd's connections: a plain-http object of 2 MiB into cuda:0."""
     if not cuda_ok():
         pytest.skip("needs CuPy and a CUDA device")
     from tests.s3 import REGION
@@ -347,7 +357,7 @@ def test_a_loader_loads_an_object_into_cuda_over_tierds_connections(
         catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}",
         watch=False,
     )
-    io = GdsConfig(remote_url_min_bytes=1 << 20)
+    io = GdsConfig(remote_backend="sockets", remote_url_min_bytes=1 << 20)
     with Engine(cfg) as eng:
         eng.scan()
         fid = eng.lookup("m.bin").id

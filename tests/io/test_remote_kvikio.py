@@ -118,8 +118,8 @@ def test_the_report_names_the_engine(
         with f:
             r = gds.read(f)
         assert np.asarray(r.array).tobytes() == data
-        # auto: tierd's own connections read a plain-http URL (tests/io/test_remote_http.py)
-        expected = "sockets" if mode == "auto" else "python"
+        # auto without KvikIO: tierd's own connections (tests/io/test_remote_http.py)
+        expected = ("kvikio" if kvikio_ok() else "sockets") if mode == "auto" else "python"
         assert (r.report.io_path, r.report.engine) == ("remote", expected)
 
 
@@ -199,7 +199,7 @@ def test_a_loader_loads_an_object_into_cuda_through_kvikio(
         catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}",
         watch=False,
     )
-    io = GdsConfig(remote_backend="kvikio", remote_url_min_bytes=1 << 20)
+    io = GdsConfig(remote_url_min_bytes=1 << 20)  # "auto": KvikIO from 1 MiB up
     with Engine(cfg) as eng:
         eng.scan()
         fid = eng.lookup("m.bin").id

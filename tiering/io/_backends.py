@@ -108,6 +108,7 @@ class Staging:
         self.size = size
         self.bufs = [cp.cuda.alloc_pinned_memory(size) for _ in range(slots)]
         self.views = [np.frombuffer(b, dtype=np.uint8, count=size) for b in self.bufs]
+        self._ptrs = [int(b.ptr) for b in self.bufs]  # ndarray.ctypes costs microseconds a call
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.events: list[Any] = [None] * slots
         self._marks: list[Any] = [None] * slots
@@ -122,7 +123,7 @@ class Staging:
         """Queue a copy of ``slot``'s bytes ``[start, start + nbytes)`` to device ``dst_ptr``."""
         cp.cuda.runtime.memcpyAsync(
             dst_ptr,
-            self.views[slot].ctypes.data + start,
+            self._ptrs[slot] + start,
             nbytes,
             cp.cuda.runtime.memcpyHostToDevice,
             self.stream.ptr,

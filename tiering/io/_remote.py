@@ -279,10 +279,10 @@ class RemoteReads:
             with self._device.current():
                 if nbytes and self._decoded_on_device(file, dst, segments):
                     engine = "nvcomp"
-                elif nbytes and self._by_http(file, dst, segments, nbytes):
-                    engine = "sockets"
                 elif nbytes and self._by_kvikio(file, dst, segments, nbytes):
                     engine = "kvikio"
+                elif nbytes and self._by_http(file, dst, segments, nbytes):
+                    engine = "sockets"
                 elif nbytes and isinstance(dst, np.ndarray):
                     self._python_to_host(file, dst, segments)
                 elif nbytes:
@@ -347,9 +347,9 @@ class RemoteReads:
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""
         nbytes = sum(n for _, n, _ in segments)
-        if not nbytes or self._by_http(file, dst, segments, nbytes):
+        if not nbytes or self._by_kvikio(file, dst, segments, nbytes):
             return
-        if not self._by_kvikio(file, dst, segments, nbytes):
+        if not self._by_http(file, dst, segments, nbytes):
             self._python_to_host(file, dst, segments)
 
     def _python_to_host(

@@ -106,18 +106,18 @@ def _to_device(
     used: list[Staging],
 ) -> None:
     cp = import_cupy()
-    with device.current():
-        sink = _Pieces(cp, stagings, dst_ptr, used)
+    device.make_current()  # the engine's threads serve this device only: no need to restore
+    sink = _Pieces(cp, stagings, dst_ptr, used)
 
-        def again() -> None:  # the whole range through the inner reader, piece by piece
-            pos = 0
-            while pos < nbytes:
-                view = sink.view(pos, nbytes - pos)
-                ranges.inner.get(view, offset + pos)
-                sink.filled(pos, len(view))
-                pos += len(view)
+    def again() -> None:  # the whole range through the inner reader, piece by piece
+        pos = 0
+        while pos < nbytes:
+            view = sink.view(pos, nbytes - pos)
+            ranges.inner.get(view, offset + pos)
+            sink.filled(pos, len(view))
+            pos += len(view)
 
-        ranges.read(offset, nbytes, sink, fallback=again)
+    ranges.read(offset, nbytes, sink, fallback=again)
 
 
 def read_segments(
