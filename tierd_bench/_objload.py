@@ -50,21 +50,14 @@ def tierd_loads(run: ObjRun, eng: Engine, fid: int, devices: list[str]) -> None:
             why = f"not available: {type(exc).__name__}: {exc}"
             on.missing(f"load_tierd_{on.dev}", _label(on), why)
         return
-    sockets = None
     try:
-        # tierd's own HTTP connections, asked for by name: "auto" takes KvikIO where it is
-        # installed, so this row shows the other engine beside it.
-        io = GdsConfig(remote_backend="sockets")
-        sockets = Loader(eng, LoaderConfig(io=io, cpu_budget_bytes=budget)).start()
         for device in devices:
             _tierd_load(run.on(device), loader, fid)
             free_gpu()
-            _alternated(run.on(device), loader, sockets, fid)
+            _alternated(run.on(device), loader, fid)
             free_gpu()
         _objlatency.tierd_small(run.on("cpu"), loader, fid)
     finally:
-        if sockets is not None:
-            sockets.stop()
         loader.stop()
 
 
@@ -103,26 +96,20 @@ def _tierd_load(run: ObjRun, loader: Any, fid: int) -> None:
     run.rate_row(key, label, t, cpu, note)
 
 
-def _alternated(run: ObjRun, loader: Any, sockets: Any, fid: int) -> None:
-    """tierd's load, the same through its own HTTP connections (``remote_backend="sockets"``)
-    and KvikIO's ``RemoteFile`` (at tierd's thread count and task size) taken in turns, one of
-    each per round: rows ``load_tierd_alt_<dev>``, ``load_tierd_sockets_<dev>`` and
+def _alternated(run: ObjRun, loader: Any, fid: int) -> None:
+    """tierd's load and KvikIO's ``RemoteFile`` (at tierd's thread count and task size) taken
+    in turns, one of each per round: rows ``load_tierd_alt_<dev>`` and
     ``load_kvikio_alt_<dev>``, with the process's CPU seconds a load.
 
     On an origin that shares the host's cores, a load's time has two modes (about 56 and about
     100 ms for 1 GiB on the H100 machine, for both readers), and which block of loads gets more
-    slow ones moved the ratio of the separate rows by ±10 %; in turns, all see the same
+    slow ones moved the ratio of the separate rows by ±10 %; in turns, both see the same
     minutes of the origin.
     """
-    keys = {
-        "tierd": f"load_tierd_alt_{run.dev}",
-        "sockets": f"load_tierd_sockets_{run.dev}",
-        "kvikio": f"load_kvikio_alt_{run.dev}",
-    }
+    keys = {"tierd": f"load_tierd_alt_{run.dev}", "kvikio": f"load_kvikio_alt_{run.dev}"}
     threads = GdsConfig().remote_url_threads
     labels = {
         "tierd": "  tierd load, in turns with KvikIO RemoteFile",
-        "sockets": "  tierd load by its own connections (remote_backend=sockets), in turns",
         "kvikio": f"  KvikIO RemoteFile ({threads} threads x {PART // MiB} MiB), in turns",
     }
     try:
@@ -130,8 +117,7 @@ def _alternated(run: ObjRun, loader: Any, sockets: Any, fid: int) -> None:
         defaults = importlib.import_module("kvikio.defaults")
     except ImportError:
         for who, key in keys.items():
-            why = "kvikio not installed" + (": load_tierd is this engine" * (who == "sockets"))
-            run.missing(key, labels[who], why)
+            run.missing(key, labels[who], "kvikio not installed")
         return
     url = run.origin.url_of(run.key)
     opener = kvikio.RemoteFile.open_http if run.origin.nginx else kvikio.RemoteFile.open_s3_url
@@ -162,11 +148,11 @@ def _alternated(run: ObjRun, loader: Any, sockets: Any, fid: int) -> None:
             f.read(buf)
         return lambda: run.check("KvikIO RemoteFile", checksum_of_array(buf))
 
-    loads = {"tierd": tierd(loader), "sockets": tierd(sockets), "kvikio": kv}
+    loads = {"tierd": tierd(loader), "kvikio": kv}
     times: dict[str, list[float]] = {who: [] for who in loads}
     cpus: dict[str, list[float]] = {who: [] for who in loads}
     with defaults.set({"num_threads": threads, "task_size": PART}):
-        for i in range(1 + run.repeats):  # the first round warms them up
+        for i in range(1 + run.repeats):  # the first round warms both up
             for who, fn in loads.items():
                 if who == "kvikio":
                     buf.fill(0)  # a read that wrote nothing cannot pass the check

@@ -308,7 +308,6 @@ def _compare(report: Report) -> None:
         report.compare(f"load_tierd_{dev}", ref, LOAD_TARGET)
         # The same target, both loads taken in turns (see _objload._alternated).
         report.compare(f"load_tierd_alt_{dev}", f"load_kvikio_alt_{dev}", LOAD_TARGET)
-        report.compare(f"load_tierd_sockets_{dev}", f"load_kvikio_alt_{dev}")
         report.compare(f"rest_tierd_{dev}", f"load_tierd_{dev}", REST_TARGET)
     if _measured(report, "rest_tierd_cpu"):
         # Issue 17 on the 2-core box: REST into cpu against the better Python client. A row

@@ -59,7 +59,6 @@ ROWS = {
     "load_kvikio_cpu",
     "load_runai_cpu",
     "load_tierd_alt_cpu",  # in turns with KvikIO: "kvikio not installed" on the CI machine
-    "load_tierd_sockets_cpu",
     "load_kvikio_alt_cpu",
     "load_best_cpu",
     "load_pybest_cpu",
@@ -316,7 +315,5 @@ def test_bench_object_store_measures_cuda_and_cpu(tmp_path: Path) -> None:
         alt, kv_alt = rows[f"load_tierd_alt_{dev}"], rows[f"load_kvikio_alt_{dev}"]
         if kvikio.value:  # taken in turns, each against the other
             assert alt.value and kv_alt.value and alt.vs == f"load_kvikio_alt_{dev}", dev
-            own = rows[f"load_tierd_sockets_{dev}"]
-            assert own.value and own.vs == f"load_kvikio_alt_{dev}", dev
     assert rows["ceil_pinned_h2d"].value
     assert list(tmp_path.iterdir()) == []
