@@ -38,7 +38,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,10 @@ from ._config import GdsConfig
 from ._decode_gpu import GpuDecoder, available
 from ._device import Device, import_cupy
 from ._file import GdsFile
-from ._landing import Stagings
 from ._pools import Pools
+from ._remote_http import Stagings
 from ._remote_http import read_segments as read_by_http
-from ._remote_kvikio import read_segments, read_staged
+from ._remote_kvikio import read_segments
 from ._stats import IoReport, Stats
 
 __all__ = ["Fill", "RemoteFile", "RemoteReads", "Segment", "coalesce_rows"]
@@ -223,10 +223,6 @@ class RemoteReads:
             expires_s=config.remote_url_expires_s,
         )
         self._stagings = Stagings(config.remote_url_task_size)
-        # Python threads that wait on KvikIO's reads into pinned pieces, one a task in flight.
-        self._landing_threads = config.remote_url_threads
-        self._landing: ThreadPoolExecutor | None = None
-        self._landing_lock = threading.Lock()
         kvikio: KvikioMode = "kvikio" if mode == "kvikio" else "auto"
         try:
             self._kvikio = KvikioReads(
@@ -256,10 +252,6 @@ class RemoteReads:
         decoder's buffers."""
         self._staging.clear()
         self._http.close()
-        with self._landing_lock:
-            landing, self._landing = self._landing, None
-        if landing is not None:
-            landing.shutdown(wait=True)
         with self._decoder_lock:
             if self._decoder is not None:
                 self._decoder.close()
@@ -341,14 +333,7 @@ class RemoteReads:
         if not isinstance(dst, np.ndarray):
             self._device.make_current()
         try:
-            ranges = file.kvikio(self._kvikio)
-            if isinstance(dst, np.ndarray):
-                read_segments(file.path, ranges, dst, segments)
-            else:
-                read_staged(
-                    file.path, ranges, dst, segments,
-                    pool=self._landing_pool(), device=self._device, stagings=self._stagings,
-                )  # fmt: skip
+            read_segments(file.path, file.kvikio(self._kvikio), dst, segments)
         except KvikioFailed as exc:
             if self._kvikio.strict:
                 raise StorageError(
@@ -358,14 +343,6 @@ class RemoteReads:
                         file.path, exc)  # fmt: skip
             return False
         return True
-
-    def _landing_pool(self) -> ThreadPoolExecutor:
-        with self._landing_lock:
-            if self._landing is None:
-                self._landing = ThreadPoolExecutor(
-                    self._landing_threads, thread_name_prefix="tierd-land"
-                )
-            return self._landing
 
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""

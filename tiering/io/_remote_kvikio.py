@@ -1,13 +1,5 @@
-"""Remote reads through KvikIO's ``RemoteFile``: a call's segments straight into host memory;
-into GPU memory, a task at a time into pinned pieces, each copied to the device as soon as it
-has landed (:mod:`tiering.io._landing`).
-
-**Why not KvikIO's own path into GPU memory.** There, each task's bytes go from curl's buffer
-into a bounce buffer, and the thread copies that to the device and waits for the copy before
-its next GET. Read into host memory, KvikIO took 1.06-1.19x less time for the same object in
-every run on the H100 machine (1 GiB from nginx on loopback, in turns). Reading each task into
-pinned host memory by KvikIO and queuing its copy at once, from a Python thread that sleeps in
-``IOFuture.get`` meanwhile, keeps the faster path and overlaps the copies with the transfer.
+"""Remote reads through KvikIO's ``RemoteFile``: a call's segments straight into the
+destination (GPU memory through KvikIO's own bounce buffers, host memory directly).
 
 :class:`~tiering.io._remote.RemoteReads` hands a call here when
 :meth:`KvikioReads.wins <tiering.ranges.KvikioReads.wins>` says KvikIO wins for the file's
@@ -21,24 +13,18 @@ landed the reader checks that the bytes opened are still there
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tiering.errors import IntegrityError
-from tiering.ranges import KvikioFailed, KvikioRanges, Sink
+from tiering.ranges import KvikioFailed, KvikioRanges
 
 from ._backends import _DevPtr, _host_view
-from ._device import Device
-from ._landing import Stagings, to_device
 
-__all__ = ["read_segments", "read_staged"]
-
-log = logging.getLogger("tiering.io")
+__all__ = ["read_segments"]
 
 
 def read_segments(path: Path, ranges: KvikioRanges, dst: Any, segments: Sequence[Any]) -> None:
@@ -74,33 +60,3 @@ def read_segments(path: Path, ranges: KvikioRanges, dst: Any, segments: Sequence
     ranges.check_unchanged()  # the bytes are in: were they the ones opened?
     if failure is not None:
         raise KvikioFailed(f"{type(failure).__name__}: {failure}") from failure
-
-
-def read_staged(
-    path: Path,
-    ranges: KvikioRanges,
-    dst: Any,
-    segments: Sequence[Any],
-    *,
-    pool: Executor,
-    device: Device,
-    stagings: Stagings,
-) -> None:
-    """Every segment of ``ranges`` into device array ``dst`` (see the module): each task read
-    by KvikIO into a pinned piece, then copied. A task KvikIO failed is read again through the
-    inner reader; :class:`~tiering.errors.FileChanged` when the object was replaced."""
-    ranges.handle()  # KvikioFailed here (the caller reads another way), FileChanged if replaced
-
-    def fill(offset: int, nbytes: int, sink: Sink) -> None:
-        view = sink.view(0, nbytes)  # a task is at most a piece
-        try:
-            got = int(ranges.pread(np.frombuffer(view, np.uint8), nbytes, offset).get())
-        except Exception as exc:  # libcurl's failures come as RuntimeError
-            log.info("%s: KvikIO read at %d failed (%s); reading it again", path, offset, exc)
-            got = -1
-        if got != nbytes:
-            ranges.inner.get(view, offset)
-        sink.filled(0, nbytes)
-
-    to_device(fill, dst, segments, pool=pool, device=device, stagings=stagings)
-    ranges.check_unchanged()  # the bytes are in: were they the ones opened?
