@@ -182,9 +182,21 @@ def test_kvikio_read_of_an_overwritten_object_is_file_changed(
 
 
 @pytest.mark.gpu
-@needs_kvikio
-def test_a_loader_loads_an_object_into_cuda_through_kvikio(
-    tmp_path: Path, moto_endpoint: str, s3_bucket: str, s3_env: Any, s3_client: Any
+@pytest.mark.parametrize(
+    ("backend", "engine"),
+    [
+        pytest.param("auto", "kvikio", marks=needs_kvikio),  # KvikIO from 1 MiB up
+        ("sockets", "sockets"),  # tierd's own connections (tests/io/test_remote_http.py)
+    ],
+)
+def test_a_loader_loads_an_object_into_cuda_by_url(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    s3_env: Any,
+    s3_client: Any,
+    backend: str,
+    engine: str,
 ) -> None:
     if not cuda_ok():
         pytest.skip("needs CuPy and a CUDA device")
@@ -199,7 +211,7 @@ def test_a_loader_loads_an_object_into_cuda_through_kvikio(
         catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}",
         watch=False,
     )
-    io = GdsConfig(remote_url_min_bytes=1 << 20)  # "auto": KvikIO from 1 MiB up
+    io = GdsConfig(remote_backend=backend, remote_url_min_bytes=1 << 20)  # type: ignore[arg-type]
     with Engine(cfg) as eng:
         eng.scan()
         fid = eng.lookup("m.bin").id
@@ -207,7 +219,7 @@ def test_a_loader_loads_an_object_into_cuda_through_kvikio(
         try:
             lease = loader.load(fid, device="cuda:0")
             assert lease.report is not None
-            assert (lease.report.io_path, lease.report.engine) == ("remote", "kvikio")
+            assert (lease.report.io_path, lease.report.engine) == ("remote", engine)
             arr = lease.buffer.array()[lease.offset : lease.offset + lease.nbytes]
             assert _host(arr).tobytes() == data
             loader.leases.release(lease.id)
