@@ -270,6 +270,24 @@ def test_urls_the_engine_does_not_read_are_refused_at_the_open(
         reads.close()
 
 
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        (
+            "http://s3.example.com/b/k?X-Amz-Signature=1",
+            ("s3.example.com", 80, "s3.example.com", "/b/k?X-Amz-Signature=1"),
+        ),
+        ("http://127.0.0.1:9000/b/k", ("127.0.0.1", 9000, "127.0.0.1:9000", "/b/k")),
+        ("http://[::1]:9000", ("::1", 9000, "[::1]:9000", "/")),
+    ],
+)
+def test_the_host_header_is_the_urls_own(url: str, want: tuple[str, int, str, str]) -> None:
+    """A presigned URL's signature covers its Host: ``host:80`` for ``host`` would be a 403."""
+    from tiering.ranges._http import _target
+
+    assert tuple(_target(url)) == want
+
+
 @pytest.fixture
 def liar() -> Iterator[Callable[[bytes], str]]:
     """``serve(reply)``: a loopback server that answers every request with ``reply`` and

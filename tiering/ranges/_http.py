@@ -36,7 +36,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from tiering.ranges._reader import RangeReader, flat
 
@@ -258,15 +258,23 @@ class HttpReads:
             pool.shutdown(wait=True)
 
 
-def _target(url: str) -> tuple[str, int, str]:
-    """``(host, port, path?query)`` of a plain-HTTP URL with no proxy for its host."""
+class _Target(NamedTuple):
+    host: str  # to connect to
+    port: int
+    authority: str  # the Host header: the URL's own, which a presigned URL's signature covers
+    target: str  # path?query
+
+
+def _target(url: str) -> _Target:
+    """Where a plain-HTTP URL with no proxy for its host is read from."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise HttpUnsupported(f"not a plain http:// URL: {parts.scheme}://{parts.netloc}")
     if "http" in urllib.request.getproxies() and not urllib.request.proxy_bypass(parts.hostname):
         raise HttpUnsupported(f"{parts.hostname} is reached through a proxy")
-    path = parts.path or "/"
-    return parts.hostname, parts.port or 80, path + (f"?{parts.query}" if parts.query else "")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = parts.netloc.rpartition("@")[2]
+    return _Target(parts.hostname, parts.port or 80, authority, target)
 
 
 class HttpRanges(RangeReader):
@@ -284,7 +292,7 @@ class HttpRanges(RangeReader):
         self._reads = reads
         self._pins = "".join(f"{k}: {v}\r\n" for k, v in inner.pins().items())
         self._lock = threading.Lock()
-        self._at: tuple[str, int, str] | None = None
+        self._at: _Target | None = None
         self._renew_at = 0.0
 
     @property
@@ -292,8 +300,8 @@ class HttpRanges(RangeReader):
         """Every GET is pinned to the version opened; no check is needed after a read."""
         return bool(self._pins)
 
-    def target(self) -> tuple[str, int, str]:
-        """``(host, port, path?query)`` of the URL, presigned again when due."""
+    def target(self) -> _Target:
+        """Where the URL is read from, presigned again when due."""
         with self._lock:
             now = time.monotonic()
             if self._at is None or now >= self._renew_at:
@@ -304,12 +312,12 @@ class HttpRanges(RangeReader):
     def fetch(self, offset: int, nbytes: int, sink: Sink) -> None:
         """One ranged GET of ``nbytes`` at ``offset`` into ``sink`` on the calling thread's
         connection, sent again once on a new one; :class:`HttpFailed` after that."""
-        host, port, path = self.target()
+        at = self.target()
         request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"GET {at.target} HTTP/1.1\r\nHost: {at.authority}\r\n"
             f"Range: bytes={offset}-{offset + nbytes - 1}\r\n{self._pins}\r\n"
         ).encode("latin-1")
-        conn = self._reads.connection(host, port)
+        conn = self._reads.connection(at.host, at.port)
         for attempt in (1, 2):
             try:
                 conn.get(request, offset, nbytes, sink)
