@@ -118,7 +118,7 @@ class RemoteFile(GdsFile):
         self.ranges = ranges
         self._kvikio: KvikioRanges | None = None
         self._http: HttpRanges | None = None
-        self._http_why: str | None = None
+        self._http_refused = False  # its URL is not one tierd's connections read
         self._kvikio_lock = threading.Lock()
 
     def kvikio(self, reads: KvikioReads) -> KvikioRanges:
@@ -133,11 +133,11 @@ class RemoteFile(GdsFile):
         """The file's reader over tierd's own connections (made at its first such read, kept
         until the file closes), or None where its URL is not one they read."""
         with self._kvikio_lock:
-            if self._http is None and self._http_why is None:
+            if self._http is None and not self._http_refused:
                 try:
                     self._http = reads.open(self.ranges)
                 except HttpUnsupported as exc:
-                    self._http_why = str(exc)
+                    self._http_refused = True
                     log.info("tiering.io: %s: read by URL without tierd's connections: %s",
                              self.path, exc)  # fmt: skip
             return self._http
@@ -320,7 +320,8 @@ class RemoteReads:
         ranges = file.http(self._http)
         if ranges is None:
             return False
-        read_by_http(ranges, dst, segments, device=self._device, stagings=self._stagings)
+        gets = _split(segments, ranges.part_size)
+        read_by_http(ranges, dst, gets, device=self._device, stagings=self._stagings)
         return True
 
     def _by_kvikio(

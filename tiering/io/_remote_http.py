@@ -1,6 +1,6 @@
 """Remote reads over tierd's own HTTP connections (:class:`~tiering.ranges.HttpRanges`).
 
-A call's segments are split into GETs of the engine's task size and run on its pool, one
+A call's segments, cut by the caller into GETs of the engine's task size, run on its pool, one
 connection per thread:
 
 - **into host memory** each body is received straight into its slice of the destination;
@@ -16,6 +16,7 @@ the version opened is checked once after the last range
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +46,6 @@ class Stagings:
     """
 
     def __init__(self, piece: int) -> None:
-        import threading
-
         self.piece = piece
         self._local = threading.local()
 
@@ -129,17 +128,14 @@ def read_segments(
     stagings: Stagings,
 ) -> None:
     """Every ``(file_offset, nbytes, dst_offset)`` of ``ranges`` into flat uint8 ``dst``
-    (host or device). Raises what the inner reader raises for a range it could not read
-    either (:class:`~tiering.errors.FileChanged` for a replaced object); no range is still
-    being written into ``dst`` when it returns or raises."""
-    step = ranges.part_size
-    tasks = [
-        (off + s, min(step, n - s), at + s) for off, n, at in segments for s in range(0, n, step)
-    ]
+    (host or device), one GET each (the caller cuts them to the engine's task size). Raises
+    what the inner reader raises for a range it could not read either
+    (:class:`~tiering.errors.FileChanged` for a replaced object); no range is still being
+    written into ``dst`` when it returns or raises."""
     pool = ranges.pool
     if isinstance(dst, np.ndarray):
         view = _host_view(dst)
-        futures = [pool.submit(ranges.get, view[at : at + n], off) for off, n, at in tasks]
+        futures = [pool.submit(ranges.get, view[at : at + n], off) for off, n, at in segments]
         settle(futures)
     else:
         base = int(dst.data.ptr)
@@ -148,7 +144,7 @@ def read_segments(
             settle(
                 [
                     pool.submit(_to_device, ranges, base + at, off, n, device, stagings, used)
-                    for off, n, at in tasks
+                    for off, n, at in segments
                 ]
             )
         finally:  # every copy of this read landed (and maybe a later one of the same thread)

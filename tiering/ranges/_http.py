@@ -44,9 +44,9 @@ __all__ = ["HttpFailed", "HttpMode", "HttpRanges", "HttpReads", "HttpUnsupported
 
 log = logging.getLogger(__name__)
 
-HttpMode = Literal["auto", "sockets", "never"]
-"""``auto``: tierd's connections where the URL allows; ``sockets``: the same, named; ``never``."""
-_MODES = ("auto", "sockets", "never")
+HttpMode = Literal["auto", "never"]
+"""``auto``: tierd's connections where the URL allows; ``never``."""
+_MODES = ("auto", "never")
 
 #: A response head longer than this is refused (S3's are under 1 KiB).
 _HEAD_LIMIT = 64 << 10
