@@ -27,15 +27,15 @@ RemoteBackendName = Literal["auto", "sockets", "kvikio", "python"]
 """Which engine reads remote files (object-store tiers) that can be read by presigned URL, in
 calls of at least ``remote_url_min_bytes`` (smaller ones always take tierd's ranged GETs).
 
-``auto``: KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) where KvikIO is installed
-with remote I/O; else tierd's own HTTP connections (:mod:`tiering.ranges._http`) where the URL
-is plain ``http://`` with no proxy; else tierd's ranged GETs through the tier's S3 client,
-which also read any range the first two could not. ``sockets``: tierd's connections where the
-URL allows, never KvikIO: each body is received straight into its destination (host memory,
-or a pinned piece on its way to the GPU) with ``If-Match`` on every GET, for about 0.6x
-KvikIO's CPU a load, at 0.87-1.01x its rate into cuda on the H100 machine (the GIL, which
-many Python threads share, is the limit). ``kvikio``: KvikIO for every read of such a file (an
-error where it cannot run). ``python``: always tierd's ranged GETs.
+``auto``: tierd's own HTTP connections (:mod:`tiering.ranges._http`) where the URL is plain
+``http://`` with no proxy; else KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) where
+KvikIO is installed with remote I/O (an ``https://`` store); else tierd's ranged GETs through the
+tier's S3 client, which also read any range the first two could not. ``sockets``: tierd's
+connections where the URL allows, never KvikIO. Each body is received straight into its
+destination (host memory, or a pinned piece on its way to the GPU) with ``If-Match`` on every
+GET, in GETs sized by the origin's rate; on the H100 machine, 1 GiB from nginx into cuda, that
+read 1.0-1.07x KvikIO (128 x 8 MiB) for 0.6x its CPU. ``kvikio``: KvikIO for every read of such
+a file (an error where it cannot run). ``python``: always tierd's ranged GETs.
 """
 
 _REMOTE_BACKENDS = ("auto", "sockets", "kvikio", "python")
@@ -137,9 +137,11 @@ class GdsConfig:
         of them; against an S3-like origin (100 MB/s per connection) on the H100 machine 64
         x 8 MiB reached 7.3 GB/s and KvikIO's default of 16 a quarter of that.
     remote_url_task_size:
-        Bytes per ranged GET of a read by URL. Each thread of tierd's HTTP pool that has read
-        into GPU memory keeps one or two pinned pieces of this size (at most 128 x 2 x 8 MiB;
-        KvikIO's bounce buffers are 16 MiB a task in flight). KvikIO's ``task_size`` is one
+        Bytes per ranged GET of a read by URL. tierd's connections send GETs of up to twice
+        this to an origin whose connections are fast (:meth:`~tiering.ranges.HttpReads.get_size`),
+        as many fewer at once, and keep at most ``remote_url_threads`` pinned pieces of twice
+        this for reads into GPU memory (128 x 16 MiB; KvikIO's bounce buffers are 16 MiB a task
+        in flight). KvikIO's ``task_size`` is one
         per process: it is raised to at least this (tierd's local reads pass their own).
     remote_url_min_bytes:
         Calls that move fewer bytes use the tier's own ranged GETs: a read by URL costs a

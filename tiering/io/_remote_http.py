@@ -1,12 +1,13 @@
 """Remote reads over tierd's own HTTP connections (:class:`~tiering.ranges.HttpRanges`).
 
-A call's segments, cut by the caller into GETs of the engine's task size, run on its pool, one
-connection per thread:
+A call's segments, cut by the caller into GETs of the origin's GET size
+(:meth:`~tiering.ranges.HttpReads.get_size`), run on ``lanes`` tasks of the engine's pool, one
+connection per thread, each lane taking the next GET when its last one is done:
 
 - **into host memory** each body is received straight into its slice of the destination;
-- **into GPU memory** each body is received into one of the thread's pinned pieces
-  (:class:`Stagings`) and copied to the device with ``cudaMemcpyAsync``; the thread's next
-  GET goes into its other piece while that copy runs.
+- **into GPU memory** each body is received into a pinned piece of :class:`Stagings` and
+  copied to the device with ``cudaMemcpyAsync``; the lane's next GET goes into another piece
+  while that copy runs.
 
 Every range lands before the call returns. A GET that failed twice is read through the inner
 reader instead (piece by piece into GPU memory). A reader whose GETs could not be pinned to
@@ -17,7 +18,8 @@ the version opened is checked once after the last range
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,13 +33,14 @@ __all__ = ["Stagings", "read_segments"]
 
 
 class Stagings:
-    """Pinned pieces of the engine's threads, each of the task size (a GET's body is received
-    into one with one ``recv``, then copied out with one ``cudaMemcpyAsync``).
+    """Pinned pieces shared by the engine's threads, each as large as the largest GET (a body is
+    received into one with one ``recv``, then copied out with one ``cudaMemcpyAsync``); at most
+    ``limit`` of them, made at first need and kept.
 
-    A thread keeps one piece, and a second one made when its next GET finds the first still
-    being copied out: the copy of one body then runs while the next body arrives, and a GET
-    never waits for a copy unless both pieces are still being copied. A read into GPU memory
-    waits for the copies of every piece it used before it returns.
+    A GET takes the piece filled longest ago whose copy has landed, or makes one while there
+    are fewer than ``limit``: the copy of one body then runs while the next body arrives, and a
+    GET waits for a copy only when every piece is still being copied. Pinned memory is at most
+    ``limit`` pieces, however many threads have read.
 
     Measured on the H100 machine (1 GiB from nginx on loopback, 64 connections of 8 MiB): a
     body received in pieces of 4 or 2 MiB read 0.92x and 0.70x as fast, since each ``recv``
@@ -45,54 +48,71 @@ class Stagings:
     GET read 0.93x as fast as one with a second piece.
     """
 
-    def __init__(self, piece: int) -> None:
-        self.piece = piece
-        self._local = threading.local()
+    def __init__(self, piece: int, limit: int) -> None:
+        self.piece, self.limit = piece, limit
+        self._ready = threading.Condition()
+        self._idle: deque[Staging] = deque()  # given back, in the order they were filled
+        self._made = 0
 
     def take(self, cp: Any) -> Staging:
-        """A piece of the calling thread whose last copy has landed (the device must be
-        current)."""
-        mine: list[Staging] = self._local.__dict__.setdefault("pieces", [])
-        for st in mine:
-            ev = st.events[0]
-            if ev is None or ev.done:
-                return st
-        if len(mine) < 2:
-            st = Staging(cp, self.piece, 1)
-            mine.append(st)
-            return st
-        st = mine[0]  # the one copied out first (see used())
+        """A piece whose last copy has landed (the device must be current)."""
+        st: Staging | None = None
+        with self._ready:
+            while True:
+                for idle in self._idle:
+                    ev = idle.events[0]
+                    if ev is None or ev.done:
+                        self._idle.remove(idle)
+                        return idle
+                if self._made < self.limit:
+                    self._made += 1
+                    break
+                if self._idle:
+                    st = self._idle.popleft()  # the one filled first: its copy ends first
+                    break
+                self._ready.wait()  # every piece is being filled
+        if st is None:
+            return Staging(cp, self.piece, 1)
         st.wait_slot(0)
         return st
 
-    def used(self, st: Staging) -> None:
-        """``st`` was just filled: the other piece is the one to wait for first."""
-        mine: list[Staging] = self._local.pieces
-        if mine[-1] is not st:
-            mine.remove(st)
-            mine.append(st)
+    def give(self, st: Staging) -> None:
+        """``st`` is filled, its copy queued (or it was not used): another GET may take it."""
+        with self._ready:
+            self._idle.append(st)
+            self._ready.notify()
 
 
 class _Pieces:
-    """A :class:`~tiering.ranges.Sink` that is the thread's pinned pieces, each copied to
-    ``dst_ptr + pos`` as soon as it is full. A piece is taken once the response's head is in,
-    so a wait for an earlier copy overlaps the body's first bytes."""
+    """A :class:`~tiering.ranges.Sink` that is pinned pieces of :class:`Stagings`, each copied
+    to ``dst_ptr + pos`` as soon as it is full. A piece is taken once the response's head is
+    in, so a wait for an earlier copy overlaps the body's first bytes; one taken by a GET that
+    failed is used by its next try, and given back by :meth:`close`."""
 
     def __init__(self, cp: Any, stagings: Stagings, dst_ptr: int, used: list[Staging]) -> None:
         self._cp, self._stagings, self._dst, self._used = cp, stagings, dst_ptr, used
         self._st: Staging | None = None
 
     def view(self, pos: int, left: int) -> memoryview:
-        self._st = st = self._stagings.take(self._cp)
+        if self._st is None:
+            self._st = self._stagings.take(self._cp)
+        st = self._st
         return _host_view(st.views[0])[: min(st.size, left)]
 
     def filled(self, pos: int, nbytes: int) -> None:
-        st = self._st
+        st, self._st = self._st, None
         assert st is not None
         self._used.append(st)  # before the copy is queued: the read waits for it, come what may
-        st.copy_out(self._cp, 0, self._dst + pos, 0, nbytes)
-        st.mark(self._cp, 0)
-        self._stagings.used(st)
+        try:
+            st.copy_out(self._cp, 0, self._dst + pos, 0, nbytes)
+            st.mark(self._cp, 0)
+        finally:
+            self._stagings.give(st)
+
+    def close(self) -> None:
+        if self._st is not None:
+            self._stagings.give(self._st)
+            self._st = None
 
 
 def _to_device(
@@ -116,7 +136,10 @@ def _to_device(
             sink.filled(pos, len(view))
             pos += len(view)
 
-    ranges.read(offset, nbytes, sink, fallback=again)
+    try:
+        ranges.read(offset, nbytes, sink, fallback=again)
+    finally:
+        sink.close()
 
 
 def read_segments(
@@ -124,31 +147,59 @@ def read_segments(
     dst: Any,
     segments: Sequence[tuple[int, int, int]],
     *,
+    lanes: int,
     device: Device,
     stagings: Stagings,
 ) -> None:
     """Every ``(file_offset, nbytes, dst_offset)`` of ``ranges`` into flat uint8 ``dst``
-    (host or device), one GET each (the caller cuts them to the engine's task size). Raises
-    what the inner reader raises for a range it could not read either
+    (host or device), one GET each (the caller cuts them to the GET size), at most ``lanes``
+    at once. Raises what the inner reader raises for a range it could not read either
     (:class:`~tiering.errors.FileChanged` for a replaced object); no range is still being
     written into ``dst`` when it returns or raises."""
-    pool = ranges.pool
     if isinstance(dst, np.ndarray):
         view = _host_view(dst)
-        futures = [pool.submit(ranges.get, view[at : at + n], off) for off, n, at in segments]
-        settle(futures)
+        _in_lanes(ranges, lanes, segments, lambda off, n, at: ranges.get(view[at : at + n], off))
     else:
         base = int(dst.data.ptr)
         used: list[Staging] = []
         try:
-            settle(
-                [
-                    pool.submit(_to_device, ranges, base + at, off, n, device, stagings, used)
-                    for off, n, at in segments
-                ]
+            _in_lanes(
+                ranges,
+                lanes,
+                segments,
+                lambda off, n, at: _to_device(ranges, base + at, off, n, device, stagings, used),
             )
-        finally:  # every copy of this read landed (and maybe a later one of the same thread)
+        finally:  # every copy of this read landed (and maybe a later one into the same piece)
             for st in {id(st): st for st in used}.values():
                 st.stream.synchronize()
     if not ranges.pinned:
         ranges.check_unchanged()
+
+
+def _in_lanes(
+    ranges: HttpRanges,
+    lanes: int,
+    segments: Sequence[tuple[int, int, int]],
+    one: Callable[[int, int, int], None],
+) -> None:
+    """``one(*segment)`` for every segment, on at most ``lanes`` tasks of the reader's pool that
+    each take the next segment until none is left: GETs in flight are bounded whatever the
+    segments' count, and a slow GET holds up no other. After a failure no lane starts another
+    GET; the first error is raised once every lane has stopped."""
+    lock = threading.Lock()
+    todo = iter(segments)
+    failed = threading.Event()
+
+    def lane() -> None:
+        while not failed.is_set():
+            with lock:
+                seg = next(todo, None)
+            if seg is None:
+                return
+            try:
+                one(*seg)
+            except BaseException:
+                failed.set()
+                raise
+
+    settle([ranges.pool.submit(lane) for _ in range(max(1, min(lanes, len(segments))))])
