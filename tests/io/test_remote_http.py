@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.io.conftest import cuda_ok, kvikio_ok
+from tests.io.conftest import cuda_ok
 from tests.s3_faults import FaultProxy, Headers
 from tiering.errors import FileChanged
 from tiering.io import GdsConfig, GpuDirectStorage
