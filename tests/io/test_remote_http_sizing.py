@@ -30,12 +30,15 @@ def test_get_size_follows_each_origins_rate() -> None:
     reads = HttpReads("auto", threads=64, task_size=8 * MiB, expires_s=60)
     fast, paced = ("127.0.0.1", 80), ("s3.example.com", 80)
     assert reads.get_size(*fast) == 8 * MiB  # nothing seen yet: the task size
+    assert not reads.paced(*fast)  # nor judged paced: its first read is by these connections
     assert reads.lanes(8 * MiB) == 64
     reads.observed(*fast, 8 * MiB, 0.006)  # 1.4 GB/s a connection (nginx on loopback)
     reads.observed(*paced, 8 * MiB, 0.084)  # 100 MB/s (S3-like)
     assert reads.get_size(*fast) == reads.max_get == 16 * MiB
     assert reads.lanes(16 * MiB) == 32  # the same bytes in flight
     assert reads.get_size(*paced) == 8 * MiB  # every connection kept busy
+    # auto hands a paced origin's reads to KvikIO, where it is installed; a fast one keeps them
+    assert reads.paced(*paced) and not reads.paced(*fast)
     # One slow GET moves the origin's rate a fifth of the way, not all of it.
     reads.observed(*fast, 8 * MiB, 1.0)
     assert reads.get_size(*fast) == 16 * MiB

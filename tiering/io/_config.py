@@ -28,9 +28,11 @@ RemoteBackendName = Literal["auto", "sockets", "kvikio", "python"]
 calls of at least ``remote_url_min_bytes`` (smaller ones always take tierd's ranged GETs).
 
 ``auto``: tierd's own HTTP connections (:mod:`tiering.ranges._http`) where the URL is plain
-``http://`` with no proxy; else KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) where
-KvikIO is installed with remote I/O (an ``https://`` store); else tierd's ranged GETs through the
-tier's S3 client, which also read any range the first two could not. ``sockets``: tierd's
+``http://`` with no proxy, unless their GETs have shown the origin paces its connections
+(:meth:`~tiering.ranges.HttpReads.paced`) and KvikIO is installed; else KvikIO's ``RemoteFile``
+(libcurl on its C++ thread pool) where KvikIO is installed with remote I/O (an ``https://``
+store, or a paced one); else tierd's ranged GETs through the tier's S3 client, which also read
+any range the first two could not. ``sockets``: tierd's
 connections where the URL allows, never KvikIO. Each body is received straight into its
 destination (host memory, or a pinned piece on its way to the GPU) with ``If-Match`` on every
 GET, in GETs sized by the origin's rate; on the H100 machine, 1 GiB from nginx into cuda, that

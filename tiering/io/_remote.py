@@ -215,7 +215,7 @@ class RemoteReads:
         grow_pool: Callable[[int], None] | None = None,
     ) -> None:
         self._device = device
-        mode = config.remote_backend
+        mode = self._mode = config.remote_backend
         self._http = HttpReads(
             "auto" if mode in ("auto", "sockets") else "never",
             threads=config.remote_url_threads,
@@ -323,6 +323,8 @@ class RemoteReads:
         ranges = file.http(self._http)
         if ranges is None:
             return False
+        if self._mode == "auto" and ranges.paced() and self._kvikio.wins(file.ranges, nbytes):
+            return False  # a paced origin: KvikIO reads it faster (HttpReads.paced)
         size = ranges.get_size()
         lanes = self._http.lanes(size)
         gets = _split(segments, size)
