@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.io.conftest import cuda_ok
+from tests.io.conftest import cuda_ok, kvikio_ok
 from tests.s3_faults import FaultProxy, Headers
 from tiering.errors import FileChanged
 from tiering.io import GdsConfig, GpuDirectStorage
@@ -84,7 +84,7 @@ def test_reads_go_straight_into_the_destination_with_exact_bytes(
 @pytest.mark.parametrize(
     ("mode", "engine"),
     [
-        ("auto", "sockets"),  # a plain http:// URL: before KvikIO, where it is installed
+        ("auto", "kvikio" if kvikio_ok() else "sockets"),  # KvikIO first, where installed
         ("sockets", "sockets"),
         ("python", "python"),
     ],

@@ -24,11 +24,12 @@ every read of such a file to :class:`RemoteReads`:
   object is never downloaded whole.
 
 Every read is counted under the I/O path ``remote`` and the file's tier. A file whose reader
-serves a URL (an object) is read instead over tierd's own HTTP connections where the URL is
-plain ``http://`` (:class:`~tiering.ranges.HttpReads`, :mod:`tiering.io._remote_http`), else by
-KvikIO's ``RemoteFile`` where it is installed (:class:`~tiering.ranges.KvikioReads`,
-:mod:`tiering.io._remote_kvikio`: libcurl on KvikIO's C++ threads, straight into the
-destination, the version checked after the read), as ``GdsConfig.remote_backend`` says;
+serves a URL (an object) is read instead by KvikIO's ``RemoteFile`` where it is installed
+(:class:`~tiering.ranges.KvikioReads`, :mod:`tiering.io._remote_kvikio`: libcurl on KvikIO's
+C++ threads, straight into the destination, the version checked after the read), else over
+tierd's own HTTP connections where the URL is plain ``http://``
+(:class:`~tiering.ranges.HttpReads`, :mod:`tiering.io._remote_http`), as
+``GdsConfig.remote_backend`` says;
 :meth:`RemoteReads.read` gets the whole list of ranges of a call at once and asks once. The
 report's ``engine`` says which one moved the bytes.
 """
@@ -215,7 +216,7 @@ class RemoteReads:
         grow_pool: Callable[[int], None] | None = None,
     ) -> None:
         self._device = device
-        mode = self._mode = config.remote_backend
+        mode = config.remote_backend
         self._http = HttpReads(
             "auto" if mode in ("auto", "sockets") else "never",
             threads=config.remote_url_threads,
@@ -223,9 +224,8 @@ class RemoteReads:
             min_bytes=config.remote_url_min_bytes,
             expires_s=config.remote_url_expires_s,
         )
-        # Pinned memory of these reads: threads x 2 x the task size at most, as before GETs
-        # grew (a lane of large GETs leaves its spare piece to a lane of small ones).
-        self._stagings = Stagings(self._http.max_get, config.remote_url_threads)
+        # Pinned memory of these reads: two pieces of the task size a connection, at most.
+        self._stagings = Stagings(config.remote_url_task_size, 2 * config.remote_url_threads)
         kvikio: KvikioMode = "kvikio" if mode == "kvikio" else "auto"
         try:
             self._kvikio = KvikioReads(
@@ -282,10 +282,10 @@ class RemoteReads:
             with self._device.current():
                 if nbytes and self._decoded_on_device(file, dst, segments):
                     engine = "nvcomp"
-                elif nbytes and self._by_http(file, dst, segments, nbytes):
-                    engine = "sockets"
                 elif nbytes and self._by_kvikio(file, dst, segments, nbytes):
                     engine = "kvikio"
+                elif nbytes and self._by_http(file, dst, segments, nbytes):
+                    engine = "sockets"
                 elif nbytes and isinstance(dst, np.ndarray):
                     self._python_to_host(file, dst, segments)
                 elif nbytes:
@@ -323,12 +323,11 @@ class RemoteReads:
         ranges = file.http(self._http)
         if ranges is None:
             return False
-        if self._mode == "auto" and ranges.paced() and self._kvikio.wins(file.ranges, nbytes):
-            return False  # a paced origin: KvikIO reads it faster (HttpReads.paced)
-        size = ranges.get_size()
-        lanes = self._http.lanes(size)
-        gets = _split(segments, size)
-        read_by_http(ranges, dst, gets, lanes=lanes, device=self._device, stagings=self._stagings)
+        gets = _split(segments, ranges.part_size)
+        read_by_http(
+            ranges, dst, gets, lanes=self._http.threads, device=self._device,
+            stagings=self._stagings,
+        )  # fmt: skip
         return True
 
     def _by_kvikio(
@@ -355,9 +354,9 @@ class RemoteReads:
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""
         nbytes = sum(n for _, n, _ in segments)
-        if not nbytes or self._by_http(file, dst, segments, nbytes):
+        if not nbytes or self._by_kvikio(file, dst, segments, nbytes):
             return
-        if not self._by_kvikio(file, dst, segments, nbytes):
+        if not self._by_http(file, dst, segments, nbytes):
             self._python_to_host(file, dst, segments)
 
     def _python_to_host(

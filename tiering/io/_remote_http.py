@@ -1,8 +1,8 @@
 """Remote reads over tierd's own HTTP connections (:class:`~tiering.ranges.HttpRanges`).
 
-A call's segments, cut by the caller into GETs of the origin's GET size
-(:meth:`~tiering.ranges.HttpReads.get_size`), run on ``lanes`` tasks of the engine's pool, one
-connection per thread, each lane taking the next GET when its last one is done:
+A call's segments, cut by the caller into GETs of the task size, run on ``lanes`` tasks of the
+engine's pool, one connection per thread, each lane taking the next GET when its last one is
+done:
 
 - **into host memory** each body is received straight into its slice of the destination;
 - **into GPU memory** each body is received into a pinned piece of :class:`Stagings` and
@@ -33,9 +33,9 @@ __all__ = ["Stagings", "read_segments"]
 
 
 class Stagings:
-    """Pinned pieces shared by the engine's threads, each as large as the largest GET (a body is
-    received into one with one ``recv``, then copied out with one ``cudaMemcpyAsync``); at most
-    ``limit`` of them, made at first need and kept.
+    """Pinned pieces shared by the engine's threads, each as large as a GET (a body is received
+    into one with one ``recv``, then copied out with one ``cudaMemcpyAsync``); at most ``limit``
+    of them, made at first need and kept.
 
     A GET takes the piece filled longest ago whose copy has landed, or makes one while there
     are fewer than ``limit``: the copy of one body then runs while the next body arrives, and a
@@ -152,7 +152,7 @@ def read_segments(
     stagings: Stagings,
 ) -> None:
     """Every ``(file_offset, nbytes, dst_offset)`` of ``ranges`` into flat uint8 ``dst``
-    (host or device), one GET each (the caller cuts them to the GET size), at most ``lanes``
+    (host or device), one GET each (the caller cuts them to the task size), at most ``lanes``
     at once. Raises what the inner reader raises for a range it could not read either
     (:class:`~tiering.errors.FileChanged` for a replaced object); no range is still being
     written into ``dst`` when it returns or raises."""

@@ -23,15 +23,6 @@ all of it, so Python threads cost nothing per byte.
   the inner reader instead: its retries, and its errors (a replaced object is a
   :class:`~tiering.errors.FileChanged` there).
 - **Connections.** One per pool thread and origin, kept alive between GETs.
-- **GET size.** Each origin's GETs are sized by the rate its connections have shown
-  (:meth:`HttpReads.get_size`): about :data:`GET_SECONDS` of transfer each, between the task
-  size and twice it. A GET costs the origin and the client a fixed amount of work (the request,
-  the response head, the file's open, a thread's turn at the GIL), so a fast connection wants
-  fewer, larger GETs; a paced one (S3 gives about 90 MB/s a connection) wants every connection
-  busy, which for a load of a few GiB means GETs of the task size. Measured on the H100 machine,
-  1 GiB from nginx on loopback into cuda, medians of 31-41 loads in turns with KvikIO
-  ``RemoteFile`` (128 x 8 MiB), the same raw sockets at 64 x 8 MiB read 1.02x and at
-  64 x 16 MiB 1.08-1.15x; KvikIO itself at 16 MiB read 0.95x.
 """
 
 from __future__ import annotations
@@ -61,10 +52,6 @@ _MODES = ("auto", "never")
 _HEAD_LIMIT = 64 << 10
 #: An error body longer than this is not read: the connection is closed instead.
 _DRAIN_LIMIT = 1 << 20
-#: A GET is sized to take about this long at its origin's rate (see the module).
-GET_SECONDS = 0.02
-#: Weight of the newest GET in an origin's rate.
-_RATE_WEIGHT = 0.2
 
 
 class HttpUnsupported(Exception):
@@ -208,8 +195,7 @@ class HttpReads:
     """Whether tierd's own connections read a reader's URL, their pool and settings.
 
     ``threads`` connections at most (one per pool thread); a read is split into GETs of
-    :meth:`get_size` (``task_size`` to :attr:`max_get` bytes); a connection that neither sends
-    nor receives for ``timeout_s`` fails.
+    ``task_size``; a connection that neither sends nor receives for ``timeout_s`` fails.
     """
 
     def __init__(
@@ -227,14 +213,12 @@ class HttpReads:
         self.mode = mode
         self.threads = threads
         self.task_size = task_size
-        self.max_get = 2 * task_size
         self.expires_s = expires_s
         self.min_bytes = min_bytes
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
-        self._rates: dict[tuple[str, int], float] = {}  # bytes/s of one GET, per origin
 
     def wins(self, reader: RangeReader | None, nbytes: int) -> bool:
         """Whether a read of ``nbytes`` from ``reader`` is tried on these connections (the
@@ -257,37 +241,6 @@ class HttpReads:
         ranges = HttpRanges(self, reader)
         ranges.target()  # the URL now: an unsupported one is refused at the open
         return ranges
-
-    def get_size(self, host: str, port: int) -> int:
-        """Bytes per GET to ``host:port``: what its connections move in :data:`GET_SECONDS` at
-        the rate they have shown, in whole pages between the task size and :attr:`max_get` (the
-        task size while none has been seen)."""
-        rate = self._rates.get((host, port))
-        if rate is None:
-            return self.task_size
-        return max(self.task_size, min(self.max_get, int(rate * GET_SECONDS) & ~4095))
-
-    def paced(self, host: str, port: int) -> bool:
-        """Whether ``host:port``'s connections have shown a rate too low for GETs above the task
-        size (S3, or an origin that paces each connection): there KvikIO's ``RemoteFile`` read
-        1.4x faster into cuda on the H100 machine (an nginx origin paced at 100 MB/s a connection
-        by tc), and ``auto`` hands it the reads. False while no rate has been seen."""
-        rate = self._rates.get((host, port))
-        return rate is not None and rate * GET_SECONDS < self.max_get
-
-    def lanes(self, get_size: int) -> int:
-        """GETs of ``get_size`` in flight at once for one read: ``threads`` GETs of the task
-        size, or as many larger ones as hold the same bytes (a fast origin is saturated with
-        fewer connections; more only cost it and the client work)."""
-        return max(1, self.threads * self.task_size // get_size)
-
-    def observed(self, host: str, port: int, nbytes: int, seconds: float) -> None:
-        """A GET of ``nbytes`` to ``host:port`` took ``seconds``, request to last byte."""
-        rate = nbytes / max(seconds, 1e-6)
-        key = (host, port)
-        with self._lock:
-            old = self._rates.get(key)
-            self._rates[key] = rate if old is None else old + _RATE_WEIGHT * (rate - old)
 
     def connection(self, host: str, port: int) -> _Connection:
         """The calling thread's connection to ``host:port``."""
@@ -367,25 +320,12 @@ class HttpRanges(RangeReader):
         conn = self._reads.connection(at.host, at.port)
         for attempt in (1, 2):
             try:
-                started = time.perf_counter()
                 conn.get(request, offset, nbytes, sink)
-                if nbytes >= self._reads.task_size:  # a small GET's rate is its latency
-                    self._reads.observed(at.host, at.port, nbytes, time.perf_counter() - started)
                 break
             except (OSError, _Response) as exc:
                 if attempt == 2:
                     raise HttpFailed(f"{self.name} at {offset}: {exc}") from exc
         self.inner.read_by_url(nbytes)
-
-    def get_size(self) -> int:
-        """Bytes per GET of a read now (:meth:`HttpReads.get_size` of the URL's origin)."""
-        at = self.target()
-        return self._reads.get_size(at.host, at.port)
-
-    def paced(self) -> bool:
-        """:meth:`HttpReads.paced` of the URL's origin."""
-        at = self.target()
-        return self._reads.paced(at.host, at.port)
 
     def read(self, offset: int, nbytes: int, sink: Sink, *, fallback: Callable[[], None]) -> None:
         """:meth:`fetch`, and ``fallback()`` (which reads the range another way) when it
