@@ -27,16 +27,18 @@ RemoteBackendName = Literal["auto", "sockets", "kvikio", "python"]
 """Which engine reads remote files (object-store tiers) that can be read by presigned URL, in
 calls of at least ``remote_url_min_bytes`` (smaller ones always take tierd's ranged GETs).
 
-``auto``: KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) where KvikIO is installed
-with remote I/O; else tierd's own HTTP connections (:mod:`tiering.ranges._http`) where the URL
-is plain ``http://`` with no proxy; else tierd's ranged GETs through the tier's S3 client,
-which also read any range the first two could not. ``sockets``: tierd's connections where the
-URL allows, never KvikIO: each body is received straight into its destination (host memory,
-or a pinned piece on its way to the GPU) with ``If-Match`` on every GET, for about 0.6x
-KvikIO's CPU a load. On the H100 machine, 1 GiB into cuda: 0.9-1.07x KvikIO at 128 x 8 MiB
-from nginx on loopback, 1.04-1.10x at 64 x 16 MiB (``remote_url_threads=64,
-remote_url_task_size=16 MiB``), and 0.70x from nginx paced at 100 MB/s a connection by tc, where
-``auto`` therefore keeps KvikIO. ``kvikio``: KvikIO for every read of such a file (an error
+``auto``: tierd's own HTTP connections (:mod:`tiering.ranges._http`) where the URL is plain
+``http://`` with no proxy and the origin is a fast one (one GET alone, sent once, moved
+:data:`~tiering.ranges._http.FAST_BPS` or more), in GETs of twice the task size on half the
+connections; else KvikIO's ``RemoteFile`` (libcurl on its C++ thread pool) where KvikIO is
+installed with remote I/O; else tierd's connections in GETs of the task size (plain http); else
+tierd's ranged GETs through the tier's S3 client, which also read any range the others could
+not. ``sockets``: tierd's connections in GETs of the task size where the URL allows, never
+KvikIO. Their bodies are received straight into the destination (host memory, or a pinned
+piece on its way to the GPU) with ``If-Match`` on every GET, for about 0.6x KvikIO's CPU. On the
+H100 machine, 1 GiB into cuda: at 64 x 16 MiB from nginx on loopback 1.04-1.10x KvikIO (128 x
+8 MiB); at 128 x 8 MiB from nginx paced at 100 MB/s a connection by tc 0.70x, which is why a
+paced origin stays with KvikIO. ``kvikio``: KvikIO for every read of such a file (an error
 where it cannot run). ``python``: always tierd's ranged GETs.
 """
 
@@ -139,9 +141,10 @@ class GdsConfig:
         of them; against an S3-like origin (100 MB/s per connection) on the H100 machine 64
         x 8 MiB reached 7.3 GB/s and KvikIO's default of 16 a quarter of that.
     remote_url_task_size:
-        Bytes per ranged GET of a read by URL. tierd's connections keep at most two pinned
-        pieces of this size a connection for reads into GPU memory, shared by their threads
-        (128 x 2 x 8 MiB; KvikIO's bounce buffers are 16 MiB a task in flight). KvikIO's
+        Bytes per ranged GET of a read by URL (twice this from a fast origin by tierd's
+        connections). These keep at most one pinned piece of twice this a connection for reads
+        into GPU memory, shared by their threads (128 x 16 MiB; KvikIO's bounce buffers are
+        16 MiB a task in flight). KvikIO's
         ``task_size`` is one per process: it is raised to at least this (tierd's local reads
         pass their own).
     remote_url_min_bytes:

@@ -66,15 +66,13 @@ from ._decode_gpu import GpuDecoder, available
 from ._device import Device, import_cupy
 from ._file import GdsFile
 from ._pools import Pools
-from ._remote_http import Stagings
+from ._remote_http import Segment, Stagings, _split, read_if_fast
 from ._remote_http import read_segments as read_by_http
 from ._remote_kvikio import read_segments
 from ._stats import IoReport, Stats
 
 __all__ = ["Fill", "RemoteFile", "RemoteReads", "Segment", "coalesce_rows"]
 
-Segment = tuple[int, int, int]
-"""``(file_offset, nbytes, dst_offset)``: one range of a file into a flat destination."""
 
 Fill = Callable[[np.ndarray, np.ndarray], None]
 """``fill(idx, out)``: rows ``idx`` of a matrix file, in order, into host ``out`` (n x row)."""
@@ -170,15 +168,6 @@ def _read_exact(file: RemoteFile, view: memoryview, offset: int) -> None:
         )
 
 
-def _split(segments: Sequence[Segment], piece: int) -> list[Segment]:
-    """``segments`` with every one longer than ``piece`` cut into pieces of at most that."""
-    out: list[Segment] = []
-    for off, n, at in segments:
-        for k in range(0, n, piece) if n > piece else (0,):
-            out.append((off + k, min(piece, n - k), at + k))
-    return [s for s in out if s[1] > 0]
-
-
 def coalesce_rows(
     rows: np.ndarray, row_bytes: int, gap_bytes: int = GAP_BYTES
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -216,7 +205,7 @@ class RemoteReads:
         grow_pool: Callable[[int], None] | None = None,
     ) -> None:
         self._device = device
-        mode = config.remote_backend
+        mode = self._mode = config.remote_backend
         self._http = HttpReads(
             "auto" if mode in ("auto", "sockets") else "never",
             threads=config.remote_url_threads,
@@ -224,8 +213,9 @@ class RemoteReads:
             min_bytes=config.remote_url_min_bytes,
             expires_s=config.remote_url_expires_s,
         )
-        # Pinned memory of these reads: two pieces of the task size a connection, at most.
-        self._stagings = Stagings(config.remote_url_task_size, 2 * config.remote_url_threads)
+        # Pinned memory of these reads: two pieces of the task size a connection at most, as
+        # one piece of a fast origin's GET (twice the task size) a connection.
+        self._stagings = Stagings(2 * config.remote_url_task_size, config.remote_url_threads)
         kvikio: KvikioMode = "kvikio" if mode == "kvikio" else "auto"
         try:
             self._kvikio = KvikioReads(
@@ -282,18 +272,45 @@ class RemoteReads:
             with self._device.current():
                 if nbytes and self._decoded_on_device(file, dst, segments):
                     engine = "nvcomp"
-                elif nbytes and self._by_kvikio(file, dst, segments, nbytes):
-                    engine = "kvikio"
-                elif nbytes and self._by_http(file, dst, segments, nbytes):
-                    engine = "sockets"
-                elif nbytes and isinstance(dst, np.ndarray):
-                    self._python_to_host(file, dst, segments)
                 elif nbytes:
-                    self._to_device(file, dst, segments)
+                    engine = self._read_by_url_or_not(file, dst, segments)
             ok = True
         finally:
             seconds = self._stats.end(file.io_path, file.tier_key, started, nbytes, ok, source)
         return IoReport(nbytes, file.io_path, file.tier_key, seconds, engine=engine, source=source)
+
+    def _read_by_url_or_not(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> str:
+        """``segments`` by the first engine that applies (see ``GdsConfig.remote_backend``);
+        the one that moved the most bytes."""
+        left = self._fast_origin(file, dst, segments)
+        if not left:
+            return "sockets"
+        nbytes = sum(n for _, n, _ in left)
+        if self._by_kvikio(file, dst, left, nbytes):
+            return "kvikio"
+        if self._by_http(file, dst, left, nbytes):
+            return "sockets"
+        if isinstance(dst, np.ndarray):
+            self._python_to_host(file, dst, left)
+        else:
+            self._to_device(file, dst, left)
+        return "python"
+
+    def _fast_origin(
+        self, file: RemoteFile, dst: Any, segments: Sequence[Segment]
+    ) -> Sequence[Segment]:
+        """Under ``auto``, ``segments`` over tierd's own connections where the origin is a fast
+        one (:func:`~tiering.io._remote_http.read_if_fast`); the segments still to read."""
+        nbytes = sum(n for _, n, _ in segments)
+        if self._mode != "auto" or not self._http.wins(file.ranges, nbytes):
+            return segments
+        ranges = file.http(self._http)
+        if ranges is None:
+            return segments
+        return read_if_fast(ranges, dst, segments, device=self._device, stagings=self._stagings)
+
+    def _gets(self, ranges: HttpRanges, dst: Any, gets: Sequence[Segment], *, lanes: int) -> None:
+        read_by_http(ranges, dst, gets, lanes=lanes, device=self._device, stagings=self._stagings)
 
     def _decoded_on_device(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> bool:
         """A compressed file into device memory: its stored bytes moved and decoded there
@@ -316,18 +333,16 @@ class RemoteReads:
     def _by_http(
         self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int
     ) -> bool:
-        """Read over tierd's own connections when they apply; False when another engine must
-        (a range they fail to read is read through the tier's GETs, not here)."""
+        """Read over tierd's own connections in GETs of the task size when they apply; False
+        when another engine must (a range they fail to read is read through the tier's GETs,
+        not here)."""
         if not self._http.wins(file.ranges, nbytes):
             return False
         ranges = file.http(self._http)
         if ranges is None:
             return False
-        gets = _split(segments, ranges.part_size)
-        read_by_http(
-            ranges, dst, gets, lanes=self._http.threads, device=self._device,
-            stagings=self._stagings,
-        )  # fmt: skip
+        size, lanes = self._http.plan(False)
+        self._gets(ranges, dst, _split(segments, size), lanes=lanes)
         return True
 
     def _by_kvikio(
@@ -353,11 +368,8 @@ class RemoteReads:
 
     def to_host(self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]) -> None:
         """Ranges straight into host array ``dst``, several at once (not counted)."""
-        nbytes = sum(n for _, n, _ in segments)
-        if not nbytes or self._by_kvikio(file, dst, segments, nbytes):
-            return
-        if not self._by_http(file, dst, segments, nbytes):
-            self._python_to_host(file, dst, segments)
+        if sum(n for _, n, _ in segments):
+            self._read_by_url_or_not(file, dst, segments)
 
     def _python_to_host(
         self, file: RemoteFile, dst: np.ndarray, segments: Sequence[Segment]

@@ -18,6 +18,7 @@ the version opened is checked once after the last range
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,7 +30,10 @@ from tiering.ranges import HttpRanges, settle
 from ._backends import Staging, _host_view
 from ._device import Device, import_cupy
 
-__all__ = ["Stagings", "read_segments"]
+__all__ = ["Segment", "Stagings", "read_if_fast", "read_segments"]
+
+Segment = tuple[int, int, int]
+"""``(file_offset, nbytes, dst_offset)``: one range of a file into a flat destination."""
 
 
 class Stagings:
@@ -203,3 +207,53 @@ def _in_lanes(
                 raise
 
     settle([ranges.pool.submit(lane) for _ in range(max(1, min(lanes, len(segments))))])
+
+
+def read_if_fast(
+    ranges: HttpRanges,
+    dst: Any,
+    segments: Sequence[Segment],
+    *,
+    device: Device,
+    stagings: Stagings,
+) -> Sequence[Segment]:
+    """All of ``segments`` where ``ranges``' origin is a fast one, in GETs of twice the task size
+    on half the connections (:meth:`~tiering.ranges.HttpReads.plan`). An origin not judged yet
+    is judged by the read's first GET of the task size, sent alone into its place
+    (:meth:`~tiering.ranges.HttpReads.judge`): no byte is read twice. Returns the segments still
+    to read: none, all (a paced origin, or nothing to judge by yet), or all but that GET."""
+    reads = ranges.reads
+    fast = reads.known(ranges)
+    if fast is None:
+        first, rest = _first_get(segments, reads.task_size)
+        if not first:
+            return segments
+        started = time.perf_counter()
+        read_segments(ranges, dst, first, lanes=1, device=device, stagings=stagings)
+        fast = reads.judge(ranges, reads.task_size, time.perf_counter() - started)
+        segments = rest
+    if not fast or not segments:
+        return segments
+    size, lanes = reads.plan(True)
+    read_segments(ranges, dst, _split(segments, size), lanes=lanes, device=device,
+                  stagings=stagings)  # fmt: skip
+    return []
+
+
+def _first_get(segments: Sequence[Segment], size: int) -> tuple[list[Segment], list[Segment]]:
+    """The first ``size`` bytes of the first segment that holds them, and every other byte;
+    ``([], segments)`` when no segment does."""
+    for i, (off, n, at) in enumerate(segments):
+        if n >= size:
+            tail = [(off + size, n - size, at + size)] if n > size else []
+            return [(off, size, at)], [*segments[:i], *tail, *segments[i + 1 :]]
+    return [], list(segments)
+
+
+def _split(segments: Sequence[Segment], piece: int) -> list[Segment]:
+    """``segments`` with every one longer than ``piece`` cut into pieces of at most that."""
+    out: list[Segment] = []
+    for off, n, at in segments:
+        for k in range(0, n, piece) if n > piece else (0,):
+            out.append((off + k, min(piece, n - k), at + k))
+    return [s for s in out if s[1] > 0]
