@@ -71,6 +71,14 @@ def origin() -> Iterator[Any]:
         srv.server_close()
 
 
+def _host(arr: Any) -> np.ndarray:
+    if hasattr(arr, "__cuda_array_interface__"):
+        import cupy as cp
+
+        return cp.asnumpy(arr)  # type: ignore[no-any-return]
+    return np.asarray(arr)
+
+
 class _UrlReader(RangeReader):
     serves_url = True
 
@@ -91,22 +99,29 @@ FAST_HERE = 20e6
 CPU = Device.parse("cpu")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("pace", [None, 2e6], ids=["fast", "paced"])
 def test_the_first_get_alone_judges_the_origin_and_no_byte_is_read_twice(
-    origin: Any, pace: float | None
+    origin: Any, pace: float | None, device: str
 ) -> None:
     """The first read sends its first GET of the task size alone: a fast origin then gets the
     rest in GETs of twice the task size; a paced one gets nothing more here (KvikIO, or GETs of
-    the task size, read the rest). Later reads are planned at once; every byte is sent once."""
+    the task size, read the rest). Later reads are planned at once; every byte is sent once.
+    Into cuda the GETs land in pinned pieces on their way."""
+    if device != "cpu" and not cuda_ok():
+        pytest.skip("needs CuPy and a CUDA device")
+    dev = Device.parse(device)
     srv = origin(pace)
     reads = HttpReads("auto", threads=4, task_size=256 * KiB, expires_s=60, fast_bps=FAST_HERE)
     stagings = Stagings(2 * reads.task_size, reads.threads)
     try:
         ranges = reads.open(_UrlReader(f"http://127.0.0.1:{srv.server_port}/w", 2 * MiB))
         assert reads.known(ranges) is None
-        out = np.zeros(2 * MiB - 5, np.uint8)  # a ragged end
-        segments = [(5, 1000, 0), (1005, len(out) - 1000, 1000)]
-        left = read_if_fast(ranges, out, segments, device=CPU, stagings=stagings)
+        buf = dev.empty(2 * MiB - 5)  # a ragged end
+        buf[:] = 0
+        segments = [(5, 1000, 0), (1005, len(buf) - 1000, 1000)]
+        left = read_if_fast(ranges, buf, segments, device=dev, stagings=stagings)
+        out = _host(buf)
         assert srv.gets[0] == (1005, 256 * KiB)  # the first segment that holds a whole GET
         assert reads.known(ranges) is (pace is None)
         if pace is None:
@@ -122,7 +137,7 @@ def test_the_first_get_alone_judges_the_origin_and_no_byte_is_read_twice(
         assert sent == (len(out) if pace is None else 256 * KiB)  # no byte twice
         # Known now: the next read is planned at once, with no GET alone.
         srv.gets.clear()
-        again = read_if_fast(ranges, out, [(0, 1 * MiB, 0)], device=CPU, stagings=stagings)
+        again = read_if_fast(ranges, buf, [(0, 1 * MiB, 0)], device=dev, stagings=stagings)
         if pace is None:
             assert again == [] and sorted(srv.gets) == [(0, 512 * KiB), (512 * KiB, 512 * KiB)]
         else:
