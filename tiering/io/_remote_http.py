@@ -228,6 +228,12 @@ def read_if_fast(
         first, rest = _first_get(segments, reads.task_size)
         if not first:
             return segments
+        if not isinstance(dst, np.ndarray):
+            # A pinned piece made now, not inside the timed GET: cudaHostAlloc costs
+            # milliseconds, as much as the GET itself from a fast origin.
+            cp = import_cupy()
+            device.make_current()
+            stagings.give(stagings.take(cp))
         started = time.perf_counter()
         read_segments(ranges, dst, first, lanes=1, device=device, stagings=stagings)
         fast = reads.judge(ranges, reads.task_size, time.perf_counter() - started)
