@@ -71,7 +71,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     check_bind(settings)
     engine = Engine(settings.engine_config())
     metrics = Metrics()
-    loader = Loader(engine, settings.buffers.loader_config(), observer=metrics.observe_load)
+    loader = Loader(
+        engine,
+        settings.buffers.loader_config(settings.io.gds_config()),
+        observer=metrics.observe_load,
+    )
     metrics.watch(engine, loader)
 
     @asynccontextmanager

@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from tiering.catalog.backends import normalize_url
 from tiering.config import EngineConfig, TierConfig
+from tiering.io import GdsConfig
 from tiering.serving import LoaderConfig
 from tiering.serving.fleetjobs import FleetWorkerConfig
 
@@ -180,8 +181,9 @@ class BufferSettings(BaseModel):
         "against staging through the host, once per pair of GPUs), peer, or host",
     )
 
-    def loader_config(self) -> LoaderConfig:
+    def loader_config(self, io: GdsConfig | None = None) -> LoaderConfig:
         return LoaderConfig(
+            io=io or GdsConfig(),
             lease_ttl_s=self.ttl_s,
             lease_max_ttl_s=self.max_ttl_s,
             reap_interval_s=self.reap_interval_s,
@@ -199,6 +201,36 @@ class BufferSettings(BaseModel):
             gpu_resident_bytes=self.gpu_resident_bytes,
             cpu_resident_bytes=self.cpu_resident_bytes,
             gpu_delivery=self.gpu_delivery,
+        )
+
+
+class IoSettings(BaseModel):
+    """How loads read files from object-store tiers by presigned URL (``GdsConfig``)."""
+
+    remote_backend: Literal["auto", "sockets", "kvikio", "python"] = Field(
+        default=GdsConfig.remote_backend,
+        description="auto: tierd's own connections for a fast plain-http origin (judged by one "
+        "GET alone), else KvikIO where installed, else tierd's connections or the tier's GETs; "
+        "sockets, kvikio or python: that engine",
+    )
+    remote_url_threads: int = Field(
+        default=GdsConfig.remote_url_threads,
+        ge=1,
+        le=1024,
+        description="Connections of a load by URL (S3 gives about 90 MB/s a connection)",
+    )
+    remote_url_task_size: int = Field(
+        default=GdsConfig.remote_url_task_size,
+        ge=64 << 10,
+        le=1 << 30,
+        description="Bytes per ranged GET of a load by URL (twice this from a fast origin)",
+    )
+
+    def gds_config(self) -> GdsConfig:
+        return GdsConfig(
+            remote_backend=self.remote_backend,
+            remote_url_threads=self.remote_url_threads,
+            remote_url_task_size=self.remote_url_task_size,
         )
 
 
@@ -313,6 +345,10 @@ class Settings(BaseSettings):
     buffers: BufferSettings = Field(
         default_factory=BufferSettings,
         description="Buffer leases, budgets and prefetch jobs (TIERD_BUFFERS__*)",
+    )
+    io: IoSettings = Field(
+        default_factory=IoSettings,
+        description="The engine of loads from object-store tiers by URL (TIERD_IO__*)",
     )
 
     @field_validator("catalog_url")

@@ -53,6 +53,9 @@ def test_precedence_toml_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         {"tiers": [{"name": "Bad Name", "path": "/a"}]},
         {"default_tier": "nope"},
         {"unknown_setting": 1},
+        {"io": {"remote_backend": "curl"}},
+        {"io": {"remote_url_threads": 0}},
+        {"io": {"remote_url_task_size": 4096}},
     ],
 )
 def test_invalid_settings(bad: dict) -> None:
@@ -63,3 +66,21 @@ def test_invalid_settings(bad: dict) -> None:
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         get_settings(tmp_path / "nope.toml")
+
+
+def test_the_remote_read_engine_is_set_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TIERD_IO__*: the engine, connections and GET size of loads by URL reach the loader."""
+    from tiering.io import GdsConfig
+
+    default = get_settings().buffers.loader_config(get_settings().io.gds_config()).io
+    assert default == GdsConfig()  # unset: the library's own defaults
+    monkeypatch.setenv("TIERD_IO__REMOTE_BACKEND", "sockets")
+    monkeypatch.setenv("TIERD_IO__REMOTE_URL_THREADS", "64")
+    monkeypatch.setenv("TIERD_IO__REMOTE_URL_TASK_SIZE", str(16 << 20))
+    s = get_settings()
+    io = s.buffers.loader_config(s.io.gds_config()).io
+    assert (io.remote_backend, io.remote_url_threads, io.remote_url_task_size) == (
+        "sockets", 64, 16 << 20,
+    )  # fmt: skip
