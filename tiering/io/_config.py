@@ -144,9 +144,8 @@ class GdsConfig:
         Bytes per ranged GET of a read by URL (twice this from a fast origin by tierd's
         connections). These keep at most one pinned piece of twice this a connection for reads
         into GPU memory, shared by their threads (128 x 16 MiB; KvikIO's bounce buffers are
-        16 MiB a task in flight). KvikIO's
-        ``task_size`` is one per process: it is raised to at least this (tierd's local reads
-        pass their own).
+        16 MiB a task in flight). KvikIO's ``task_size`` is one per process: it is raised to at
+        least this (tierd's local reads pass their own).
     remote_url_min_bytes:
         Calls that move fewer bytes use the tier's own ranged GETs: a read by URL costs a
         presigned URL at the file's first read (and, through KvikIO, a HEAD after it).

@@ -285,10 +285,9 @@ class RemoteReads:
         left = self._fast_origin(file, dst, segments)
         if not left:
             return "sockets"
-        nbytes = sum(n for _, n, _ in left)
-        if self._by_kvikio(file, dst, left, nbytes):
+        if self._by_kvikio(file, dst, left, sum(n for _, n, _ in left)):
             return "kvikio"
-        if self._by_http(file, dst, left, nbytes):
+        if self._by_http(file, dst, left):
             return "sockets"
         if isinstance(dst, np.ndarray):
             self._python_to_host(file, dst, left)
@@ -301,16 +300,16 @@ class RemoteReads:
     ) -> Sequence[Segment]:
         """Under ``auto``, ``segments`` over tierd's own connections where the origin is a fast
         one (:func:`~tiering.io._remote_http.read_if_fast`); the segments still to read."""
-        nbytes = sum(n for _, n, _ in segments)
-        if self._mode != "auto" or not self._http.wins(file.ranges, nbytes):
-            return segments
-        ranges = file.http(self._http)
+        ranges = self._http_ranges(file, segments) if self._mode == "auto" else None
         if ranges is None:
             return segments
         return read_if_fast(ranges, dst, segments, device=self._device, stagings=self._stagings)
 
-    def _gets(self, ranges: HttpRanges, dst: Any, gets: Sequence[Segment], *, lanes: int) -> None:
-        read_by_http(ranges, dst, gets, lanes=lanes, device=self._device, stagings=self._stagings)
+    def _http_ranges(self, file: RemoteFile, segments: Sequence[Segment]) -> HttpRanges | None:
+        """``file`` over tierd's own connections, where they read a call of ``segments``."""
+        if not self._http.wins(file.ranges, sum(n for _, n, _ in segments)):
+            return None
+        return file.http(self._http)
 
     def _decoded_on_device(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> bool:
         """A compressed file into device memory: its stored bytes moved and decoded there
@@ -330,19 +329,16 @@ class RemoteReads:
             raise
         return True
 
-    def _by_http(
-        self, file: RemoteFile, dst: Any, segments: Sequence[Segment], nbytes: int
-    ) -> bool:
+    def _by_http(self, file: RemoteFile, dst: Any, segments: Sequence[Segment]) -> bool:
         """Read over tierd's own connections in GETs of the task size when they apply; False
         when another engine must (a range they fail to read is read through the tier's GETs,
         not here)."""
-        if not self._http.wins(file.ranges, nbytes):
-            return False
-        ranges = file.http(self._http)
+        ranges = self._http_ranges(file, segments)
         if ranges is None:
             return False
         size, lanes = self._http.plan(False)
-        self._gets(ranges, dst, _split(segments, size), lanes=lanes)
+        read_by_http(ranges, dst, _split(segments, size), lanes=lanes, device=self._device,
+                     stagings=self._stagings)  # fmt: skip
         return True
 
     def _by_kvikio(

@@ -149,7 +149,7 @@ def _to_device(
 def read_segments(
     ranges: HttpRanges,
     dst: Any,
-    segments: Sequence[tuple[int, int, int]],
+    segments: Sequence[Segment],
     *,
     lanes: int,
     device: Device,
@@ -183,7 +183,7 @@ def read_segments(
 def _in_lanes(
     ranges: HttpRanges,
     lanes: int,
-    segments: Sequence[tuple[int, int, int]],
+    segments: Sequence[Segment],
     one: Callable[[int, int, int], None],
 ) -> None:
     """``one(*segment)`` for every segment, on at most ``lanes`` tasks of the reader's pool that
