@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -254,11 +256,13 @@ def test_the_namespaces_are_removed_when_the_run_fails(host_network: None) -> No
 
 def test_the_origin_can_pace_each_connection(host_network: None) -> None:
     """``per_flow_bps``: the origin's link gets an HTB class per bucket at that rate and a u32
-    hash of the client's port into them (no cap of the link's own). The rate itself is the
-    bench's to measure, not this test's."""
+    hash of the client's port into them (no cap of the link's own), and connections open at
+    once each get a class of their own: connections that shared one would share its rate. The
+    rate itself is the bench's to measure, not this test's."""
     reason = why_no_netns()
     if reason is not None:
         pytest.skip(reason)
+    conns, reply = 128, 64 << 10  # tierd's connection count: ports spread over 1,000 or more
     with contextlib.ExitStack() as stack:
         try:
             net = stack.enter_context(network(0, 0, 10**10, per_flow_bps=8 * 10**8))
@@ -268,12 +272,43 @@ def test_the_origin_can_pace_each_connection(host_network: None) -> None:
         classes = subprocess.run([*show, "class", "show", "dev", "eth0"], capture_output=True,
                                  text=True, check=True).stdout  # fmt: skip
         paced = [line for line in classes.splitlines() if "rate 800Mbit" in line]
-        assert len(paced) == 256
+        assert len(paced) == 256 * 16
         filters = subprocess.run([*show, "filter", "show", "dev", "eth0"], capture_output=True,
                                  text=True, check=True).stdout  # fmt: skip
-        assert "link 2:" in filters and filters.count("flowid 1:") >= 256
+        assert "link 2:" in filters and filters.count("flowid 1:") >= 256 * 16
         assert "each origin connection at 800 Mbit/s" in net.description
+        # A server in the origin's namespace sends each connection ``reply`` bytes.
+        server = subprocess.Popen(
+            [*net.origin.wrap, sys.executable, "-c", _SENDER, net.origin.address, str(reply)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        stack.callback(server.kill)
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        socks = [socket.create_connection((net.origin.address, port)) for _ in range(conns)]
+        for s in socks:
+            stack.callback(s.close)
+            got = 0
+            while got < reply:
+                got += len(s.recv(1 << 20))
+        stats = subprocess.run([*show, "-s", "class", "show", "dev", "eth0"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sent = re.findall(r"class htb 1:(\w+) .*?\n\s*Sent (\d+) bytes", stats)
+        used = {cls for cls, n in sent if cls != "1" and int(n) >= reply}
+        assert len(used) == conns
     assert _leftovers() == []
+
+
+#: Listens on the address it is given, prints its port, and sends each connection n bytes.
+_SENDER = """
+import socket, sys, threading
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+data = bytes(int(sys.argv[2]))
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=c.sendall, args=(data,), daemon=True).start()
+"""
 
 
 def test_leftovers_of_a_dead_run_are_swept(host_network: None) -> None:
