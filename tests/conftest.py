@@ -221,7 +221,8 @@ class LiveServer:
 @pytest.fixture
 def host_network() -> Iterator[None]:
     """The host's network interfaces, held alone for the test: the fleet bench's namespace tests
-    add and remove a bridge and veths in this namespace, and Chromium fails requests in flight
+    and the benches' tc-paced ``s3like`` origin (as root) add and remove a bridge and veths in
+    this namespace, and Chromium fails requests in flight
     (``ERR_NETWORK_CHANGED``) when an interface comes or goes. A lock file, because pytest-xdist
     runs those tests in other processes."""
     import tempfile

@@ -28,7 +28,7 @@ def test_codec_bench_measures_each_figure() -> None:
 
 
 @pytest.mark.skipif(not NGINX.exists(), reason=f"needs nginx ({NGINX}; apt-get install nginx)")
-def test_codec_bench_loads_from_a_bucket_plain_and_compressed() -> None:
+def test_codec_bench_loads_from_a_bucket_plain_and_compressed(host_network: None) -> None:
     """The object rows: the checkpoint in an nginx origin as it is and as tierd's object tier
     stores it, each loaded whole through an object tier and checked by the bench; the origin
     sent the compressed one's stored bytes only."""
@@ -81,7 +81,7 @@ def test_codec_bench_on_a_gpu_loads_plain_decoded_there_and_on_the_host() -> Non
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not NGINX.exists(), reason=f"needs nginx ({NGINX}; apt-get install nginx)")
-def test_codec_bench_decodes_a_compressed_object_on_the_gpu() -> None:
+def test_codec_bench_decodes_a_compressed_object_on_the_gpu(host_network: None) -> None:
     from tests.io.conftest import cuda_ok
     from tiering.io._decode_gpu import available
 

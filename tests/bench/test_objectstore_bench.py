@@ -169,7 +169,7 @@ def test_bench_object_store_against_moto(tmp_path: Path) -> None:
 
 
 @needs_nginx
-def test_bench_object_store_flag_against_nginx_s3like(tmp_path: Path) -> None:
+def test_bench_object_store_flag_against_nginx_s3like(tmp_path: Path, host_network: None) -> None:
     work = _work(tmp_path)
     args = ["--object-store", *ARGS, "--origin", "s3like", "--rate", "200MB", "--dir", str(work)]
     args += ["--connections", "4"]  # the s3 tier's connections and every peer's alike
@@ -298,7 +298,7 @@ def test_runai_safetensors_variant_holds_the_object(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_bench_object_store_measures_cuda_and_cpu(tmp_path: Path) -> None:
+def test_bench_object_store_measures_cuda_and_cpu(tmp_path: Path, host_network: None) -> None:
     """On a GPU host, one run loads into cuda:0 and into cpu, each against its own peers, in
     process and over REST (CUDA IPC into this process for cuda)."""
     origin = "s3like" if _nginx.NGINX.exists() else "moto"
