@@ -119,12 +119,12 @@ class RemoteFile(GdsFile):
         self._kvikio: KvikioRanges | None = None
         self._http: HttpRanges | None = None
         self._http_refused = False  # its URL is not one tierd's connections read
-        self._kvikio_lock = threading.Lock()
+        self._readers_lock = threading.Lock()  # its KvikIO and HTTP readers, each made once
 
     def kvikio(self, reads: KvikioReads) -> KvikioRanges:
         """The file's reader through KvikIO (made at its first KvikIO read, kept until the
         file closes: one URL, presigned again only when half its lifetime has passed)."""
-        with self._kvikio_lock:
+        with self._readers_lock:
             if self._kvikio is None:
                 self._kvikio = reads.open(self.ranges)
             return self._kvikio
@@ -132,7 +132,7 @@ class RemoteFile(GdsFile):
     def http(self, reads: HttpReads) -> HttpRanges | None:
         """The file's reader over tierd's own connections (made at its first such read, kept
         until the file closes), or None where its URL is not one they read."""
-        with self._kvikio_lock:
+        with self._readers_lock:
             if self._http is None and not self._http_refused:
                 try:
                     self._http = reads.open(self.ranges)
@@ -146,7 +146,7 @@ class RemoteFile(GdsFile):
         raise InvalidInput(f"{self.path} is remote: it has no memory map")
 
     def _release(self) -> None:
-        with self._kvikio_lock:
+        with self._readers_lock:
             if self._kvikio is not None:
                 self._kvikio.close()
             self._kvikio = None
