@@ -2,30 +2,85 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
+import click
 import typer
-from pydantic import ValidationError
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
+from app.cli_base import (
+    ConfigOpt,
+    DataDirOpt,
+    JsonOpt,
+    err,
+    exclusive_engine,
+    human_size,
+    load_settings,
+    open_engine,
+    out,
+    print_json,
+)
+from app.cli_models import register as register_models
+from app.cli_tiering import register as register_tiering
 from app.schemas import FileOut, TierOut
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from tiering.catalog import upgrade
 from tiering.catalog.backends import redact
-from tiering.engine import Engine
-from tiering.errors import TierdError, Unavailable
+from tiering.errors import TierdError
 
 __all__ = ["cli", "main"]
 
+
+class _Commands(TyperGroup):
+    """tierd's top-level commands, with ``tierd bench`` loaded only when it is asked for.
+
+    The bench is a package of its own (its harness and peers are a fifth of the code): ``serve``
+    and the catalog commands must not need it, and an image or wheel without it still starts.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), "bench"]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name != "bench":
+            return super().get_command(ctx, cmd_name)
+        return _bench_command()
+
+
+def _bench_command() -> click.Command:
+    try:
+        from tierd_bench.cli import bench_cli
+    except ImportError as exc:
+        return _missing_bench(exc)
+    command = typer.main.get_command(bench_cli)
+    command.name = "bench"
+    return command
+
+
+def _missing_bench(exc: ImportError) -> click.Command:
+    why = f"tierd bench needs the tierd_bench package, which is not installed here ({exc})"
+
+    @click.command(
+        "bench",
+        help=f"Benchmarks: not available ({why}).",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
+    def bench() -> None:
+        err.print(f"[red]error:[/red] {escape(why)}", highlight=False)
+        raise typer.Exit(2)
+
+    return bench
+
+
 cli = typer.Typer(
+    cls=_Commands,
     name="tierd",
     help="Keeps files on the right storage tier and gets them into GPU memory fast.",
     no_args_is_help=True,
@@ -33,73 +88,6 @@ cli = typer.Typer(
 )
 db_cli = typer.Typer(help="Catalog database.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
-
-out = Console()
-err = Console(stderr=True)
-
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
-]
-DataDirOpt = Annotated[
-    Path | None, typer.Option("--data-dir", help="Directory of the embedded default")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
-
-
-def _settings(config: Path | None, **overrides: Any) -> Settings:
-    try:
-        return get_settings(config, **overrides)
-    except (ValidationError, FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]invalid configuration:[/red] {exc}")
-        raise typer.Exit(2) from None
-
-
-@contextmanager
-def _engine(settings: Settings) -> Iterator[Engine]:
-    engine = Engine(settings.engine_config())
-    try:
-        yield engine.open()
-    except TierdError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    finally:
-        engine.stop()
-
-
-@contextmanager
-def exclusive_engine(settings: Settings, rest_hint: str) -> Iterator[Engine]:
-    """The engine with its lock held and recovery done (like ``tierd serve``), without scan,
-    watcher or scheduler. While a server holds the catalog, stop and point at ``rest_hint``:
-    two processes writing one SQLite catalog is what RELIABILITY.md rules out."""
-    cfg = dataclasses.replace(settings.engine_config(), scan_on_start=False, watch=False)
-    engine = Engine(cfg)
-    try:
-        engine.start(scheduler=False)
-    except Unavailable as exc:
-        err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
-        raise typer.Exit(1) from None
-    try:
-        yield engine
-    except TierdError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
-    finally:
-        engine.stop()
-
-
-def _print_json(obj: Any) -> None:
-    out.print_json(json.dumps(obj, default=str))
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(n)
 
 
 @cli.command()
@@ -119,7 +107,7 @@ def serve(
     from app.logs import configure_logging
     from app.main import UnsafeBind, create_app
 
-    settings = _settings(
+    settings = load_settings(
         config, data_dir=data_dir, host=host, port=port, log_level=log_level, log_format=log_format
     )
     try:
@@ -182,7 +170,7 @@ def _check_tiers(settings: Settings) -> None:
 @db_cli.command("upgrade")
 def db_upgrade(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Create or upgrade the catalog schema (Alembic)."""
-    settings = _settings(config, data_dir=data_dir)
+    settings = load_settings(config, data_dir=data_dir)
     from app.logs import quiet_alembic
 
     quiet_alembic()
@@ -198,9 +186,9 @@ def scan(
     as_json: JsonOpt = False,
 ) -> None:
     """Reconcile the catalog with the files in the tier roots (--check: exit 1 on drift)."""
-    settings = _settings(config, data_dir=data_dir)
+    settings = load_settings(config, data_dir=data_dir)
     # --check only reads; a real scan writes, so it must hold the catalog like a server does.
-    opened = _engine(settings) if check else exclusive_engine(settings, "POST /v1/scan")
+    opened = open_engine(settings) if check else exclusive_engine(settings, "POST /v1/scan")
     with opened as engine:
         t0 = time.perf_counter()
         with out.status("scanning tiers…", spinner="dots") if not as_json else _null():
@@ -208,7 +196,7 @@ def scan(
         elapsed = time.perf_counter() - t0
     drifted = check and bool(report.drift or report.conflicts)
     if as_json:
-        _print_json(report.as_dict() | {"seconds": round(elapsed, 3)})
+        print_json(report.as_dict() | {"seconds": round(elapsed, 3)})
         raise typer.Exit(1 if drifted else 0)
     verb = "would be" if check else "were"
     out.print(f"scanned in {elapsed:.2f}s: {report.unchanged} unchanged")
@@ -238,14 +226,14 @@ def _null() -> Iterator[None]:
 @cli.command()
 def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
     """Show tiers with capacity, use and file counts."""
-    settings = _settings(config, data_dir=data_dir)
-    with _engine(settings) as engine:
+    settings = load_settings(config, data_dir=data_dir)
+    with open_engine(settings) as engine:
         from app.api.tiers import gds_host
 
         gds = gds_host()
         rows = [TierOut.of(t, gds_host=gds) for t in engine.tier_infos()]
     if as_json:
-        _print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(
         "rank", "tier", "kind", "path", "files", "file bytes", "quota", "free", "capacity", "GDS"
@@ -258,10 +246,10 @@ def tiers(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOp
             r.kind,
             r.path,
             str(r.files),
-            _size(r.file_bytes),
-            _size(r.quota_bytes),
-            _size(r.free_bytes) if r.free_bytes is not None else "unknown",
-            _size(r.capacity_bytes) if r.capacity_bytes is not None else "unknown",
+            human_size(r.file_bytes),
+            human_size(r.quota_bytes),
+            human_size(r.free_bytes) if r.free_bytes is not None else "unknown",
+            human_size(r.capacity_bytes) if r.capacity_bytes is not None else "unknown",
             "yes" if r.gds else "no",
         )
     out.print(table)
@@ -277,19 +265,25 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List files in the catalog."""
-    settings = _settings(config, data_dir=data_dir)
-    with _engine(settings) as engine:
+    settings = load_settings(config, data_dir=data_dir)
+    with open_engine(settings) as engine:
         if tier is not None:
             engine.tiers.get(tier)
         recs = engine.catalog.page(tier=tier, prefix=prefix, limit=limit)
         files = [FileOut.of(r, engine.heat(r)) for r in recs]
     if as_json:
-        _print_json([f.model_dump(mode="json") for f in files])
+        print_json([f.model_dump(mode="json") for f in files])
         return
     table = Table("id", "path", "tier", "size", "heat", "accesses", "state")
     for f in files:
         table.add_row(
-            str(f.id), f.path, f.tier, _size(f.size), f"{f.heat:.2f}", str(f.access_count), f.state
+            str(f.id),
+            f.path,
+            f.tier,
+            human_size(f.size),
+            f"{f.heat:.2f}",
+            str(f.access_count),
+            f.state,
         )
     out.print(table)
 
@@ -302,12 +296,12 @@ def stat(
     as_json: JsonOpt = False,
 ) -> None:
     """Show one file's record."""
-    settings = _settings(config, data_dir=data_dir)
-    with _engine(settings) as engine:
+    settings = load_settings(config, data_dir=data_dir)
+    with open_engine(settings) as engine:
         rec = engine.lookup(path)
         f = FileOut.of(rec, engine.heat(rec))
     if as_json:
-        _print_json(f.model_dump(mode="json"))
+        print_json(f.model_dump(mode="json"))
         return
     table = Table(show_header=False, box=None)
     for key, value in f.model_dump().items():
@@ -315,13 +309,8 @@ def stat(
     out.print(table)
 
 
-from app.cli_models import register as _register_models  # noqa: E402
-from app.cli_tiering import register as _register_tiering  # noqa: E402
-from tierd_bench.cli import bench_cli as _bench_cli  # noqa: E402
-
-_register_tiering(cli, sys.modules[__name__])
-_register_models(cli, sys.modules[__name__])
-cli.add_typer(_bench_cli, name="bench")
+register_tiering(cli)
+register_models(cli)
 
 
 def main() -> None:

@@ -26,6 +26,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from app.cli_base import (
+    ConfigOpt,
+    DataDirOpt,
+    JsonOpt,
+    err,
+    exclusive_engine,
+    human_size,
+    load_settings,
+    open_engine,
+    out,
+    print_json,
+)
 from app.schemas import DecisionOut, FileOut, MigrationOut, PlannedMoveOut, PolicyOut
 from app.settings import Settings
 from tiering.engine import MigrationInfo
@@ -33,39 +45,29 @@ from tiering.errors import TierdError
 
 __all__ = ["register"]
 
-# The same options as app.cli's; the helpers come from the module that registers us (app.cli),
-# which keeps this module free of an import cycle with it.
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
-]
-DataDirOpt = Annotated[
-    Path | None, typer.Option("--data-dir", help="Directory of the embedded default")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
-_base: Any = None
 
 policy_cli = typer.Typer(help="The tiering policy.", no_args_is_help=True)
 
 
 def _exclusive(settings: Settings, rest_hint: str) -> Any:
-    return _base.exclusive_engine(settings, rest_hint)
+    return exclusive_engine(settings, rest_hint)
 
 
 def _policy_table(p: PolicyOut) -> None:
     doc = p.policy
     who = f" by {p.author}" if p.author else ""
     when = f" at {p.created_at:%Y-%m-%d %H:%M:%S}" if p.created_at else " (built-in default)"
-    _base.out.print(f"policy version {p.version}{who}{when}")
+    out.print(f"policy version {p.version}{who}{when}")
     table = Table("tier", "min heat", "quota", "high mark", "low mark")
     for name, t in doc["tiers"].items():
         table.add_row(
             name,
             f"{t['min_heat']:g}",
-            _base._size(t["quota_bytes"]),
+            human_size(t["quota_bytes"]),
             f"{t['high_watermark']:.0%}",
             f"{t['low_watermark']:.0%}",
         )
-    _base.out.print(table)
+    out.print(table)
     for key in (
         "half_life_s",
         "hysteresis",
@@ -78,13 +80,13 @@ def _policy_table(p: PolicyOut) -> None:
     ):
         value = doc[key]
         shown = (
-            f"{_base._size(value)}/s"
+            f"{human_size(value)}/s"
             if key == "bandwidth_bytes_per_s" and value
             else "no cap"
             if key == "bandwidth_bytes_per_s"
             else str(value)
         )
-        _base.out.print(f"  {key}: {shown}")
+        out.print(f"  {key}: {shown}")
 
 
 @policy_cli.command("show")
@@ -92,10 +94,10 @@ def policy_show(
     config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Show the policy in force."""
-    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+    with open_engine(load_settings(config, data_dir=data_dir)) as engine:
         p = PolicyOut.of(engine.policy_info())
     if as_json:
-        _base._print_json(p.model_dump(mode="json"))
+        print_json(p.model_dump(mode="json"))
     else:
         _policy_table(p)
 
@@ -112,36 +114,36 @@ def policy_set(
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         document = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
-        _base.err.print(f"[red]error:[/red] cannot read a JSON policy from {file}: {exc}")
+        err.print(f"[red]error:[/red] cannot read a JSON policy from {file}: {exc}")
         raise typer.Exit(2) from None
     if isinstance(document, dict) and isinstance(document.get("policy"), dict):
         document = document["policy"]  # accept `policy show --json` output as it is
-    with _exclusive(_base._settings(config, data_dir=data_dir), "PUT /v1/policy") as engine:
+    with _exclusive(load_settings(config, data_dir=data_dir), "PUT /v1/policy") as engine:
         p = PolicyOut.of(engine.set_policy(document, author="cli"))
     if as_json:
-        _base._print_json(p.model_dump(mode="json"))
+        print_json(p.model_dump(mode="json"))
     else:
         _policy_table(p)
 
 
 def _plan_rows(moves: list[PlannedMoveOut]) -> None:
     if not moves:
-        _base.out.print("nothing to move")
+        out.print("nothing to move")
         return
     table = Table("id", "path", "move", "size", "reason")
     for m in moves:
         table.add_row(
-            str(m.file_id), m.path, f"{m.from_tier} → {m.to_tier}", _base._size(m.size), m.reason
+            str(m.file_id), m.path, f"{m.from_tier} → {m.to_tier}", human_size(m.size), m.reason
         )
-    _base.out.print(table)
+    out.print(table)
 
 
 def plan(config: ConfigOpt = None, data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
     """Dry run: what the policy would move now, and why."""
-    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+    with open_engine(load_settings(config, data_dir=data_dir)) as engine:
         moves = [PlannedMoveOut.of(m) for m in engine.plan()]
     if as_json:
-        _base._print_json([m.model_dump(mode="json") for m in moves])
+        print_json([m.model_dump(mode="json") for m in moves])
     else:
         _plan_rows(moves)
 
@@ -154,19 +156,19 @@ def explain(
 ) -> None:
     """Why a file is on its tier: the move the policy makes now, or each reason it stays.
     (The scheduler is taken to run; its policy ``enabled`` switch still counts.)"""
-    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+    with open_engine(load_settings(config, data_dir=data_dir)) as engine:
         d = DecisionOut.of(engine.explain(engine.lookup(path).id, scheduler=True))
     if as_json:
-        _base._print_json(d.model_dump(mode="json"))
+        print_json(d.model_dump(mode="json"))
         return
-    _base.out.print(f"{d.path} (id {d.file_id}) on {d.tier}, heat {d.heat:g}")
-    _base.out.print(f"wants {d.wanted_tier}: {d.why}")
+    out.print(f"{d.path} (id {d.file_id}) on {d.tier}, heat {d.heat:g}")
+    out.print(f"wants {d.wanted_tier}: {d.why}")
     if d.move is not None:
-        _base.out.print(f"moves: {d.move.reason}")
+        out.print(f"moves: {d.move.reason}")
     elif d.tier == d.wanted_tier:
-        _base.out.print("stays: it is where it belongs")
+        out.print("stays: it is where it belongs")
     for r in d.reasons:
-        _base.out.print(f"  - {r.code}: {r.message}")
+        out.print(f"  - {r.code}: {r.message}")
 
 
 def _progress() -> Progress:
@@ -176,7 +178,7 @@ def _progress() -> Progress:
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
-        console=_base.err,
+        console=err,
         transient=True,
     )
 
@@ -192,9 +194,9 @@ def migrate(
 ) -> None:
     """Move one file (PATH --to TIER), or run the policy's plan now, with a progress bar."""
     if (path is None) != (to is None):
-        _base.err.print("[red]error:[/red] a manual move needs both PATH and --to TIER")
+        err.print("[red]error:[/red] a manual move needs both PATH and --to TIER")
         raise typer.Exit(2)
-    settings = _base._settings(config, data_dir=data_dir)
+    settings = load_settings(config, data_dir=data_dir)
     results: list[MigrationInfo] = []
     failed = 0
     with _exclusive(settings, "POST /v1/migrations") as engine:
@@ -215,7 +217,7 @@ def migrate(
                     results.append(engine.migrate(file_id, dst, reason=reason, progress=tick))
                 except TierdError as exc:
                     failed += 1
-                    _base.err.print(f"[red]{relpath}:[/red] {exc.message}")
+                    err.print(f"[red]{relpath}:[/red] {exc.message}")
                     if path is not None:
                         raise typer.Exit(1) from None
                 finally:
@@ -223,17 +225,17 @@ def migrate(
                         bar.remove_task(task)
         rows = [MigrationOut.of(engine.migration(r.record.id)) for r in results]
     if as_json:
-        _base._print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
     else:
         for r in rows:
             secs = r.duration_s or 0.0
-            rate = f", {_base._size(int(r.bytes_copied / secs))}/s" if secs > 0 else ""
-            _base.out.print(
+            rate = f", {human_size(int(r.bytes_copied / secs))}/s" if secs > 0 else ""
+            out.print(
                 f"{r.path}: {r.from_tier} → {r.to_tier} {r.state} "
-                f"({_base._size(r.bytes_copied)} in {secs:.2f}s{rate})"
+                f"({human_size(r.bytes_copied)} in {secs:.2f}s{rate})"
             )
         if not todo:
-            _base.out.print("nothing to move")
+            out.print("nothing to move")
     if failed:
         raise typer.Exit(1)
 
@@ -250,10 +252,10 @@ def migrations(
     as_json: JsonOpt = False,
 ) -> None:
     """Migration history and moves in flight, newest first."""
-    with _base._engine(_base._settings(config, data_dir=data_dir)) as engine:
+    with open_engine(load_settings(config, data_dir=data_dir)) as engine:
         rows = [MigrationOut.of(m) for m in engine.migrations(limit=limit)]
     if as_json:
-        _base._print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table("id", "path", "move", "state", "bytes", "seconds", "error")
     for r in rows:
@@ -262,11 +264,11 @@ def migrations(
             r.path,
             f"{r.from_tier} → {r.to_tier}",
             r.state,
-            _base._size(r.bytes_copied),
+            human_size(r.bytes_copied),
             f"{r.duration_s or 0:.2f}",
             r.error or "",
         )
-    _base.out.print(table)
+    out.print(table)
 
 
 def _pin(path: str, tier: str | None, settings: Settings, as_json: bool) -> None:
@@ -275,12 +277,12 @@ def _pin(path: str, tier: str | None, settings: Settings, as_json: bool) -> None
         rec = engine.pin(rec.id, tier) if tier != "" else engine.unpin(rec.id)
         f = FileOut.of(rec, engine.heat(rec))
     if as_json:
-        _base._print_json(f.model_dump(mode="json"))
+        print_json(f.model_dump(mode="json"))
     elif f.pinned_tier:
         note = "" if f.tier == f.pinned_tier else " (it moves there on the next pass)"
-        _base.out.print(f"{f.path} pinned to {f.pinned_tier}{note}")
+        out.print(f"{f.path} pinned to {f.pinned_tier}{note}")
     else:
-        _base.out.print(f"{f.path} unpinned")
+        out.print(f"{f.path} unpinned")
 
 
 def pin(
@@ -291,7 +293,7 @@ def pin(
     as_json: JsonOpt = False,
 ) -> None:
     """Pin a file to a tier: policy never moves it elsewhere."""
-    _pin(path, tier, _base._settings(config, data_dir=data_dir), as_json)
+    _pin(path, tier, load_settings(config, data_dir=data_dir), as_json)
 
 
 def unpin(
@@ -301,13 +303,11 @@ def unpin(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove a file's pin."""
-    _pin(path, "", _base._settings(config, data_dir=data_dir), as_json)
+    _pin(path, "", load_settings(config, data_dir=data_dir), as_json)
 
 
-def register(cli: typer.Typer, base: Any) -> None:
-    """Add the commands to ``cli``; ``base`` is the module with the shared helpers."""
-    global _base
-    _base = base
+def register(cli: typer.Typer) -> None:
+    """Add the commands to ``cli``."""
     cli.add_typer(policy_cli, name="policy")
     cli.command()(plan)
     cli.command()(explain)

@@ -1,0 +1,109 @@
+"""What every ``tierd`` command module shares: the consoles, the common options, and opening the
+configuration and the engine.
+
+``app.cli`` and the command modules it mounts (``app.cli_tiering``, ``app.cli_models``) import
+this module; it imports none of them, so the commands hold no import cycle (before, ``app.cli``
+handed its own module object to the others, whose calls back into it the import graph could not
+see).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from app.settings import Settings, get_settings
+from tiering.engine import Engine
+from tiering.errors import TierdError, Unavailable
+
+__all__ = [
+    "ConfigOpt",
+    "DataDirOpt",
+    "JsonOpt",
+    "err",
+    "exclusive_engine",
+    "human_size",
+    "load_settings",
+    "open_engine",
+    "out",
+    "print_json",
+]
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Directory of the embedded default")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
+
+
+def load_settings(config: Path | None, **overrides: Any) -> Settings:
+    """The settings, or exit 2 with the configuration's error."""
+    try:
+        return get_settings(config, **overrides)
+    except (ValidationError, FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def open_engine(settings: Settings) -> Iterator[Engine]:
+    """The engine opened for reading; a tierd error exits 1 with its message."""
+    engine = Engine(settings.engine_config())
+    try:
+        yield engine.open()
+    except TierdError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
+
+
+@contextmanager
+def exclusive_engine(settings: Settings, rest_hint: str) -> Iterator[Engine]:
+    """The engine with its lock held and recovery done (like ``tierd serve``), without scan,
+    watcher or scheduler. While a server holds the catalog, stop and point at ``rest_hint``:
+    two processes writing one SQLite catalog is what RELIABILITY.md rules out."""
+    cfg = dataclasses.replace(settings.engine_config(), scan_on_start=False, watch=False)
+    engine = Engine(cfg)
+    try:
+        engine.start(scheduler=False)
+    except Unavailable as exc:
+        err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
+        raise typer.Exit(1) from None
+    try:
+        yield engine
+    except TierdError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
+
+
+def print_json(obj: Any) -> None:
+    """``obj`` as JSON on standard output, for scripts."""
+    out.print_json(json.dumps(obj, default=str))
+
+
+def human_size(n: int | None) -> str:
+    """A byte count for people: ``1.5 GiB``; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
