@@ -183,9 +183,14 @@ class ModelsMixin:
         if not wait:
             return job
         return finish(
-            job, self.job, self.cancel, what=f"prefetch of model {name}",
-            progress=progress, poll_s=poll_s, timeout=timeout,
-        )  # fmt: skip
+            job,
+            self.job,
+            self.cancel,
+            what=f"prefetch of model {name}",
+            progress=progress,
+            poll_s=poll_s,
+            timeout=timeout,
+        )
 
     def pin_model(self, name: str, tier: str | None = None) -> dict[str, Any]:
         """Pin every file of a model to ``tier`` (default: where most of its weights are), all

@@ -191,7 +191,7 @@ class PeerRanges(RangeReader):
                     self.generation,
                     offset,
                     n,
-                )  # fmt: skip
+                )
             )
             if data is None:
                 self._from_bucket(view, offset)
@@ -255,8 +255,12 @@ class PeerRanges(RangeReader):
                     generation=exc.current,
                 ) from exc
             except BadPiece as exc:
-                log.warning("peer %s sent a bad piece of %s (%s): avoided a while", host,
-                            self.name, exc.message)  # fmt: skip
+                log.warning(
+                    "peer %s sent a bad piece of %s (%s): avoided a while",
+                    host,
+                    self.name,
+                    exc.message,
+                )
                 self.reads._bad_piece(host)
                 continue
             except PeerFailed as exc:

@@ -385,8 +385,9 @@ class GpuDecoder:
         row = BATCH * 8
         host, dev = lane.whole.ctypes.data, int(lane.whole_dev.data.ptr)
         for r in range(4):
-            rt.memcpyAsync(dev + r * row, host + r * row, k * 8, rt.memcpyHostToDevice,
-                           lane.stream.ptr)  # fmt: skip
+            rt.memcpyAsync(
+                dev + r * row, host + r * row, k * 8, rt.memcpyHostToDevice, lane.stream.ptr
+            )
         kernel = self._kernels.get_function("interleave_many")
         with lane.stream:
             kernel((_CHUNK_BLOCKS, k), (_BLOCK,), tuple(lane.whole_dev[r] for r in range(4)))

@@ -67,9 +67,18 @@ class Zstd:
         """Queue the decode of ``frames`` frames on ``stream``; every argument but the counts
         is a device address (arrays of ``frames`` pointers, sizes and statuses)."""
         status = self._decode(
-            src_ptrs, src_bytes, dst_bytes, actual_bytes, frames, temp, temp_bytes, dst_ptrs,
-            self._opts, statuses, stream,
-        )  # fmt: skip
+            src_ptrs,
+            src_bytes,
+            dst_bytes,
+            actual_bytes,
+            frames,
+            temp,
+            temp_bytes,
+            dst_ptrs,
+            self._opts,
+            statuses,
+            stream,
+        )
         if status != 0:
             raise RuntimeError(f"nvcompBatchedZstdDecompressAsync could not start ({status})")
 

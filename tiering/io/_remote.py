@@ -138,8 +138,11 @@ class RemoteFile(GdsFile):
                     self._http = reads.open(self.ranges)
                 except HttpUnsupported as exc:
                     self._http_refused = True
-                    log.info("tiering.io: %s: read by URL without tierd's connections: %s",
-                             self.path, exc)  # fmt: skip
+                    log.info(
+                        "tiering.io: %s: read by URL without tierd's connections: %s",
+                        self.path,
+                        exc,
+                    )
             return self._http
 
     def _rows(self, populate: bool) -> np.ndarray:
@@ -337,8 +340,14 @@ class RemoteReads:
         if ranges is None:
             return False
         size, lanes = self._http.plan(False)
-        read_by_http(ranges, dst, _split(segments, size), lanes=lanes, device=self._device,
-                     stagings=self._stagings)  # fmt: skip
+        read_by_http(
+            ranges,
+            dst,
+            _split(segments, size),
+            lanes=lanes,
+            device=self._device,
+            stagings=self._stagings,
+        )
         return True
 
     def _by_kvikio(
@@ -357,8 +366,9 @@ class RemoteReads:
                 raise StorageError(
                     f"{file.path}: KvikIO remote read failed: {exc}", tier=file.tier_key
                 ) from exc
-            log.warning("tiering.io: %s: KvikIO read failed (%s); reading again from Python",
-                        file.path, exc)  # fmt: skip
+            log.warning(
+                "tiering.io: %s: KvikIO read failed (%s); reading again from Python", file.path, exc
+            )
             return False
         return True
 

@@ -241,8 +241,9 @@ def read_if_fast(
     if not fast or not segments:
         return segments
     size, lanes = reads.plan(True)
-    read_segments(ranges, dst, _split(segments, size), lanes=lanes, device=device,
-                  stagings=stagings)  # fmt: skip
+    read_segments(
+        ranges, dst, _split(segments, size), lanes=lanes, device=device, stagings=stagings
+    )
     return []
 
 

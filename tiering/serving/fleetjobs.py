@@ -244,9 +244,12 @@ class FleetWorker:
             files, nbytes, errors = _progress(job, skipped, sb)
             try:
                 held = self.jobs.renew(
-                    claim, files_done=files, bytes_done=nbytes, errors=errors,
+                    claim,
+                    files_done=files,
+                    bytes_done=nbytes,
+                    errors=errors,
                     sources=_sources(job),
-                )  # fmt: skip
+                )
             except Unavailable as exc:
                 # The local job goes on: its end is written once the catalog is back.
                 self._backoff(0.0, exc)
@@ -268,9 +271,12 @@ class FleetWorker:
             files, nbytes, errors = _progress(job, skipped, sb)
             try:
                 held = self.jobs.renew(
-                    claim, files_done=files, bytes_done=nbytes, errors=errors,
+                    claim,
+                    files_done=files,
+                    bytes_done=nbytes,
+                    errors=errors,
                     sources=_sources(job),
-                )  # fmt: skip
+                )
             except Unavailable as exc:
                 delay = self._backoff(delay, exc)
                 if self._stopped.wait(delay):
@@ -301,9 +307,13 @@ class FleetWorker:
         while True:
             try:
                 state = self.jobs.finish(
-                    claim, files_done=files, bytes_done=nbytes, errors=errors, error=error,
+                    claim,
+                    files_done=files,
+                    bytes_done=nbytes,
+                    errors=errors,
+                    error=error,
                     sources=sources,
-                )  # fmt: skip
+                )
             except Unavailable as exc:
                 delay = self._backoff(delay, exc)
                 if self._stopped.wait(delay):

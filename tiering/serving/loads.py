@@ -245,9 +245,15 @@ def load_shared(
                 hit = None
                 if found is not None:
                     hit = residency.grant_shared(
-                        found[0], w.rec, kind="load", ttl_s=ttl_s, offset=found[1],
-                        nbytes=w.n, dtype=w.dtype.name, shape=w.shape,
-                    )  # fmt: skip
+                        found[0],
+                        w.rec,
+                        kind="load",
+                        ttl_s=ttl_s,
+                        offset=found[1],
+                        nbytes=w.n,
+                        dtype=w.dtype.name,
+                        shape=w.shape,
+                    )
                 if hit is not None:
                     out[i] = hit
                     granted.append(hit)
@@ -286,9 +292,15 @@ def load_shared(
                     out[i] = fl.lease
                     continue
                 again = residency.share(
-                    fl.lease.holding, w.rec, kind="load", ttl_s=ttl_s, offset=at,
-                    nbytes=w.n, dtype=w.dtype.name, shape=w.shape,
-                )  # fmt: skip
+                    fl.lease.holding,
+                    w.rec,
+                    kind="load",
+                    ttl_s=ttl_s,
+                    offset=at,
+                    nbytes=w.n,
+                    dtype=w.dtype.name,
+                    shape=w.shape,
+                )
                 if again is None:
                     raise BufferNotFound(
                         f"buffer {fl.lease.id} expired before the reply; ask for a longer ttl_s",

@@ -192,9 +192,13 @@ def _promote(ctx: LoadContext, job: Job, rec: FileRecord, to_tier: str) -> None:
                 job.add(nbytes=n)
 
             hc.fill(
-                rec.id, to_tier, cancel=job.cancel, progress=added, keep_s=ctx.leases.ttl(None),
+                rec.id,
+                to_tier,
+                cancel=job.cancel,
+                progress=added,
+                keep_s=ctx.leases.ttl(None),
                 sources=job.add_source,
-            )  # fmt: skip
+            )
         elif cur.tier != to_tier:
 
             def progress(done: int, _total: int, base: int = base) -> None:

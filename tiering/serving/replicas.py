@@ -96,9 +96,16 @@ def replicate_range(
 
     def one(d: Device) -> Lease:
         return load_one(
-            ctx, file, offset=offset, length=length, device=d, dtype=dtype, shape=shape,
-            ttl_s=ttl_s, shared=shared,
-        )  # fmt: skip
+            ctx,
+            file,
+            offset=offset,
+            length=length,
+            device=d,
+            dtype=dtype,
+            shape=shape,
+            ttl_s=ttl_s,
+            shared=shared,
+        )
 
     if len(devs) == 1:
         return [Replica(one(devs[0]), "read")]
@@ -169,9 +176,16 @@ def gather_to(
 
     def first(d: Device) -> Lease:
         return gather_rows(
-            ctx, file, dim=dim, dtype=dtype, indices=indices, start=start, count=count,
-            device=d, ttl_s=ttl_s,
-        )  # fmt: skip
+            ctx,
+            file,
+            dim=dim,
+            dtype=dtype,
+            indices=indices,
+            start=start,
+            count=count,
+            device=d,
+            ttl_s=ttl_s,
+        )
 
     return replicate(ctx, devs, nbytes=size, first=first, ttl_s=ttl_s, op="gather")
 

@@ -114,8 +114,9 @@ class ObjectSource(Source):
             reader.close()
             if kvikio.strict:
                 raise OSError(f"KvikIO could not open {self.relpath!r}: {exc}") from exc
-            log.warning("reading %r with the tier's GETs: KvikIO failed to open it: %s",
-                        self.relpath, exc)  # fmt: skip
+            log.warning(
+                "reading %r with the tier's GETs: KvikIO failed to open it: %s", self.relpath, exc
+            )
             return self._ranges
         except BaseException:  # FileChanged: the object was replaced since it was opened
             reader.close()
@@ -295,8 +296,12 @@ class ObjectWriter(Writer):
             if self.store.head(self.other) is not None:
                 self.store.delete(self.other)
         except TierdError as exc:
-            log.warning("could not remove the old form of %r at %s: %s", self.relpath,
-                        self.store.url_of(self.other), exc)  # fmt: skip
+            log.warning(
+                "could not remove the old form of %r at %s: %s",
+                self.relpath,
+                self.store.url_of(self.other),
+                exc,
+            )
 
     def abort(self) -> None:
         """Discard the upload and its parts (idempotent; a no-op after publish).

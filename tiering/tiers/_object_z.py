@@ -102,8 +102,10 @@ class CompressedObjectSource(ObjectSource):
         # A range KvikIO fails is read again by the tier's GETs; after an error the rest are
         # cancelled and waited for, so none is left writing into the caller's buffer.
         by_url = self._by_url
-        parts = [by_url.start(view[s : min(n, s + STORED_PART)], offset + s)
-                 for s in range(0, n, STORED_PART)]  # fmt: skip
+        parts = [
+            by_url.start(view[s : min(n, s + STORED_PART)], offset + s)
+            for s in range(0, n, STORED_PART)
+        ]
         error: BaseException | None = None
         for part in parts:
             if error is not None:
