@@ -6,9 +6,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
-import click
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -42,32 +41,30 @@ class _Commands(TyperGroup):
 
     The bench is a package of its own (its harness and peers are a fifth of the code): ``serve``
     and the catalog commands must not need it, and an image or wheel without it still starts.
+    (Typer's click is its own vendored copy with no public types: hence the ``Any``.)
     """
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), "bench"]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name != "bench":
             return super().get_command(ctx, cmd_name)
-        return _bench_command()
+        try:
+            from tierd_bench.cli import bench_cli
+        except ImportError as exc:
+            bench_cli = _missing_bench(exc)
+        command = typer.main.get_command(bench_cli)
+        command.name = "bench"
+        return command
 
 
-def _bench_command() -> click.Command:
-    try:
-        from tierd_bench.cli import bench_cli
-    except ImportError as exc:
-        return _missing_bench(exc)
-    command = typer.main.get_command(bench_cli)
-    command.name = "bench"
-    return command
-
-
-def _missing_bench(exc: ImportError) -> click.Command:
+def _missing_bench(exc: ImportError) -> typer.Typer:
     why = f"tierd bench needs the tierd_bench package, which is not installed here ({exc})"
+    stub = typer.Typer(add_completion=False)
 
-    @click.command(
-        "bench",
+    # One command (Typer makes a one-command app that command) that takes whatever follows.
+    @stub.command(
         help=f"Benchmarks: not available ({why}).",
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         add_help_option=False,
@@ -76,7 +73,7 @@ def _missing_bench(exc: ImportError) -> click.Command:
         err.print(f"[red]error:[/red] {escape(why)}", highlight=False)
         raise typer.Exit(2)
 
-    return bench
+    return stub
 
 
 cli = typer.Typer(

@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
 
+from tiering.closing import Closing
 from tiering.io.buffers import Attached, attach
 from tiering.io.fences import wait_ready
 from tiering.io.safetensors import DTYPES
@@ -46,7 +46,7 @@ class LeaseHolder(Protocol):
     def release(self, buffer_id: str) -> dict[str, Any]: ...
 
 
-class Buffer:
+class Buffer(Closing):
     """A leased buffer opened in this process.
 
     ``cuda`` buffers expose ``__cuda_array_interface__``, ``__dlpack__`` and
@@ -198,17 +198,6 @@ class Buffer:
             with contextlib.suppress(NotFound):  # expired already: nothing to give back
                 self._client.release(self.id)
 
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         ro = " read-only" if self.read_only else ""
@@ -249,7 +238,7 @@ def _writable(arr: np.ndarray) -> np.ndarray:
     return alias
 
 
-class Tensors(Mapping[str, Any]):
+class Tensors(Closing, Mapping[str, Any]):
     """Tensors of a safetensors load: ``{name: array}`` over the shards' buffers.
 
     Arrays are CuPy or NumPy views in the storage dtype: BF16 and F8 tensors come as their raw
@@ -319,9 +308,3 @@ class Tensors(Mapping[str, Any]):
         self._arrays.clear()
         for b in self.buffers:
             b.close(release)
-
-    def __enter__(self) -> Tensors:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

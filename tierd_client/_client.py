@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, overload
 import httpx
 import numpy as np
 
+from tiering.closing import Closing
 from tiering.io.fences import wait_ready
 
 from ._buffers import Buffer, Tensors
 from ._exceptions import TierdClientError, TransportError, error_from_response
-from ._loads import drop_none, file_ref, file_refs, open_tensors, parse_target, safetensors_body
+from ._loads import drop_none, file_ref, open_tensors, parse_target, safetensors_body
 from ._models import ModelsMixin
-from ._progress import finish
+from ._service import FileRef, ServiceMixin
 from ._state_dict import StateDictSource, close_client, load_state_dict
 from ._tls import tls_context
 
@@ -28,11 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "FileRef"]
 
-FileRef = int | str
-"""A catalog file id, or a relpath."""
 
-
-class Client(ModelsMixin):
+class Client(Closing, ServiceMixin, ModelsMixin):
     """tierd over HTTP.
 
     Parameters
@@ -86,12 +84,6 @@ class Client(ModelsMixin):
         # Before the connection goes: live state dicts' leases are released over it.
         close_client(self)
         self._http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _open(self, info: Mapping[str, Any], release_on_close: bool, wait: bool = True) -> Buffer:
         try:
@@ -394,105 +386,3 @@ class Client(ModelsMixin):
     def open_buffer(self, buffer_id: str, *, release_on_close: bool = True) -> Buffer:
         """Open an existing lease (e.g. one a ``gpu`` prefetch keeps warm)."""
         return self._open(self.request("GET", f"/v1/buffers/{buffer_id}"), release_on_close)
-
-    # -- leases ----------------------------------------------------------------------------
-    def buffers(self) -> dict[str, Any]:
-        """Every live lease, and the bytes leased and budget per device."""
-        result: dict[str, Any] = self.request("GET", "/v1/buffers")
-        return result
-
-    def renew(self, buffer_id: str, ttl_s: float | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.request(
-            "POST", f"/v1/buffers/{buffer_id}/renew", json=drop_none({"ttl_s": ttl_s})
-        )
-        return result
-
-    def release(self, buffer_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("DELETE", f"/v1/buffers/{buffer_id}")
-        return result
-
-    # -- prefetch --------------------------------------------------------------------------
-    def prefetch(
-        self,
-        files: FileRef | Sequence[FileRef],
-        *,
-        target: str = "page_cache",
-        device: str | None = None,
-        ttl_s: float | None = None,
-        wait: bool = False,
-        progress: bool = True,
-        poll_s: float = 0.2,
-        timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """Start a prefetch job (``gpu``, ``memory``, ``nvme`` or ``page_cache``); returns the job.
-
-        ``gpu`` keeps each file as a warm, read-only lease (``job["buffer_ids"]``): a resident
-        copy that ``shared=True`` loads are handed and other loads copy from. ``memory``
-        copies each file into the server's memory tier (pinned host memory; 422 without one).
-
-        With ``wait=True`` it follows the job to its end, showing a progress bar on stderr
-        (rich's where installed, else a line of text; ``progress=False``: silently), and
-        returns the final state. Ctrl-C, or ``timeout`` seconds passing, cancels the job.
-
-        Raises
-        ------
-        JobFailed
-            ``wait=True`` and the job failed.
-        TimeoutError
-            ``wait=True`` and the job was still running after ``timeout`` seconds.
-        """
-        body = drop_none({**file_refs(files), "target": target, "device": device, "ttl_s": ttl_s})
-        job: dict[str, Any] = self.request("POST", "/v1/prefetch", json=body)
-        if not wait:
-            return job
-        return finish(
-            job, self.job, self.cancel, what=f"prefetch job {job['id']}",
-            progress=progress, poll_s=poll_s, timeout=timeout,
-        )  # fmt: skip
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", f"/v1/jobs/{job_id}")
-        return result
-
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{job_id}")
-        return result
-
-    # -- catalog and service ----------------------------------------------------------------
-    def files(
-        self, *, tier: str | None = None, prefix: str | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Files in the catalog (every page, or the first ``limit``)."""
-        out: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            page = self.request(
-                "GET",
-                "/v1/files",
-                params=drop_none({"tier": tier, "prefix": prefix, "cursor": cursor}),
-            )
-            out.extend(page["items"])
-            cursor = page["next_cursor"]
-            if cursor is None or (limit is not None and len(out) >= limit):
-                return out[:limit] if limit is not None else out
-
-    def file(self, file: FileRef) -> dict[str, Any]:
-        """One file's record, by id or relpath."""
-        if isinstance(file, int) and not isinstance(file, bool):
-            result: dict[str, Any] = self.request("GET", f"/v1/files/{file}")
-        else:
-            result = self.request("GET", "/v1/files/lookup", params={"path": file})
-        return result
-
-    def tiers(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request("GET", "/v1/tiers")
-        return result
-
-    def policy(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", "/v1/policy")
-        return result
-
-    def stats(self) -> dict[str, Any]:
-        """The data path's I/O statistics, per I/O path and per tier."""
-        result: dict[str, Any] = self.request("GET", "/v1/stats")
-        return result
