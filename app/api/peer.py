@@ -2,25 +2,19 @@
 
 ``GET /v1/peer/content?path=&generation=`` (one ``Range``, or none) serves a byte range of one
 generation of a file of the catalog, from bytes this host has verified itself, never from the
-file's authority elsewhere (the bucket, another host):
-
-- its copy in the memory tier (filled and checked against the catalog);
-- its copy on one of its directory tiers (a host copy, checked when filled);
-- the file itself, when the file lives on a tier of this host;
-- the pieces its fill of a host copy has verified and written so far (relay: a chain or tree
-  of hosts streams at once), from the fill's temp, only of the generation being filled, and
-  only a range whose every piece is verified (else 404 ``not_held``: ask another source).
+file's authority elsewhere (the bucket, another host). Which verified copy serves it (memory
+tier, host copy, its own tier's file, or the verified pieces of a fill in flight) and the cap on
+uploads at once are decided by :class:`tiering.fleet.PeerUploads`; this module parses,
+authorizes and streams.
 
 The generation is the receiver's promise about which bytes it wants: a file at another
 generation in the catalog is refused with 409 ``generation_mismatch`` (the catalog's current
 ``generation`` in the body), whatever this host holds, so a peer never serves old bytes as new
-ones nor new ones to a receiver that checks them against an old piece map. A file this host
-holds no verified bytes of is a 404 ``not_held``, and the receiver asks another source.
-
-A host serves at most :data:`MAX_UPLOADS` peer bodies at once (the per-host cap on concurrent
-uploads): past it a 429 ``peer_busy`` sends the receiver to another holder, so a host that
-just got the only copy of a piece is not asked for it by the whole fleet at once, and
-receivers spread over the hosts that relay it.
+ones nor new ones to a receiver that checks them against an old piece map. A range the file
+cannot satisfy is a 416. A file this host holds no verified bytes of (of that range, for a fill
+in flight) is a 404 ``not_held``, and the receiver asks another source. Past
+:data:`~tiering.fleet.MAX_UPLOADS` bodies at once, a 429 ``peer_busy`` sends the receiver to
+another holder.
 
 Peer reads need the fleet credential (``fleet_token``; the admin and data tokens do not
 serve): a receiver's host holds it, a person does not need it. Without it configured, this host
@@ -31,9 +25,6 @@ engine's one content path, which counts one.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -43,21 +34,18 @@ from app.api.deps import EngineDep
 from app.api.responses import MAX_ID, NOT_FOUND, RANGE, TOO_MANY, Responses, _err
 from app.auth import require_fleet
 from app.errors import error_response
-from app.ranges import parse_range, reply_range
-from tiering.catalog import FileRecord
+from app.ranges import reply_range
 from tiering.checksum import hex_digest
 from tiering.engine import Engine
-from tiering.moves import Content
-from tiering.tiers import MemoryEntry, MemoryTier
+from tiering.errors import Unavailable
+from tiering.fleet import PeerUploads
+from tiering.fleet.peerfetch import NotHeld, PeerBusy
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/peer", tags=["peer"])
 
-CHUNK = 1 << 20
-#: Peer bodies one host serves at once; past it, 429 peer_busy.
-MAX_UPLOADS = 4
 GENERATION_HEADER = "X-Tierd-Generation"
 SOURCE_HEADER = "X-Tierd-Source"
 
@@ -97,144 +85,6 @@ BYTES: Responses = {
 PEER: Responses = FLEET_AUTH | TOO_MANY | NOT_FOUND | STALE | RANGE
 
 
-class _Uploads:
-    """Peer bodies being served by this app, against :data:`MAX_UPLOADS`."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.n = 0
-
-    def take(self) -> bool:
-        with self.lock:
-            if self.n >= MAX_UPLOADS:
-                return False
-            self.n += 1
-            return True
-
-    def give(self) -> None:
-        with self.lock:
-            self.n -= 1
-
-
-_UPLOADS_LOCK = threading.Lock()
-
-
-def _uploads(request: Request) -> _Uploads:
-    with _UPLOADS_LOCK:
-        up = getattr(request.app.state, "peer_uploads", None)
-        if up is None:
-            up = request.app.state.peer_uploads = _Uploads()
-        return up
-
-
-class _Held:
-    """This host's verified bytes of one generation of a file, from one source (``chunks``
-    reads a range), held until :meth:`release`, which lets go of the source once however
-    often it is called: at the end of the body, when the client went away mid-body, or, for a
-    body never started, when the body is collected (a memory copy held forever could never be
-    dropped again)."""
-
-    def __init__(
-        self,
-        source: str,
-        size: int,
-        chunks: Callable[[int, int], Iterator[bytes]],
-        release: Callable[[], None],
-    ) -> None:
-        self.source = source
-        self.size = size
-        self._chunks = chunks
-        self._release = release
-        self._lock = threading.Lock()
-        self._released = False
-        self._after: list[Callable[[], None]] = []
-
-    def also(self, step: Callable[[], None]) -> None:
-        """Run ``step`` too at the release."""
-        self._after.append(step)
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        try:
-            self._release()
-        finally:
-            for step in self._after:
-                step()
-
-    def body(self, start: int, end: int, count: Callable[[int], None]) -> Iterator[bytes]:
-        """Bytes ``[start, end)``, each chunk counted as it is handed to the server."""
-
-        def gen() -> Iterator[bytes]:
-            try:
-                for chunk in self._chunks(start, end):
-                    count(len(chunk))
-                    yield chunk
-            finally:
-                self.release()
-
-        out = gen()
-        weakref.finalize(out, self.release)
-        return out
-
-
-def _of_content(source: str, content: Content) -> _Held:
-    return _Held(source, content.size, lambda s, e: content.iter_range(s, e, CHUNK), content.close)
-
-
-def _of_memory(tier: MemoryTier, entry: MemoryEntry) -> _Held:
-    def chunks(start: int, end: int) -> Iterator[bytes]:
-        view = entry.view()
-        for pos in range(start, end, CHUNK):
-            yield view[pos : min(end, pos + CHUNK)].tobytes()
-
-    return _Held("memory", entry.size, chunks, lambda: tier.release(entry))
-
-
-def _held(engine: Engine, rec: FileRecord) -> _Held | None:
-    """This host's verified bytes of ``rec``'s generation: memory, a host copy, or its own
-    tier's file; None when it holds none."""
-    memory = engine.memory
-    if memory is not None:
-        entry = memory.tier.acquire(rec.id, rec.generation)
-        if entry is not None:
-            if entry.size == rec.size:
-                return _of_memory(memory.tier, entry)
-            memory.tier.release(entry)
-    copies = engine.host_copies
-    content = copies.content(rec.id) if copies is not None else None
-    if content is not None:
-        return _of_content("copy", content)
-    if rec.host is not None and rec.host == engine.config.host_id:
-        # The file lives on a tier of this host: its own fd, at the generation it opened.
-        own = engine.open_content(rec.id)
-        if own.record.generation == rec.generation and own.size == rec.size:
-            return _of_content("tier", own)
-        own.close()
-    return None
-
-
-def _filling(engine: Engine, rec: FileRecord, range_header: str | None) -> _Held | None:
-    """The asked range of ``rec``'s generation from this host's fill in flight, when every
-    piece it touches is verified (read now, so the fill may end while the body streams)."""
-    copies = engine.host_copies
-    fill = copies.filling(rec.id) if copies is not None else None
-    if fill is None or fill.generation != rec.generation or rec.size == 0:
-        return None
-    start, end = (0, rec.size) if range_header is None else parse_range(range_header, rec.size)
-    data = fill.read_range(start, end)
-    if data is None:
-        return None
-
-    def chunks(s: int, e: int) -> Iterator[bytes]:
-        yield data[s - start : e - start]
-
-    # The body is exactly the range read: the route below asks for that same range again.
-    return _Held("filling", rec.size, chunks, lambda: None)
-
-
 @router.get(
     "/content",
     dependencies=[require_fleet],
@@ -263,36 +113,22 @@ def peer_content(
             generation=rec.generation,
             asked=generation,
         )
-    uploads = _uploads(request)
-    if not uploads.take():
-        return error_response(
-            429, "peer_busy", f"this host serves {MAX_UPLOADS} peer reads already; ask another"
-        )
+    headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+    start, end, status = reply_range(request.headers.get("range"), rec.size, headers)
     try:
-        held = _held(engine, rec) or _filling(engine, rec, request.headers.get("range"))
-    except BaseException:
-        uploads.give()
-        raise
-    if held is None:
-        uploads.give()
-        return error_response(
-            404, "not_held", f"this host holds no verified bytes of {path!r} at {generation}"
-        )
-    try:
-        headers = {
-            "Accept-Ranges": "bytes",
-            "Content-Type": "application/octet-stream",
-            GENERATION_HEADER: str(generation),
-            SOURCE_HEADER: held.source,
-        }
-        if rec.checksum:
-            headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
-        start, end, status = reply_range(request.headers.get("range"), held.size, headers)
-    except BaseException:
-        held.release()
-        uploads.give()
-        raise
-    held.also(uploads.give)  # the upload ends when the source is let go of
-    counter = request.app.state.metrics.peer_bytes_served.labels(held.source)
-    body = held.body(start, end, counter.inc)
-    return StreamingResponse(body, status_code=status, headers=headers)
+        body = _peers(engine).open(rec, start, end)
+    except PeerBusy as exc:
+        return error_response(429, exc.code, exc.message)
+    except NotHeld as exc:
+        return error_response(404, exc.code, exc.message)
+    headers |= {GENERATION_HEADER: str(generation), SOURCE_HEADER: body.source}
+    if rec.checksum:
+        headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
+    counter = request.app.state.metrics.peer_bytes_served.labels(body.source)
+    return StreamingResponse(body.stream(counter.inc), status_code=status, headers=headers)
+
+
+def _peers(engine: Engine) -> PeerUploads:
+    if engine.peers is None:
+        raise Unavailable("the engine is not open")
+    return engine.peers

@@ -7,6 +7,7 @@ from tiering.fleet.heartbeat import (
     default_address,
     host_database,
 )
+from tiering.fleet.uploads import MAX_UPLOADS, PeerBody, PeerUploads
 from tiering.fleet.view import (
     FleetHost,
     FleetTier,
@@ -18,6 +19,9 @@ from tiering.fleet.view import (
 )
 
 __all__ = [
+    "MAX_UPLOADS",
+    "PeerBody",
+    "PeerUploads",
     "FleetHost",
     "FleetTier",
     "Heartbeat",

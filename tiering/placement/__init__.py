@@ -6,7 +6,7 @@ memory tier's cache planner (also pure). Decisions only: the caches that carry t
 from tiering.placement.access import AccessTracker
 from tiering.placement.cache import CachedCopy, CacheDrop, CacheFill, CachePlan, plan_cache
 from tiering.placement.current import CurrentPolicy, PolicyInfo
-from tiering.placement.explain import Decision, Reason, decide, plan
+from tiering.placement.explain import Decision, Reason, decide, decision_for, plan
 from tiering.placement.policy import (
     FileView,
     PlannedMove,
@@ -30,6 +30,7 @@ __all__ = [
     "Decision",
     "Reason",
     "decide",
+    "decision_for",
     "FileView",
     "PassReport",
     "PlannedMove",

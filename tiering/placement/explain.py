@@ -19,10 +19,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiering.errors import FileNotFound
 from tiering.placement.fleetheat import LocalHeat, heat_for_promotion
 from tiering.placement.planner import Planner, fmt
 from tiering.placement.policy import FileView, PlannedMove, Policy, TierState
-from tiering.placement.units import Unit, build_units
+from tiering.placement.units import Member, Unit, build_units
 
 __all__ = ["Decision", "Reason", "decide", "order_moves", "plan"]
 
@@ -111,57 +112,90 @@ def decide(
     planner = Planner(policy, usage, units)
     planner.run()
     why_not = _Holding(planner, policy, now, in_flight or {}, fixed)
-    names, thresholds = planner.names, planner.thresholds
     out: dict[int, Decision] = {}
     for u in units:
-        ideal = planner.ideal(u.heat)
-        if u.pinned is not None:
-            wanted, why = rank[u.pinned], f"pinned to {u.pinned}"
-        elif ideal == len(names) - 1 and len(names) > 1:
-            wanted, why = ideal, f"heat {fmt(u.heat)} < {fmt(thresholds[ideal - 1])}"
-        else:
-            wanted, why = ideal, f"heat {fmt(u.heat)} ≥ {fmt(thresholds[ideal])}"
-        if u.model is not None:
-            why = f"model {u.model}: {why}"
+        wanted, why = _wanted(planner, rank, u)
         moved = any(m.place != m.home for m in u.members)
-        held = () if moved else tuple(why_not.reasons(u, wanted, ideal))
+        held = () if moved else tuple(why_not.reasons(u, wanted, ideal=planner.ideal(u.heat)))
         for m in u.members:
-            move_: PlannedMove | None = None
-            reasons = list(held)
-            if m.place != m.home:
-                kind, reason = planner.member_move(u, m)
-                move_ = PlannedMove(
-                    m.id,
-                    m.relpath,
-                    names[m.home],
-                    names[m.place],
-                    m.size,
-                    round(u.heat, 3),
-                    kind,
-                    reason,
-                )
-            if not scheduler_on and (move_ is not None or wanted != m.home):
-                reasons.append(
-                    Reason(
-                        "scheduler_disabled",
-                        "the scheduler is off (policy enabled=false or not running): it will "
-                        "not move this file by itself; a manual move still would",
-                        {"enabled": policy.enabled},
-                    )
-                )
-            out[m.id] = Decision(
-                m.id,
-                m.relpath,
-                names[m.home],
-                m.size,
-                round(u.heat, 3),
-                names[wanted],
-                why,
-                move_,
-                tuple(reasons),
-                u.model,
-            )
+            out[m.id] = _decision(planner, u, m, wanted, why, held, policy, scheduler_on)
     return [out[rec.id] for rec in recs]
+
+
+def decision_for(
+    file_id: int,
+    files: Iterable[FileView],
+    policy: Policy,
+    usage: Mapping[str, TierState],
+    now: float,
+    **kw: Any,
+) -> Decision:
+    """:func:`decide`'s decision for one file (the whole catalog is planned, as moves compete
+    for room); ``kw`` as for :func:`decide`.
+
+    Raises
+    ------
+    FileNotFound
+        The file is on no tier the policy knows.
+    """
+    for d in decide(files, policy, usage, now, **kw):
+        if d.file_id == file_id:
+            return d
+    raise FileNotFound(f"file {file_id} is on no tier the policy knows", file_id=file_id)
+
+
+def _wanted(planner: Planner, rank: Mapping[str, int], u: Unit) -> tuple[int, str]:
+    """The tier (its rank) a unit's heat or pin asks for, and why."""
+    ideal, names, thresholds = planner.ideal(u.heat), planner.names, planner.thresholds
+    if u.pinned is not None:
+        wanted, why = rank[u.pinned], f"pinned to {u.pinned}"
+    elif ideal == len(names) - 1 and len(names) > 1:
+        wanted, why = ideal, f"heat {fmt(u.heat)} < {fmt(thresholds[ideal - 1])}"
+    else:
+        wanted, why = ideal, f"heat {fmt(u.heat)} ≥ {fmt(thresholds[ideal])}"
+    return wanted, (why if u.model is None else f"model {u.model}: {why}")
+
+
+def _decision(
+    planner: Planner,
+    u: Unit,
+    m: Member,
+    wanted: int,
+    why: str,
+    held: tuple[Reason, ...],
+    policy: Policy,
+    scheduler_on: bool,
+) -> Decision:
+    """One member's decision: its move in the plan, or the reasons its unit stays."""
+    names = planner.names
+    move_: PlannedMove | None = None
+    reasons = list(held)
+    if m.place != m.home:
+        kind, reason = planner.member_move(u, m)
+        move_ = PlannedMove(
+            m.id, m.relpath, names[m.home], names[m.place], m.size, round(u.heat, 3), kind, reason
+        )
+    if not scheduler_on and (move_ is not None or wanted != m.home):
+        reasons.append(
+            Reason(
+                "scheduler_disabled",
+                "the scheduler is off (policy enabled=false or not running): it will "
+                "not move this file by itself; a manual move still would",
+                {"enabled": policy.enabled},
+            )
+        )
+    return Decision(
+        m.id,
+        m.relpath,
+        names[m.home],
+        m.size,
+        round(u.heat, 3),
+        names[wanted],
+        why,
+        move_,
+        tuple(reasons),
+        u.model,
+    )
 
 
 class _Holding:

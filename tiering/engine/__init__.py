@@ -19,16 +19,13 @@ from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.copies import HostCopies, MemoryCache
-from tiering.errors import FileNotFound, NotFound, Unavailable
-from tiering.fleet import Heartbeat, adopt_local_records, host_database
+from tiering.fleet import Heartbeat, PeerUploads, adopt_local_records, host_database
 from tiering.moves import (
-    Claim,
     Content,
     FileGuards,
     FileOps,
     MigrationInfo,
     Mover,
-    Progress,
     RateLimiter,
     RecoveryReport,
     Upload,
@@ -37,23 +34,17 @@ from tiering.moves import (
 from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
-    Decision,
-    PassReport,
-    PlannedMove,
-    Policy,
     PolicyInfo,
     Scheduler,
     TierInfo,
-    TierState,
-    decide,
-    plan,
     room,
     tier_infos,
-    tier_states,
 )
 from tiering.sync import ScanReport, TierWatcher, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import validate_relpath
+
+from .steering import Steering, _opened
 
 # The views and handles the service builds on are re-exported here, so callers import the
 # engine's API from one place whichever room defines each piece.
@@ -62,7 +53,7 @@ __all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Uplo
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(Steering):
     """tierd's engine over one set of tiers and one catalog. ``start()`` brings the schema up
     to date, recovers, scans and starts the background threads; ``stop()`` stops them and
     flushes. Use it as a context manager."""
@@ -99,13 +90,13 @@ class Engine:
         self.memory = MemoryCache.build(config, policy=self.policy, limiter=self.limiter)
         #: This host's copies of a fleet's shared (origin) files on its own tiers, or None.
         self.host_copies: HostCopies | None = None
+        #: What this host serves its fleet's peers, and from which copy (built by open()).
+        self.peers: PeerUploads | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
     def catalog(self) -> Catalog:
-        if self._catalog is None:
-            raise Unavailable("the engine is not open")
-        return self._catalog
+        return _opened(self._catalog)
 
     def open(self, *, upgrade_schema: bool = True) -> Engine:
         """Check the tiers (a directory root is created; a bucket must answer and take a
@@ -147,9 +138,21 @@ class Engine:
         if self.memory is not None:
             self.memory.open(self._catalog, Copies(self.db), self._files)
         self.host_copies = HostCopies.build(
-            self.db, self._catalog, self._files, self.tiers,
-            policy=self.policy, quota=self._policy.quota, limiter=self.limiter, config=self.config,
-        )  # fmt: skip
+            self.db,
+            self._catalog,
+            self._files,
+            self.tiers,
+            policy=self.policy,
+            quota=self._policy.quota,
+            limiter=self.limiter,
+            config=self.config,
+        )
+        self.peers = PeerUploads(
+            memory=self.memory.tier if self.memory is not None else None,
+            copies=self.host_copies,
+            host_id=self.config.host_id,
+            open_own=self.open_content,
+        )
         wakes = [c.wake for c in (self.memory, self.host_copies) if c is not None]
         self._scheduler = Scheduler(self._mover, self.policy, self._plan_moves, wakes)
         self.reload_policy()
@@ -261,9 +264,7 @@ class Engine:
     # -- content -----------------------------------------------------------------------------
     @property
     def _file_ops(self) -> FileOps:
-        if self._files is None:
-            raise Unavailable("the engine is not open")
-        return self._files
+        return _opened(self._files)
 
     def open_content(self, file_id: int, *, trust_catalog: bool = False) -> Content:
         """Open a file's bytes for reading and count one access.
@@ -320,180 +321,3 @@ class Engine:
         if self.memory is not None:
             self.memory.drop(file_id, "deleted")
         return rec
-
-    # -- policy and migrations ---------------------------------------------------------------
-    @property
-    def journal(self) -> Journal:
-        if self._journal is None:
-            raise Unavailable("the engine is not open")
-        return self._journal
-
-    @property
-    def mover(self) -> Mover:
-        if self._mover is None:
-            raise Unavailable("the engine is not open")
-        return self._mover
-
-    @property
-    def scheduler(self) -> Scheduler:
-        if self._scheduler is None:
-            raise Unavailable("the engine is not open")
-        return self._scheduler
-
-    def policy(self) -> Policy:
-        """The policy in force."""
-        return self._policy.policy
-
-    def policy_info(self) -> PolicyInfo:
-        """The policy in force with its version (0: the built-in default)."""
-        return self._policy.info
-
-    def reload_policy(self) -> PolicyInfo:
-        """Pick up the newest stored policy (cheap when it did not change), and hand its
-        bandwidth cap and half-life to the parts that apply them."""
-        info = self._policy.reload()
-        self.limiter.set_rate(info.policy.bandwidth_bytes_per_s)
-        if self.access is not None:
-            self.access.half_life_s = info.policy.half_life_s
-        return info
-
-    def set_policy(self, document: object, *, author: str | None = None) -> PolicyInfo:
-        """Validate and store a policy document as the next version, and apply it now.
-
-        Raises
-        ------
-        InvalidPolicy
-            The document does not validate (nothing is stored).
-        """
-        self._policy.set(document, author=author)
-        info = self.reload_policy()
-        if self._scheduler is not None and self._scheduler.running:
-            self._scheduler.wake()
-        return info
-
-    def tier_states(self) -> dict[str, TierState]:
-        return tier_states(self.catalog, self.tiers)
-
-    def plan(self, policy: Policy | None = None, now: float | None = None) -> list[PlannedMove]:
-        """The moves ``policy`` (default: the one in force) would make now: a dry run."""
-        policy = (policy or self.policy()).without(self.tiers.caches)  # storage tiers only
-        now = time.time() if now is None else now
-        origins = self.host_copies.origins if self.host_copies else ()
-        return plan(self.catalog.actionable(), policy, self.tier_states(), now, origins=origins)
-
-    def explain(
-        self, file_id: int, now: float | None = None, *, scheduler: bool | None = None
-    ) -> Decision:
-        """Why a file is where it is: the move the policy in force makes for it now, or each
-        reason it stays (the whole catalog is planned, as moves compete for room).
-        ``scheduler``: whether a scheduler runs (default: this engine's).
-
-        Raises
-        ------
-        FileNotFound
-            No file has that id.
-        """
-        self.catalog.get(file_id)
-        now = time.time() if now is None else now
-        if scheduler is None:
-            scheduler = self._scheduler is not None and self._scheduler.running
-        flight = {m.file_id: m.id for m in self.journal.open_intents() if m.file_id is not None}
-        for d in decide(
-            self.catalog.actionable(),
-            self.policy().without(self.tiers.caches),
-            self.tier_states(),
-            now,
-            in_flight=flight,
-            scheduler_on=scheduler and self.policy().enabled,
-            origins=self.host_copies.origins if self.host_copies else (),
-        ):
-            if d.file_id == file_id:
-                return d
-        raise FileNotFound(f"file {file_id} is on no tier the policy knows", file_id=file_id)
-
-    def _plan_moves(self, policy: Policy) -> list[PlannedMove]:
-        self.reload_policy()
-        return self.plan(policy)
-
-    def migrate(
-        self,
-        file_id: int,
-        to_tier: str,
-        *,
-        reason: str = "manual",
-        progress: Progress | None = None,
-    ) -> MigrationInfo:
-        """Move one file now, in this thread; returns the finished migration.
-
-        Raises
-        ------
-        FileBusy
-            The file is migrating, pinned to another tier, or changed during the move.
-        Conflict
-            It is already on ``to_tier``.
-        InsufficientSpace, AlreadyExists, IntegrityError, StorageError
-            The move was aborted safely: the source is untouched.
-        """
-        self._check_move(file_id, to_tier)
-        rec = self.mover.migrate(file_id, to_tier, reason=reason, progress=progress)
-        return MigrationInfo(rec, rec.bytes_copied)
-
-    def submit_move(self, file_id: int, to_tier: str, *, reason: str = "manual") -> Claim:
-        """Claim a move now (so conflicts are reported at once) and queue it on the scheduler.
-
-        Without a running scheduler the move runs in this thread before returning.
-        """
-        self._check_move(file_id, to_tier)
-        claim = self.mover.claim(file_id, to_tier, reason=reason)
-        self.scheduler.submit_or_run(claim)
-        return claim
-
-    def run_plan(self) -> PassReport:
-        """Plan now and claim every planned move; they run on the scheduler's workers (or in
-        this thread, one after another, without a running scheduler)."""
-        self.reload_policy()
-        sched = self.scheduler
-        return sched.run_pass(self.policy()) if sched.running else sched.run_inline(self.plan())
-
-    def _check_move(self, file_id: int, to_tier: str) -> None:
-        self.tiers.get(to_tier)
-        if self.host_copies is not None:  # a fleet's origin keeps its files
-            self.host_copies.refuse_move(file_id, to_tier)
-
-    def migration(self, intent_id: int) -> MigrationInfo:
-        row = self.journal.get(intent_id)
-        if row is None:
-            raise NotFound(f"no migration with id {intent_id}", migration_id=intent_id)
-        return MigrationInfo.of(row, self.mover)
-
-    def migrations(
-        self,
-        *,
-        phases: list[str] | None = None,
-        file_id: int | None = None,
-        before_id: int | None = None,
-        limit: int = 100,
-    ) -> list[MigrationInfo]:
-        """History and in-flight migrations, newest first."""
-        rows = self.journal.list(phases=phases, file_id=file_id, before_id=before_id, limit=limit)
-        return [MigrationInfo.of(r, self.mover) for r in rows]
-
-    def pin(self, file_id: int, tier: str | None = None) -> FileRecord:
-        """Pin a file to ``tier`` (default: where it is now). Policy never moves a pinned file
-        except to its pin; the next pass brings a file pinned elsewhere to its pin.
-
-        Raises
-        ------
-        FileBusy
-            The file is being migrated to another tier.
-        """
-        if tier is None:
-            tier = self.catalog.get(file_id).tier
-        self.tiers.get(tier)
-        rec = self.journal.pin(file_id, tier)
-        if self._scheduler is not None and self._scheduler.running and rec.tier != tier:
-            self._scheduler.wake()
-        return rec
-
-    def unpin(self, file_id: int) -> FileRecord:
-        return self.journal.pin(file_id, None)
