@@ -11,12 +11,11 @@ import pytest
 import xxhash
 
 from tiering.catalog.pieces import Holding, PieceDigests, bitmap
+from tiering.fleet.failures import AVOID_MAX_S, AVOID_S, NOT_HELD_S, PEER_RETRY_S, PeerFailures
+from tiering.fleet.peerfetch import NotHeld, PeerBusy, PeerFailed
 from tiering.fleet.pieces import (
     ALGORITHM,
-    AVOID_MAX_S,
-    AVOID_S,
     PIECE_SIZE,
-    Avoid,
     BadPiece,
     Speeds,
     digest,
@@ -133,19 +132,27 @@ def test_the_plan_falls_back_to_the_bucket() -> None:
     ]
     plan = plan_sources([0, 1, 2], holdings, me="me", generation=0, now=0.0, up=["p", "old"])
     assert plan == {0: "p", 1: None, 2: None}
-    capped = plan_sources(range(4), [_holding("p", [0, 1, 2, 3])], me="me", generation=0,
-                          now=0.0, per_peer=2, busy={"p": 1})  # fmt: skip
+    capped = plan_sources(
+        range(4),
+        [_holding("p", [0, 1, 2, 3])],
+        me="me",
+        generation=0,
+        now=0.0,
+        per_peer=2,
+        busy={"p": 1},
+    )
     assert capped == {0: "p", 1: None, 2: None, 3: None}
 
 
 def test_a_peer_that_sent_a_bad_piece_is_avoided_a_while() -> None:
-    avoid = Avoid()
+    avoid = PeerFailures()
     holdings = [_holding("bad", [0, 1, 2, 3]), _holding("good", [0])]
     assert avoid.bad_piece("bad", 100.0) == 100.0 + AVOID_S
     plan = plan_sources(range(2), holdings, me="me", generation=0, now=101.0, avoid=avoid)
     assert plan == {0: "good", 1: None}
-    later = plan_sources(range(2), holdings, me="me", generation=0, now=100.0 + AVOID_S,
-                         avoid=avoid)  # fmt: skip
+    later = plan_sources(
+        range(2), holdings, me="me", generation=0, now=100.0 + AVOID_S, avoid=avoid
+    )
     assert later == {0: "bad", 1: "bad"}
     # Each further offence doubles the time, up to a cap.
     assert avoid.bad_piece("bad", 200.0) == 200.0 + 2 * AVOID_S
@@ -153,3 +160,18 @@ def test_a_peer_that_sent_a_bad_piece_is_avoided_a_while() -> None:
         until = avoid.bad_piece("bad", 300.0)
     assert until == 300.0 + AVOID_MAX_S
     assert avoid.avoided("bad", 300.0 + AVOID_MAX_S - 1) and not avoid.avoided("good", 0.0)
+    assert avoid.bad_pieces == 12
+
+
+def test_one_record_keeps_each_kind_of_failure_for_its_own_time() -> None:
+    failures = PeerFailures()
+    assert failures.record("down", PeerFailed("refused"), now=10.0) == 10.0 + PEER_RETRY_S
+    assert failures.record("busy", PeerBusy("4 uploads"), now=10.0) == 10.0 + NOT_HELD_S
+    assert failures.record("lag", NotHeld("not yet"), now=10.0) == 10.0 + NOT_HELD_S
+    assert failures.record("bad", BadPiece(3, "mismatch"), now=10.0) == 10.0 + AVOID_S
+    assert failures.is_down("down", 10.5) and not failures.is_down("down", 10.0 + PEER_RETRY_S)
+    assert failures.is_busy("busy", 10.1) and failures.is_busy("lag", 10.1)
+    assert not failures.usable("bad", 10.0 + PEER_RETRY_S)  # avoided far longer
+    assert all(failures.usable(h, 10.0 + PEER_RETRY_S) for h in ("down", "busy", "lag", "x"))
+    with pytest.raises(ValueError):  # anything but a peer's failure is no record
+        failures.record("x", ValueError("a bug"))

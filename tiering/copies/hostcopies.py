@@ -57,7 +57,8 @@ from tiering.copies.copyfiles import (
     write_copy,
 )
 from tiering.copies.copyplan import CopyPasses
-from tiering.copies.piecefill import FleetFills, PieceFill, reset_holdings, write_from_pieces
+from tiering.copies.piececopy import reset_holdings, write_from_pieces
+from tiering.copies.piecefill import FleetFills, PieceFill
 from tiering.errors import (
     Conflict,
     FileBusy,
@@ -155,9 +156,16 @@ class HostCopies(CopyPasses):
         if not any(c.shared for c in caps) or not any(c.holds_copies for c in caps):
             return None
         return cls(
-            catalog, Copies(db), files, tiers, host=db.host, policy=policy, quota=quota,
-            limiter=limiter, fleet=None if config is None else FleetFills.of(db, db.host, config),
-        )  # fmt: skip
+            catalog,
+            Copies(db),
+            files,
+            tiers,
+            host=db.host,
+            policy=policy,
+            quota=quota,
+            limiter=limiter,
+            fleet=None if config is None else FleetFills.of(db, db.host, config),
+        )
 
     # -- where ---------------------------------------------------------------------------------
     def _area(self, tier: Tier) -> Tier:
@@ -392,15 +400,29 @@ class HostCopies(CopyPasses):
             area.check()  # the copies directory, made durably on the first fill
             if self.fleet is not None:
                 write_from_pieces(
-                    self.fleet, rec, area, name, open_origin=origin, stop=stop, throttle=limit,
-                    progress=progress, sources=sources, serving=serving,
-                )  # fmt: skip
+                    self.fleet,
+                    rec,
+                    area,
+                    name,
+                    open_origin=origin,
+                    stop=stop,
+                    throttle=limit,
+                    progress=progress,
+                    sources=sources,
+                    serving=serving,
+                )
             else:
                 with origin() as src:
                     write_copy(
-                        src, area, name, size=rec.size, checksum=rec.checksum, stop=stop,
-                        throttle=limit, progress=progress,
-                    )  # fmt: skip
+                        src,
+                        area,
+                        name,
+                        size=rec.size,
+                        checksum=rec.checksum,
+                        stop=stop,
+                        throttle=limit,
+                        progress=progress,
+                    )
                 if sources is not None:
                     sources("bucket", rec.size)
         except IntegrityError as exc:

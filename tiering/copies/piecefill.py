@@ -16,9 +16,10 @@ A fill of a shared file's copy (a fleet prefetch, the copy planner) on a fleet w
   heartbeat fresh) makes progress; once no live claimer is left, it claims the bucket itself.
 
 A piece from a peer is checked against the map's digest before it is written; a bad one is
-dropped, fetched elsewhere, and the peer avoided a while (:class:`~tiering.fleet.pieces.Avoid`);
-a peer that fails (killed, refused, 404) is skipped for :data:`PEER_RETRY_S`, and only the
-pieces still missing are fetched again. A piece read from the bucket (at the ETag of the
+dropped, fetched elsewhere, and the peer avoided a while; a peer that fails (killed, refused)
+is skipped for a second, one busy or without the piece yet for a fifth of one (one record of
+each peer's failures: :class:`~tiering.fleet.failures.PeerFailures`), and only the pieces still
+missing are fetched again. A piece read from the bucket (at the ETag of the
 record's generation) records its digest in the map as it lands, unless the map has one, which
 it must then match. Each piece is written at its offset into the copy writer's temp
 (:meth:`~tiering.tiers.Writer.write_at`), and marked held in the catalog once written, so others
@@ -36,7 +37,7 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -46,9 +47,8 @@ from tiering.catalog.hosts import Hosts
 from tiering.catalog.pieces import Holding, PieceDigests, Pieces
 from tiering.config import EngineConfig
 from tiering.errors import FileChanged, IntegrityError
+from tiering.fleet.failures import PeerFailures
 from tiering.fleet.peerfetch import (
-    NotHeld,
-    PeerBusy,
     PeerFailed,
     PeerHttp,
     StaleGeneration,
@@ -57,30 +57,38 @@ from tiering.fleet.peerfetch import (
 from tiering.fleet.pieces import (
     ALGORITHM,
     PIECE_SIZE,
-    Avoid,
     BadPiece,
     Speeds,
     digest,
     piece_span,
     plan_sources,
 )
-from tiering.tiers import FillCancelled, Published, Source, Tier, Writer
+from tiering.tiers import FillCancelled, Source, Writer
 
-__all__ = ["FleetFills", "PieceFill", "reset_holdings", "write_from_pieces"]
+__all__ = ["FleetFills", "PieceFill"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds a peer that failed (down, refused) is skipped before it is asked again; its pieces
-#: no other peer has go to the bucket meanwhile.
-PEER_RETRY_S = 1.0
-#: Seconds a peer that answered it does not hold a piece (yet: its catalog row ran ahead, or
-#: its copy is between publish and record) is skipped; its pieces wait for it.
-NOT_HELD_S = 0.2
 #: Bucket reads one fill has in flight: pieces land one after another, so relays start early
 #: (a capped origin sends no faster for more of them).
 ORIGIN_READS = 2
 #: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
 POLL_S = 0.1
+
+
+@dataclass
+class _Flight:
+    """One fill's fetches: the pieces still missing, those in flight (to a peer, or None: the
+    bucket), where they run, and the record of the peers' failures."""
+
+    missing: set[int]
+    pool: ThreadPoolExecutor
+    http: PeerHttp
+    inflight: dict[Future[None], tuple[int, str | None]] = field(default_factory=dict)
+    failures: PeerFailures = field(default_factory=PeerFailures)
+
+    def room(self, workers: int) -> int:
+        return workers - len(self.inflight)
 
 
 @dataclass(frozen=True)
@@ -109,9 +117,13 @@ class FleetFills:
         if not config.fleet_token:
             return None
         return cls(
-            Pieces(db), Hosts(db), host, config.fleet_token,
-            origin_readers=config.origin_readers, host_timeout_s=config.host_timeout_s,
-        )  # fmt: skip
+            Pieces(db),
+            Hosts(db),
+            host,
+            config.fleet_token,
+            origin_readers=config.origin_readers,
+            host_timeout_s=config.host_timeout_s,
+        )
 
 
 class PieceFill:
@@ -182,103 +194,125 @@ class PieceFill:
         """Fetch every piece into the writer (see the module docstring)."""
         f, rec = self.fleet, self.rec
         m = f.pieces.map(rec.id, self.generation) or f.pieces.open_map(
-            rec.id, generation=self.generation, size=rec.size, piece_size=PIECE_SIZE,
-            algorithm=ALGORITHM, host=f.host,
-        )  # fmt: skip
+            rec.id,
+            generation=self.generation,
+            size=rec.size,
+            piece_size=PIECE_SIZE,
+            algorithm=ALGORITHM,
+            host=f.host,
+        )
         if m is None or m.size != rec.size:
             raise FileChanged(f"{rec.relpath!r} changed before it was copied")
         self.map = m
-        missing = set(range(m.count))
-        avoid = Avoid()
-        down = Avoid(base_s=PEER_RETRY_S, max_s=PEER_RETRY_S)
-        later = Avoid(base_s=NOT_HELD_S, max_s=NOT_HELD_S)
-        inflight: dict[Future[None], tuple[int, str | None]] = {}
         with (
             PeerHttp(timeout_s=30.0, connect_s=5.0, connections=f.workers) as http,
             ThreadPoolExecutor(f.workers, thread_name_prefix="tierd-piece") as pool,
         ):
+            fl = _Flight(set(range(m.count)), pool, http)
             try:
-                while missing:
+                while fl.missing:
                     if self._stop():
                         raise FillCancelled
-                    self._schedule(missing, inflight, pool, http, avoid, down, later)
-                    if not inflight:
+                    self._schedule(fl)
+                    if not fl.inflight:
                         time.sleep(POLL_S)
                         continue
-                    done, _ = wait(list(inflight), timeout=0.5, return_when=FIRST_COMPLETED)
+                    done, _ = wait(list(fl.inflight), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        index, peer = inflight.pop(fut)
-                        self._settle(fut, index, peer, missing, avoid, down, later)
+                        self._settle(fl, fut)
             finally:
-                for fut in inflight:
+                for fut in fl.inflight:
                     fut.cancel()
-                wait(list(inflight))
+                wait(list(fl.inflight))
 
-    def _schedule(
+    def _schedule(self, fl: _Flight) -> None:
+        """Start fetches for as many missing pieces as there is room for: each from the peer
+        :func:`~tiering.fleet.pieces.plan_sources` chooses, or from the bucket while this host
+        holds a claim on it (claimed here when no live claimer is left, after which the plan is
+        made again from the catalog as it is then)."""
+        fresh = False
+        while fl.room(self.fleet.workers) > 0:
+            now = time.time()
+            m, holdings = self._catalog(now, fresh)
+            alive = self._alive(now)
+            up = [h for h in alive if not fl.failures.is_down(h, now)]
+            plan = self._plan(fl, m, holdings, up, now)
+            # A claimer this host found down (its connections refused or failing) no longer
+            # counts, whatever its heartbeat and claim still say: waiting them out cost a
+            # distribution ~10 s when the killed peer was the one reading the bucket.
+            claimers = [
+                h.host
+                for h in holdings
+                if h.host != self.fleet.host and (h.origin_until or 0) > now and h.host in up
+            ]
+            able = [
+                h
+                for h in holdings
+                if h.host in up
+                and h.host != self.fleet.host
+                and not fl.failures.avoided(h.host, now)
+            ]
+            if not self._start(fl, m, plan, holdings, able, alive):
+                return
+            if fresh or not self._claim(claimers, now):
+                return
+            fresh = True  # claimed: pieces a claimer that just finished released may be on peers
+
+    def _plan(
         self,
-        missing: set[int],
-        inflight: dict[Future[None], tuple[int, str | None]],
-        pool: ThreadPoolExecutor,
-        http: PeerHttp,
-        avoid: Avoid,
-        down: Avoid,
-        later: Avoid,
-        *,
-        fresh: bool = False,
-    ) -> None:
-        f, now = self.fleet, time.time()
-        room = f.workers - len(inflight)
-        if room <= 0:
-            return
-        m, holdings = self._catalog(now, fresh)
-        alive = self._alive(now)
-        busy = Counter(p for _, p in inflight.values() if p is not None)
-        taken = {i for i, _ in inflight.values()}
-        todo = self._order(missing - taken, holdings)
-        todo = [i for i in todo if m.has_digest(i)]
-        up = [h for h in alive if not down.avoided(h, now)]
-        asked = [h for h in up if not later.avoided(h, now)]
+        fl: _Flight,
+        m: PieceDigests,
+        holdings: list[Holding],
+        up: list[str],
+        now: float,
+    ) -> dict[int, str | None]:
+        """The source of each missing piece not in flight (None: the bucket)."""
+        taken = {i for i, _ in fl.inflight.values()}
+        todo = [i for i in self._order(fl.missing - taken, holdings) if m.has_digest(i)]
         plan = plan_sources(
-            todo, holdings, me=f.host, generation=self.generation, now=now, busy=busy,
-            avoid=avoid, per_peer=f.per_peer, up=asked, speed=f.speeds.rates(),
-        )  # fmt: skip
-        plan.update({i: None for i in sorted(missing - taken) if not m.has_digest(i)})
-        # A claimer this host found down (its connections refused or failing) no longer
-        # counts, whatever its heartbeat and claim still say: waiting them out cost a
-        # distribution ~10 s when the killed peer was the one reading the bucket.
-        claimers = [
-            h.host
-            for h in holdings
-            if h.host != f.host and (h.origin_until or 0) > now and h.host in up
-        ]
-        able = [
-            h for h in holdings
-            if h.host in up and h.host != f.host and not avoid.avoided(h.host, now)
-        ]  # fmt: skip
-        bucket = sum(1 for _, p in inflight.values() if p is None)
+            todo,
+            holdings,
+            me=self.fleet.host,
+            generation=self.generation,
+            now=now,
+            busy=Counter(p for _, p in fl.inflight.values() if p is not None),
+            avoid=fl.failures,
+            per_peer=self.fleet.per_peer,
+            up=[h for h in up if not fl.failures.is_busy(h, now)],
+            speed=self.fleet.speeds.rates(),
+        )
+        plan.update({i: None for i in sorted(fl.missing - taken) if not m.has_digest(i)})
+        return plan
+
+    def _start(
+        self,
+        fl: _Flight,
+        m: PieceDigests,
+        plan: dict[int, str | None],
+        holdings: list[Holding],
+        able: list[Holding],
+        alive: dict[str, str],
+    ) -> bool:
+        """Submit the planned fetches, rarest first, while there is room; False when a piece
+        for the bucket waits for a claim this host does not hold (take one, then plan again)."""
+        bucket = sum(1 for _, p in fl.inflight.values() if p is None)
         for index in self._order(set(plan), holdings):
-            if room <= 0:
+            if fl.room(self.fleet.workers) <= 0:
                 break
             peer = plan[index]
             if peer is None and m.has_digest(index) and any(h.has(index) for h in able):
                 continue  # its holders are busy: wait for one rather than read the bucket
             if peer is None:
                 if not self.claimed:
-                    # Claim, then plan again from the catalog as it is now: pieces a claimer
-                    # that just finished released may be on peers already.
-                    if self._claim(claimers, now):
-                        self._schedule(
-                            missing, inflight, pool, http, avoid, down, later, fresh=True
-                        )
-                    return
+                    return True
                 if bucket >= ORIGIN_READS:
                     continue
                 bucket += 1
-                fut = pool.submit(self._from_origin, index)
+                fut = fl.pool.submit(self._from_origin, index)
             else:
-                fut = pool.submit(self._from_peer, http, peer, alive[peer], index)
-            inflight[fut] = (index, peer)
-            room -= 1
+                fut = fl.pool.submit(self._from_peer, fl.http, peer, alive[peer], index)
+            fl.inflight[fut] = (index, peer)
+        return False
 
     def _catalog(self, now: float, fresh: bool) -> tuple[PieceDigests, list[Holding]]:
         """The generation's map and every host's holding, read again at most every
@@ -326,40 +360,32 @@ class PieceFill:
         f = self.fleet
         if len(claimers) < f.origin_readers:
             self.claimed = f.pieces.claim_origin(
-                self.rec.id, host=f.host, generation=self.generation, readers=f.origin_readers,
-                ttl_s=f.origin_ttl_s, now=now,
-            )  # fmt: skip
+                self.rec.id,
+                host=f.host,
+                generation=self.generation,
+                readers=f.origin_readers,
+                ttl_s=f.origin_ttl_s,
+                now=now,
+            )
             log.debug("fill of %r: bucket claimed: %s", self.rec.relpath, self.claimed)
         return self.claimed
 
-    def _settle(
-        self,
-        fut: Future[None],
-        index: int,
-        peer: str | None,
-        missing: set[int],
-        avoid: Avoid,
-        down: Avoid,
-        later: Avoid,
-    ) -> None:
+    def _settle(self, fl: _Flight, fut: Future[None]) -> None:
+        """One fetch ended: its piece is no longer missing, or its peer's failure is recorded
+        (its piece is fetched again, elsewhere or later)."""
+        index, peer = fl.inflight.pop(fut)
         try:
             fut.result()
         except StaleGeneration as exc:
             raise FileChanged(
                 f"{self.rec.relpath!r} changed while it was copied (generation {exc.current})"
             ) from exc
-        except BadPiece:
+        except (BadPiece, PeerFailed) as exc:
             if peer is None:
                 raise
-            avoid.bad_piece(peer, time.time())  # dropped: fetched again elsewhere
+            fl.failures.record(peer, exc)  # a bad piece is dropped: fetched again elsewhere
             return
-        except (NotHeld, PeerBusy):
-            later.bad_piece(peer or "", time.time())
-            return
-        except PeerFailed:
-            down.bad_piece(peer or "", time.time())
-            return
-        missing.discard(index)
+        fl.missing.discard(index)
 
     # -- one piece -----------------------------------------------------------------------------
     def _from_peer(self, http: PeerHttp, peer: str, url: str, index: int) -> None:
@@ -404,9 +430,13 @@ class PieceFill:
             self._verified.add(index)
         f = self.fleet
         after = f.pieces.land(
-            self.rec.id, host=f.host, generation=self.generation, index=index, digest=d,
+            self.rec.id,
+            host=f.host,
+            generation=self.generation,
+            index=index,
+            digest=d,
             origin_ttl_s=f.origin_ttl_s if d is not None else None,
-        )  # fmt: skip
+        )
         if after is None:
             raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
         with self._cond:
@@ -415,73 +445,3 @@ class PieceFill:
             self._sources(source, len(data))
         if self._progress is not None:
             self._progress(len(data))
-
-
-def write_from_pieces(
-    fleet: FleetFills,
-    rec: FileRecord,
-    area: Tier,
-    name: str,
-    *,
-    open_origin: Callable[[], Source],
-    stop: Callable[[], bool],
-    throttle: Callable[[int], None] | None,
-    progress: Callable[[int], None] | None,
-    sources: Callable[[str, int], None] | None,
-    serving: Callable[[PieceFill | None], None],
-) -> Published:
-    """Write ``rec``'s copy ``name`` into copies area ``area`` from pieces (a
-    :class:`PieceFill`, handed to ``serving`` while it may relay, and ``serving(None)`` after),
-    ended by the writer's checked publish, as :func:`~tiering.copies.copyfiles.write_copy`
-    does. On failure this host's holding and bucket claim go; a whole-file checksum that
-    failed also drops the unfinished map whose digests came from those bytes."""
-    pieces = fleet.pieces
-    fill: PieceFill | None = None
-    try:
-        with area.writer(name, overwrite=True, checksum=rec.checksum) as w:
-            fill = PieceFill(
-                fleet, rec, w, open_origin, stop=stop, throttle=throttle, progress=progress,
-                sources=sources,
-            )  # fmt: skip
-            serving(fill)
-            try:
-                fill.run()
-            finally:
-                serving(None)
-                fill.close()
-            if w.size != rec.size:
-                raise FileChanged(f"{rec.relpath!r} is {w.size} bytes, the catalog says {rec.size}")
-            try:
-                published = w.publish()
-            except IntegrityError:
-                _quietly(lambda: pieces.drop_unfinished(rec.id, rec.generation))
-                raise
-    except BaseException:
-        _quietly(lambda: pieces.forget(rec.id, host=fleet.host))
-        raise
-    finally:
-        if fill is not None and fill.claimed:
-            _quietly(lambda: pieces.release_origin(rec.id, host=fleet.host))
-    _quietly(lambda: pieces.finalize(rec.id, rec.generation))
-    return published
-
-
-def _quietly(step: Callable[[], object]) -> None:
-    """A catalog step whose failure (an outage) must not hide the fill's own outcome: a
-    holding left behind names a host that no longer answers for it (receivers skip it after a
-    404), and an unreleased claim expires."""
-    try:
-        step()
-    except Exception as exc:  # noqa: BLE001 - logged; the fill's own result stands
-        log.warning("piece bookkeeping failed: %s", exc)
-
-
-def reset_holdings(fleet: FleetFills, kept: Iterable[tuple[int, int]]) -> None:
-    """At start: this host's holdings are exactly its ``kept`` copies' (file id, generation),
-    each whole (a fill cut short by a crash left a holding of a temp that recovery swept)."""
-    pieces = fleet.pieces
-    pieces.forget_host(fleet.host)
-    for file_id, generation in kept:
-        m = pieces.map(file_id, generation)
-        if m is not None:
-            pieces.mark(file_id, host=fleet.host, generation=generation, verified=range(m.count))

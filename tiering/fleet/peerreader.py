@@ -23,7 +23,7 @@ read past the digests.
 
 **Failover.** A peer that answers 404 ``not_held``, 401, anything unexpected, or not at all is
 not asked again by this reader; one whose piece fails its digest is avoided by every reader
-for a while (:class:`~tiering.fleet.pieces.Avoid`). A 409 ``generation_mismatch`` means the
+for a while (:class:`~tiering.fleet.failures.PeerFailures`). A 409 ``generation_mismatch`` means the
 file changed: :class:`~tiering.errors.FileChanged`, never old bytes. When no peer is left,
 the rest is read from the bucket (``fallback``), or, without one,
 :class:`~tiering.fleet.peerfetch.PeerFailed` is raised.
@@ -44,6 +44,7 @@ from tiering.catalog.db import Database
 from tiering.catalog.hosts import Hosts
 from tiering.catalog.pieces import PieceDigests, Pieces
 from tiering.errors import FileChanged
+from tiering.fleet.failures import PeerFailures
 from tiering.fleet.peerfetch import (
     PeerFailed,
     PeerHttp,
@@ -51,7 +52,7 @@ from tiering.fleet.peerfetch import (
     fetch_piece,
     fetch_range,
 )
-from tiering.fleet.pieces import PIECE_SIZE, Avoid, BadPiece, piece_span
+from tiering.fleet.pieces import PIECE_SIZE, BadPiece, piece_span
 from tiering.fleet.view import UP, locate
 from tiering.ranges import RangeReader, flat
 from tiering.tiers import Source, Stat
@@ -89,11 +90,10 @@ class PeerReads:
         self.client = PeerHttp(timeout_s=60.0, connect_s=3.0, connections=connections)
         self.pool = ThreadPoolExecutor(connections, thread_name_prefix="tierd-peer")
         self._lock = threading.Lock()
-        self._avoid = Avoid()
+        #: Every peer's failures (bad pieces, down, busy), shared by this host's peer loads.
+        self.failures = PeerFailures()
         #: Bytes received from peers and checked (by digest where a map exists).
         self.bytes_received = 0
-        #: Pieces that failed their digest.
-        self.bad_pieces = 0
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -115,7 +115,7 @@ class PeerReads:
                 if h.pieces == digests.count and h.host in up:
                     best.setdefault(h.host, _WARMTH["pieces"])
         now = time.time()
-        hosts = [h for h in best if h != self.host_id and not self._avoided(h, now)]
+        hosts = [h for h in best if h != self.host_id and not self.failures.avoided(h, now)]
         hosts.sort(key=lambda h: (best[h], zlib.crc32(f"{self.host_id}/{h}".encode())))
         return [(h, up[h]) for h in hosts]
 
@@ -134,17 +134,13 @@ class PeerReads:
             return None
         return PeerRanges(self, rec, peers, pieces, fallback)
 
-    # -- bookkeeping (any thread) ---------------------------------------------------------------
-    def _avoided(self, host: str, now: float) -> bool:
-        with self._lock:
-            return self._avoid.avoided(host, now)
+    @property
+    def bad_pieces(self) -> int:
+        """Pieces that failed their digest."""
+        return self.failures.bad_pieces
 
-    def _bad_piece(self, host: str) -> None:
-        with self._lock:
-            self.bad_pieces += 1
-            self._avoid.bad_piece(host, time.time())
-
-    def _received(self, nbytes: int) -> None:
+    def received(self, nbytes: int) -> None:
+        """Count ``nbytes`` received from a peer and checked (any thread)."""
         with self._lock:
             self.bytes_received += nbytes
 
@@ -172,7 +168,6 @@ class PeerRanges(RangeReader):
         self.peers = list(peers)
         self._fallback = fallback
         self._bucket: Source | None = None
-        self._failed: set[str] = set()
         self._kept: OrderedDict[int, bytes | bytearray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -239,12 +234,9 @@ class PeerRanges(RangeReader):
     def _from_peers(self, fetch: Callable[[str], bytes | bytearray]) -> bytes | bytearray | None:
         """``fetch(url)`` of the first peer that answers with good bytes; None when none is
         left. A changed file raises :class:`~tiering.errors.FileChanged`."""
-        now = time.time()
+        failures = self.reads.failures
         for host, url in self.peers:
-            with self._lock:
-                if host in self._failed:
-                    continue
-            if self.reads._avoided(host, now):
+            if not failures.usable(host):
                 continue
             try:
                 data = fetch(url)
@@ -261,14 +253,13 @@ class PeerRanges(RangeReader):
                     self.name,
                     exc.message,
                 )
-                self.reads._bad_piece(host)
+                failures.record(host, exc)
                 continue
             except PeerFailed as exc:
                 log.info("peer %s did not give %s: %s", host, self.name, exc.message)
-                with self._lock:
-                    self._failed.add(host)
+                failures.record(host, exc)
                 continue
-            self.reads._received(len(data))
+            self.reads.received(len(data))
             return data
         return None
 

@@ -22,7 +22,7 @@ gave it) over its measured rate (:class:`Speeds`: what this host got from it lat
 measured yet counts as the median of those that were, so it is tried), then the most complete
 (a host with all pieces is likely to stay a good source), then the host id (stable plans). A
 peer at ``per_peer`` uploads gets nothing more; a peer that sent a bad piece is avoided for a
-while (:class:`Avoid`). A piece no peer can give goes to the bucket (``None``).
+while (``failures.PeerFailures``). A piece no peer can give goes to the bucket (``None``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 import statistics
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import Protocol
 
 import xxhash
 
@@ -41,7 +41,7 @@ from tiering.errors import IntegrityError
 __all__ = [
     "ALGORITHM",
     "PIECE_SIZE",
-    "Avoid",
+    "Avoids",
     "BadPiece",
     "Speeds",
     "digest",
@@ -55,9 +55,6 @@ __all__ = [
 
 PIECE_SIZE = 8 << 20
 ALGORITHM = "xxh3_128"
-#: Seconds a peer that sent a bad piece is avoided, doubled at each further bad piece.
-AVOID_S = 60.0
-AVOID_MAX_S = 600.0
 
 
 class BadPiece(IntegrityError):
@@ -123,26 +120,10 @@ def verify(pieces: PieceDigests, index: int, data: bytes | bytearray | memoryvie
         raise BadPiece(index, "its bytes do not match the recorded digest")
 
 
-@dataclass
-class Avoid:
-    """Peers that sent bad pieces, each avoided until a time that doubles with each offence
-    (``AVOID_S``, at most ``AVOID_MAX_S``). One per receiver; not thread-safe by itself."""
+class Avoids(Protocol):
+    """Which peers to skip for now (:class:`~tiering.fleet.failures.PeerFailures`)."""
 
-    base_s: float = AVOID_S
-    max_s: float = AVOID_MAX_S
-    _strikes: dict[str, int] = field(default_factory=dict)
-    _until: dict[str, float] = field(default_factory=dict)
-
-    def bad_piece(self, host: str, now: float) -> float:
-        """``host`` sent a bad piece at ``now``: avoid it; returns until when."""
-        strikes = self._strikes.get(host, 0) + 1
-        self._strikes[host] = strikes
-        until = now + min(self.max_s, self.base_s * 2.0 ** (strikes - 1))
-        self._until[host] = until
-        return until
-
-    def avoided(self, host: str, now: float) -> bool:
-        return self._until.get(host, float("-inf")) > now
+    def avoided(self, host: str, now: float | None = None) -> bool: ...
 
 
 class Speeds:
@@ -178,7 +159,7 @@ def plan_sources(
     generation: int,
     now: float,
     busy: Mapping[str, int] | None = None,
-    avoid: Avoid | None = None,
+    avoid: Avoids | None = None,
     per_peer: int | None = None,
     up: Iterable[str] | None = None,
     speed: Mapping[str, float] | None = None,
