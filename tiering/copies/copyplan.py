@@ -1,6 +1,7 @@
-"""The copy planner's pass of :class:`~tiering.copies.hostcopies.HostCopies` (a mixin):
-per directory tier, fastest first, which origin files to copy there and which copies to drop,
-by :func:`~tiering.placement.cache.plan_cache` over the room the tier's own files leave."""
+"""The copy planner's pass of :class:`~tiering.copies.hostcopies.HostCopies` (a mixin), and the
+room it plans in: per directory tier, fastest first, which origin files to copy there and which
+copies to drop, by :func:`~tiering.placement.cache.plan_cache` over the room the tier's own files
+leave; and, for one fill, the colder copies dropped to make room for it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tiering.catalog import Catalog, FileRecord
+from tiering.catalog import Catalog, FileRecord, FileState
 from tiering.copies.copyfiles import CopyEntry, CopyPassReport, copy_heat
 from tiering.errors import (
     FileBusy,
@@ -20,7 +21,7 @@ from tiering.errors import (
     StorageError,
 )
 from tiering.placement.cache import CachedCopy, CachePlan, plan_cache
-from tiering.placement.fleetheat import local_heat
+from tiering.placement.fleetheat import LocalHeat, local_heat
 from tiering.placement.policy import Policy
 from tiering.tiers import FillCancelled, Tier
 
@@ -40,6 +41,8 @@ class CopyPasses:
     _stopped: threading.Event
     passes: int
     last_pass: CopyPassReport | None
+    host: str
+    _quota: Callable[[Tier], int | None]
 
     def entries(self) -> list[CopyEntry]:
         raise NotImplementedError
@@ -54,9 +57,6 @@ class CopyPasses:
         raise NotImplementedError
 
     def _rank(self, tier: str) -> int:
-        raise NotImplementedError
-
-    def _space(self, tier: Tier, records: list[FileRecord]) -> tuple[int, int, int]:
         raise NotImplementedError
 
     def plan(self, now: float | None = None) -> dict[str, CachePlan]:
@@ -136,3 +136,54 @@ class CopyPasses:
             self.passes += 1
             self.last_pass = report
             return report
+
+    # -- room ----------------------------------------------------------------------------------
+    def _space(self, tier: Tier, records: list[FileRecord]) -> tuple[int, int, int]:
+        """(the bound of own files plus copies, own files' bytes, copies' bytes) on ``tier``."""
+        own = sum(
+            r.size
+            for r in records
+            if r.tier == tier.name and r.host == self.host and r.state != FileState.MISSING
+        )
+        mine = sum(e.size for e in self.entries() if e.tier == tier.name)
+        cap = own + mine + max(0, tier.space().free)
+        quota = self._quota(tier)
+        return (cap if quota is None else min(cap, quota)), own, mine
+
+    def _make_room(self, dest: Tier, rec: FileRecord) -> None:
+        """Drop copies on ``dest`` colder than ``rec`` (no prefetch keeps) until it fits."""
+        cap, own, mine = self._space(dest, self.catalog.actionable())
+        need = own + mine + rec.size - cap
+        if need <= 0:
+            return
+        policy, now, local = self._policy(), time.time(), local_heat(self.catalog)
+        heat = copy_heat(rec, policy, now, local)
+        colder = sorted(
+            (
+                (self._heat_of(e.file_id, policy, now, local), e)
+                for e in self.entries()
+                if e.tier == dest.name and e.keep_until <= now and e.file_id != rec.id
+            ),
+            key=lambda he: he[0],
+        )
+        victims: list[CopyEntry] = []
+        for h, e in colder:
+            if need <= 0 or h >= heat:
+                break
+            victims.append(e)
+            need -= e.size
+        if need > 0:
+            raise InsufficientSpace(
+                f"tier {dest.name} has no room for a copy of {rec.relpath!r} ({rec.size} bytes): "
+                "its own files and hotter copies fill it",
+                tier=dest.name,
+                free=max(0, cap - own - mine),
+            )
+        for e in victims:
+            self.drop(e.file_id, "room")
+
+    def _heat_of(self, file_id: int, policy: Policy, now: float, local: LocalHeat | None) -> float:
+        try:
+            return copy_heat(self.catalog.get(file_id, cached=True), policy, now, local)
+        except Exception:
+            return -1.0  # gone: the coldest of all

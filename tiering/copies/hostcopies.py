@@ -63,7 +63,6 @@ from tiering.errors import (
     Conflict,
     FileBusy,
     FileChanged,
-    InsufficientSpace,
     IntegrityError,
     InvalidInput,
     StorageError,
@@ -71,7 +70,6 @@ from tiering.errors import (
 )
 from tiering.moves import Content, FileOps, RateLimiter
 from tiering.periodic import Periodic
-from tiering.placement.fleetheat import LocalHeat, local_heat
 from tiering.placement.policy import Policy
 from tiering.tiers import FillCancelled, Source, Tier, Tiers
 
@@ -453,44 +451,6 @@ class HostCopies(CopyPasses):
             self._remove(old)  # the copy it replaces (another tier or generation)
         return entry
 
-    def _make_room(self, dest: Tier, rec: FileRecord) -> None:
-        """Drop copies on ``dest`` colder than ``rec`` (no prefetch keeps) until it fits."""
-        cap, own, mine = self._space(dest, self.catalog.actionable())
-        need = own + mine + rec.size - cap
-        if need <= 0:
-            return
-        policy, now, local = self._policy(), time.time(), local_heat(self.catalog)
-        heat = copy_heat(rec, policy, now, local)
-        colder = sorted(
-            (
-                (self._heat_of(e.file_id, policy, now, local), e)
-                for e in self.entries()
-                if e.tier == dest.name and e.keep_until <= now and e.file_id != rec.id
-            ),
-            key=lambda he: he[0],
-        )
-        victims: list[CopyEntry] = []
-        for h, e in colder:
-            if need <= 0 or h >= heat:
-                break
-            victims.append(e)
-            need -= e.size
-        if need > 0:
-            raise InsufficientSpace(
-                f"tier {dest.name} has no room for a copy of {rec.relpath!r} ({rec.size} bytes): "
-                "its own files and hotter copies fill it",
-                tier=dest.name,
-                free=max(0, cap - own - mine),
-            )
-        for e in victims:
-            self.drop(e.file_id, "room")
-
-    def _heat_of(self, file_id: int, policy: Policy, now: float, local: LocalHeat | None) -> float:
-        try:
-            return copy_heat(self.catalog.get(file_id, cached=True), policy, now, local)
-        except Exception:
-            return -1.0  # gone: the coldest of all
-
     def drop(self, file_id: int, reason: str = "dropped") -> bool:
         """Drop the file's copy, if any: its row first, then the file (a read that opened it
         goes on reading the unlinked file)."""
@@ -507,16 +467,3 @@ class HostCopies(CopyPasses):
 
     def _remove(self, e: CopyEntry) -> None:
         self._area(self.tiers.get(e.tier)).remove(copy_name(e.file_id, e.generation))
-
-    # -- space and the planner's pass ----------------------------------------------------------
-    def _space(self, tier: Tier, records: list[FileRecord]) -> tuple[int, int, int]:
-        """(the bound of own files plus copies, own files' bytes, copies' bytes) on ``tier``."""
-        own = sum(
-            r.size
-            for r in records
-            if r.tier == tier.name and r.host == self.host and r.state != FileState.MISSING
-        )
-        mine = sum(e.size for e in self.entries() if e.tier == tier.name)
-        cap = own + mine + max(0, tier.space().free)
-        quota = self._quota(tier)
-        return (cap if quota is None else min(cap, quota)), own, mine
