@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -37,88 +36,19 @@ from sqlalchemy.orm import Session
 from tiering.catalog.backends import FOR_KEY_SHARE
 from tiering.catalog.db import Database
 from tiering.catalog.models import FileRecord, PieceHolding, PieceMap
+from tiering.catalog.piecemaps import (
+    WIDTH,
+    Holding,
+    PieceDigests,
+    bitmap,
+    bits_of,
+    digests_of,
+    holding_of,
+    piece_count,
+)
 from tiering.errors import IntegrityError
 
 __all__ = ["Holding", "PieceDigests", "Pieces", "bitmap", "bits_of"]
-
-
-def bitmap(indices: Iterable[int], count: int) -> bytes:
-    """The bitmap of ``count`` pieces with ``indices`` set (bit ``i`` of byte ``i // 8``)."""
-    out = bytearray((count + 7) // 8)
-    for i in indices:
-        if not 0 <= i < count:
-            raise ValueError(f"piece {i} is outside 0..{count - 1}")
-        out[i // 8] |= 1 << (i % 8)
-    return bytes(out)
-
-
-def bits_of(have: bytes, count: int) -> list[int]:
-    """The indices set in a bitmap of ``count`` pieces, in order."""
-    return [i for i in range(count) if have[i // 8] >> (i % 8) & 1]
-
-
-@dataclass(frozen=True)
-class PieceDigests:
-    """One generation's pieces: ``piece_size`` bytes each (the last shorter) and a digest each."""
-
-    file_id: int
-    generation: int
-    size: int
-    piece_size: int
-    algorithm: str
-    digests: tuple[bytes, ...]
-    recorded_by: str
-    created_at: float
-    known: bytes = b""  # bitmap of the digests recorded; b"" with ``final``: all of them
-    final: bool = True
-
-    @property
-    def count(self) -> int:
-        return len(self.digests)
-
-    def has_digest(self, index: int) -> bool:
-        """Whether piece ``index``'s digest is recorded (a receiver may check it)."""
-        if self.final and not self.known:
-            return 0 <= index < self.count
-        byte = index // 8
-        return byte < len(self.known) and bool(self.known[byte] >> (index % 8) & 1)
-
-
-@dataclass(frozen=True)
-class Holding:
-    """What one host has verified of one generation: the pieces' bitmap and how many."""
-
-    file_id: int
-    host: str
-    generation: int
-    have: bytes
-    pieces: int
-    updated_at: float
-    origin_until: float | None = None
-
-    def has(self, index: int) -> bool:
-        byte = index // 8
-        return byte < len(self.have) and bool(self.have[byte] >> (index % 8) & 1)
-
-
-def _digests(m: PieceMap) -> PieceDigests:
-    width = _WIDTH.get(m.algorithm, 16)
-    blob = bytes(m.digests)
-    parts = tuple(blob[i : i + width] for i in range(0, len(blob), width))
-    return PieceDigests(
-        m.file_id, m.generation, m.size, m.piece_size, m.algorithm, parts, m.recorded_by,
-        m.created_at, bytes(m.known), bool(m.final),
-    )  # fmt: skip
-
-
-def _holding(h: PieceHolding) -> Holding:
-    return Holding(
-        h.file_id, h.host, h.generation, bytes(h.have), h.pieces, h.updated_at, h.origin_until
-    )
-
-
-def _count(size: int, piece_size: int) -> int:
-    return max(1, -(-size // piece_size))
 
 
 def _drop_others(s: Session, file_id: int, generation: int) -> None:
@@ -136,18 +66,19 @@ def _my_row(s: Session, file_id: int, host: str, generation: int, count: int) ->
     row = s.get(PieceHolding, (file_id, host), with_for_update=True)
     if row is None:
         row = PieceHolding(
-            file_id=file_id, host=host, generation=generation, have=bytes((count + 7) // 8),
-            pieces=0, origin_until=None, updated_at=time.time(),
-        )  # fmt: skip
+            file_id=file_id,
+            host=host,
+            generation=generation,
+            have=bytes((count + 7) // 8),
+            pieces=0,
+            origin_until=None,
+            updated_at=time.time(),
+        )
         s.add(row)
     elif row.generation != generation:
         row.generation, row.have, row.pieces = generation, bytes((count + 7) // 8), 0
         row.origin_until = None
     return row
-
-
-#: Bytes of one digest, by algorithm.
-_WIDTH = {"xxh3_128": 16, "sha256": 32}
 
 
 def _at(s: Session, file_id: int, generation: int, states: Collection[str] | None) -> bool:
@@ -175,10 +106,17 @@ def _new_map(
 ) -> PieceMap:
     """A new map row of ``generation``, flushed (a second recorder's insert then conflicts)."""
     row = PieceMap(
-        file_id=file_id, generation=generation, size=size, piece_size=piece_size,
-        algorithm=algorithm, digests=digests, known=known, final=final, recorded_by=host,
+        file_id=file_id,
+        generation=generation,
+        size=size,
+        piece_size=piece_size,
+        algorithm=algorithm,
+        digests=digests,
+        known=known,
+        final=final,
+        recorded_by=host,
         created_at=time.time() if now is None else now,
-    )  # fmt: skip
+    )
     s.add(row)
     s.flush()
     return row
@@ -207,10 +145,10 @@ class Pieces:
         holds (the first recorder's), or None (nothing written) when the file is gone or at
         another generation (or not in ``states``). Deletes the other generations' maps and
         holdings."""
-        width = _WIDTH.get(algorithm)
+        width = WIDTH.get(algorithm)
         if width is None:
             raise ValueError(f"unknown piece digest algorithm {algorithm!r}")
-        if piece_size <= 0 or size < 0 or len(digests) != _count(size, piece_size):
+        if piece_size <= 0 or size < 0 or len(digests) != piece_count(size, piece_size):
             raise ValueError(f"{len(digests)} digests do not cover {size} bytes by {piece_size}")
         if any(len(d) != width for d in digests):
             raise ValueError(f"{algorithm} digests are {width} bytes each")
@@ -220,11 +158,19 @@ class Pieces:
                 return None
             _drop_others(s, file_id, generation)
             found = s.get(PieceMap, (file_id, generation)) or _new_map(
-                s, file_id, generation, size, piece_size, algorithm, host, now,
-                digests=b"".join(digests), known=bitmap(range(len(digests)), len(digests)),
+                s,
+                file_id,
+                generation,
+                size,
+                piece_size,
+                algorithm,
+                host,
+                now,
+                digests=b"".join(digests),
+                known=bitmap(range(len(digests)), len(digests)),
                 final=True,
-            )  # fmt: skip
-            return _digests(found)
+            )
+            return digests_of(found)
 
         # Two hosts recording the first map at once: the loser finds the winner's on retry.
         return self.db.transact(body, changes_files=False, retry_unique=True)
@@ -243,10 +189,10 @@ class Pieces:
         """The map of ``generation``, opened empty (no digest known, not final) unless one
         exists; None (nothing written) when the file is gone or at another generation.
         Deletes the other generations' maps and holdings."""
-        width = _WIDTH.get(algorithm)
+        width = WIDTH.get(algorithm)
         if width is None:
             raise ValueError(f"unknown piece digest algorithm {algorithm!r}")
-        count = _count(size, piece_size)
+        count = piece_count(size, piece_size)
 
         def body(s: Session) -> PieceDigests | None:
             if not _at(s, file_id, generation, None):
@@ -255,10 +201,19 @@ class Pieces:
             if found is None:
                 _drop_others(s, file_id, generation)
                 found = _new_map(
-                    s, file_id, generation, size, piece_size, algorithm, host, now,
-                    digests=bytes(count * width), known=bytes((count + 7) // 8), final=False,
-                )  # fmt: skip
-            return _digests(found)
+                    s,
+                    file_id,
+                    generation,
+                    size,
+                    piece_size,
+                    algorithm,
+                    host,
+                    now,
+                    digests=bytes(count * width),
+                    known=bytes((count + 7) // 8),
+                    final=False,
+                )
+            return digests_of(found)
 
         return self.db.transact(body, changes_files=False, retry_unique=True)
 
@@ -289,7 +244,7 @@ class Pieces:
             m = s.get(PieceMap, (file_id, generation), with_for_update=digest is not None)
             if m is None:
                 return None
-            width, count = _WIDTH[m.algorithm], _count(m.size, m.piece_size)
+            width, count = WIDTH[m.algorithm], piece_count(m.size, m.piece_size)
             if not 0 <= index < count:
                 raise ValueError(f"piece {index} is outside 0..{count - 1}")
             if digest is not None:
@@ -317,7 +272,7 @@ class Pieces:
                 row.origin_until = stamp + origin_ttl_s
             row.updated_at = stamp
             s.flush()
-            return _digests(m)
+            return digests_of(m)
 
         return self.db.transact(body, changes_files=False, retry_unique=True)
 
@@ -329,7 +284,7 @@ class Pieces:
             m = s.get(PieceMap, (file_id, generation), with_for_update=True)
             if m is None:
                 return False
-            count = _count(m.size, m.piece_size)
+            count = piece_count(m.size, m.piece_size)
             if len(bits_of(bytes(m.known), count)) != count:
                 return False
             m.final = True
@@ -386,7 +341,7 @@ class Pieces:
             ).all()
             if len(others) >= readers:
                 return False
-            row = _my_row(s, file_id, host, generation, _count(m.size, m.piece_size))
+            row = _my_row(s, file_id, host, generation, piece_count(m.size, m.piece_size))
             row.origin_until = stamp + ttl_s
             row.updated_at = stamp
             return True
@@ -407,7 +362,7 @@ class Pieces:
         """The digests of ``generation`` of the file, if recorded."""
         with self.db.read() as s:
             m = s.get(PieceMap, (file_id, generation))
-            return None if m is None else _digests(m)
+            return None if m is None else digests_of(m)
 
     def mark(
         self,
@@ -429,7 +384,7 @@ class Pieces:
             m = s.get(PieceMap, (file_id, generation))
             if m is None:
                 return None
-            count = len(_digests(m).digests)
+            count = len(digests_of(m).digests)
             new = bitmap(wanted, count)
             row = s.get(PieceHolding, (file_id, host), with_for_update=True)
             stamp = time.time() if now is None else now
@@ -445,7 +400,7 @@ class Pieces:
             row.pieces = len(bits_of(row.have, count))
             row.updated_at = stamp
             s.flush()
-            return _holding(row)
+            return holding_of(row)
 
         return self.db.transact(body, changes_files=False, retry_unique=True)
 
@@ -457,13 +412,13 @@ class Pieces:
             .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
         )
         with self.db.read() as s:
-            return [_holding(h) for h in s.scalars(q)]
+            return [holding_of(h) for h in s.scalars(q)]
 
     def holding(self, file_id: int, host: str) -> Holding | None:
         """``host``'s holding of the file, whichever generation it is of."""
         with self.db.read() as s:
             h = s.get(PieceHolding, (file_id, host))
-            return None if h is None else _holding(h)
+            return None if h is None else holding_of(h)
 
     def forget(self, file_id: int, *, host: str) -> None:
         """``host`` dropped its bytes of the file: it serves none of them any more."""
