@@ -39,77 +39,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from tiering.catalog import FileRecord, FileState
+from tiering.catalog import FileRecord
 from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
-from tiering.serving.held import Held, authoritative_stat, still_current
+from tiering.serving.held import Held, authoritative_stat
 from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
+from tiering.serving.resident import Entry, ResidentKey
 from tiering.tiers import Stat, Tier
 
 __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
 
 log = logging.getLogger(__name__)
 
-_SERVABLE = (FileState.STABLE, FileState.MIGRATING)
 _SWEEP_S = 2.0  # the longest a kept copy of a changed file outlives the change, unused
-
-
-@dataclass(frozen=True)
-class ResidentKey:
-    """What a resident copy holds: ``what`` is ``("bytes", offset, length)`` of the file, or
-    ``("tensors", digest)`` for the packed safetensors tensors whose sorted names hash to
-    ``digest`` (their layout is the entry's)."""
-
-    file_id: int
-    generation: int
-    device: Device
-    what: tuple[Any, ...]
-
-    @staticmethod
-    def bytes(rec: FileRecord, device: Device, offset: int, length: int) -> ResidentKey:
-        return ResidentKey(rec.id, rec.generation, device, ("bytes", offset, length))
-
-    @staticmethod
-    def tensors(rec: FileRecord, device: Device, names: Iterable[str]) -> ResidentKey:
-        # A digest, not the names: a large model's shard selects thousands of them.
-        h = hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()
-        return ResidentKey(rec.id, rec.generation, device, ("tensors", h))
-
-    def order(self) -> tuple[str, int, int, str]:
-        """A total order, so that loads claiming several keys never wait on each other."""
-        return (str(self.device), self.file_id, self.generation, repr(self.what))
-
-
-@dataclass(eq=False)
-class Entry:
-    """One resident copy: ``nbytes`` of data at the start of the buffer ``holding`` holds."""
-
-    key: ResidentKey
-    holding: Holding
-    stat: Stat
-    nbytes: int
-    tensors: dict[str, Any] = field(default_factory=dict)
-    used: int = 0  # when it was last handed out or copied from (a tick of the residency)
-
-    @property
-    def device(self) -> Device:
-        return self.key.device
-
-    def whole(self, rec: FileRecord) -> bool:
-        return self.key.what == ("bytes", 0, rec.size)
-
-    def current(self, rec: FileRecord, tier: Tier) -> bool:
-        """Still a copy of what ``rec`` names (generation, and the file on disk now)."""
-        probe = Held(self.key.file_id, self.key.generation, self.stat, None, self.device, "gpu")
-        return rec.state in _SERVABLE and still_current(probe, rec, tier)
 
 
 class _Claim:
@@ -272,9 +220,16 @@ class Residency:
         :meth:`share`. None when the entry's last holder let go meanwhile (load afresh)."""
         n = entry.nbytes if nbytes is None else nbytes
         return self.share(
-            entry.holding, rec, kind=kind, ttl_s=ttl_s, offset=offset, nbytes=n, dtype=dtype,
-            shape=shape, tensors=entry.tensors,
-        )  # fmt: skip
+            entry.holding,
+            rec,
+            kind=kind,
+            ttl_s=ttl_s,
+            offset=offset,
+            nbytes=n,
+            dtype=dtype,
+            shape=shape,
+            tensors=entry.tensors,
+        )
 
     def share(
         self,
@@ -294,9 +249,15 @@ class Residency:
         report says so: no byte was read for it). None when its last holder let go."""
         started = time.perf_counter()
         spec = LeaseSpec(
-            nbytes, dtype, shape if shape is not None else (nbytes,), kind, (rec.id,),
-            ttl_s=ttl_s, offset=offset, tensors=tensors,
-        )  # fmt: skip
+            nbytes,
+            dtype,
+            shape if shape is not None else (nbytes,),
+            kind,
+            (rec.id,),
+            ttl_s=ttl_s,
+            offset=offset,
+            tensors=tensors,
+        )
         lease = self._leases.share(holding, spec)
         if lease is None:
             return None
