@@ -33,7 +33,7 @@ def gpu_rows(
 ) -> None:
     """Add the GPU rows for ``data`` loaded into ``device`` (see the module)."""
     from tiering.io import GdsConfig
-    from tiering.io._decode_gpu import available
+    from tiering.io import gpu_decode_available as available
 
     why = available()
     report.setup["gpu_decode"] = why or "nvCOMP"

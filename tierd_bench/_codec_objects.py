@@ -48,7 +48,7 @@ def object_rows(
     """Add ``obj_raw`` and ``obj_compressed`` (see the module)."""
     from tiering.config import TierConfig
     from tiering.io import GdsConfig
-    from tiering.tiers._object import ObjectTier  # boto3: the server's, not the client's
+    from tiering.tiers import make_tier  # an object tier: boto3, the server's
 
     from ._codec_tiers import load_times
     from ._origin import REGION, open_origin
@@ -70,8 +70,9 @@ def object_rows(
                 endpoint_url=o.endpoint,
                 region=REGION,
                 compression="off",
+                connections=connections or 64,
             )
-            tier = ObjectTier(cfg, 0, workers=connections or 64)
+            tier = make_tier(cfg, 0)
             try:
                 for key, rel, nbytes, label in (
                     ("obj_raw", "raw/model.safetensors", len(data), "plain object"),

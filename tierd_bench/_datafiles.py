@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiering.io import _pagecache as pagecache
+from tiering.io import pagecache
 
 from ._measure import MiB
 

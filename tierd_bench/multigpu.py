@@ -182,7 +182,7 @@ def _measure(
 ) -> None:
     from safetensors.torch import load_file
 
-    from tiering.io import _fanout
+    from tiering.io import fanout
 
     gpus = ["cuda:0", "cuda:1"]
     two = LoadTarget.parse(devices=gpus)
@@ -208,7 +208,7 @@ def _measure(
 
     rate("replicate", "file replicated to 2 GPUs", 2 * size, replicate)
     # The delivery, and the probe it was chosen by (gpu_delivery auto), per pair of GPUs.
-    probes = _fanout.measured()
+    probes = fanout.measured()
     report.setup["delivery_probes"] = probes
     seen = "; ".join(
         f"{pair} peer {r['peer_gbps']:.0f} vs host {r['host_gbps']:.0f} GB/s"

@@ -39,6 +39,8 @@ def test_public_names():
             "TMP_SUFFIX",
             "TensorInfo",
             "TierIo",
+            "gpu_decode_available",
+            "import_cupy",
             "load_state_dict",
             "parse_device",
             "peer_access",

@@ -27,7 +27,7 @@ from tests.conftest import LiveServer, make_settings
 from tests.helpers import put
 from tiering.engine import Engine
 from tiering.errors import InsufficientSpace, InvalidDevice
-from tiering.io import GpuDirectStorage, _fanout
+from tiering.io import GpuDirectStorage, fanout
 from tiering.io._device import parse_device
 from tiering.serving import Loader, LoaderConfig, LoadTarget
 
@@ -112,7 +112,7 @@ def _replicas_of_every_size(eng: Engine, ld: Loader, mode: str) -> None:
         reps = ld.load(rec.id, device=every, offset=offset, length=length)
         assert [str(r.lease.device) for r in reps] == [f"cuda:{i}" for i in range(n)]
         # NVLink hosts split: peer copies measure far faster than the host's links.
-        if _fanout.choose([r.lease.device for r in reps], mode) == "peer":
+        if fanout.choose([r.lease.device for r in reps], mode) == "peer":
             assert {r.delivery for r in reps} == {"split"}
         else:
             assert [r.delivery for r in reps] == ["read"] + ["host"] * (n - 1)
@@ -135,14 +135,14 @@ def _replicas_of_every_size(eng: Engine, ld: Loader, mode: str) -> None:
 
 def test_the_choice_is_measured_once_per_pair() -> None:
     cuda = [parse_device(f"cuda:{i}") for i in range(2)]
-    _fanout.choose(cuda, "auto")
-    rates = _fanout.measured()
-    if not all(_fanout.peer_ok(a, [b]) for a in cuda for b in cuda if a != b):
+    fanout.choose(cuda, "auto")
+    rates = fanout.measured()
+    if not all(fanout.peer_ok(a, [b]) for a in cuda for b in cuda if a != b):
         pytest.skip("these GPUs have no peer access: nothing to measure")
     assert {"cuda:0->cuda:1", "cuda:1->cuda:0"} <= set(rates)
     assert all(r["peer_gbps"] > 0 and r["host_gbps"] > 0 for r in rates.values())
-    _fanout.choose(cuda, "auto")
-    assert _fanout.measured() == rates  # cached, not measured again
+    fanout.choose(cuda, "auto")
+    assert fanout.measured() == rates  # cached, not measured again
 
 
 @pytest.mark.parametrize("mode", ["auto", "host"])
@@ -160,7 +160,7 @@ def test_replicated_safetensors_and_every_rank_in_one_request(
     ld = Loader(eng, LoaderConfig(gpu_budget_bytes=256 * MiB, gpu_delivery=mode)).start()
     try:
         reps = ld.load_safetensors(ids, device=LoadTarget.parse(devices=["cuda:0", "cuda:1"]))
-        split = _fanout.choose([d.device for d in reps], mode) == "peer"
+        split = fanout.choose([d.device for d in reps], mode) == "peer"
         assert [d.delivery for d in reps] == (["split"] * 2 if split else ["read", "host"])
         for d in reps:
             got = _tensors(d)

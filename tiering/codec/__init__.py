@@ -47,7 +47,17 @@ from tiering.codec._encode import (
     encode_chunk,
     two_byte_spans,
 )
-from tiering.codec._format import CHUNK, FOOTER, FRAME, HEADER, MAGIC, CorruptContainer, Kind
+from tiering.codec._format import (
+    CHUNK,
+    FOOTER,
+    FRAME,
+    HEADER,
+    MAGIC,
+    CorruptContainer,
+    Kind,
+    frame_spans,
+    read_frame_table,
+)
 
 __all__ = [
     "CHUNK",
@@ -67,8 +77,10 @@ __all__ = [
     "ReadAt",
     "encode_bytes",
     "encode_chunk",
+    "frame_spans",
     "is_container",
     "open_bytes",
+    "read_frame_table",
     "two_byte_spans",
 ]
 

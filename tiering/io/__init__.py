@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ._config import BackendName, GdsConfig, TierIo
 from ._copies import CopyFile, peer_access
-from ._device import Device, parse_device
+from ._decode_gpu import available as gpu_decode_available
+from ._device import Device, import_cupy, parse_device
 from ._file import GdsFile
 from ._results import BatchResult, ReadResult
 from ._shards import ShardLayout
@@ -51,6 +52,8 @@ __all__ = [
     "TensorInfo",
     "TierIo",
     "load_state_dict",
+    "gpu_decode_available",
+    "import_cupy",
     "parse_device",
     "read_header",
 ]

@@ -187,7 +187,7 @@ def copy_into(
     queued = False
     try:
         if nbytes:
-            with file._use():  # (held until the copy is the fence's: no close in between)
+            with file.guard():  # (held until the copy is the fence's: no close in between)
                 stream = _copy(file, target, dst, dst_offset, file_offset, nbytes, fence)
                 if stream is not None:
                     assert fence is not None

@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tiering.codec import CHUNK, FRAME, Container, Kind
-from tiering.codec._format import frame_spans, read_frame_table
+from tiering.codec import CHUNK, FRAME, Container, Kind, frame_spans, read_frame_table
 from tiering.ranges import settle
 
 from ._device import Device, import_cupy

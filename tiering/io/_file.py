@@ -21,7 +21,7 @@ __all__ = ["GdsFile"]
 
 
 class _Guard:
-    """``with file._use() as fd``: a class, not a generator, as 4 KiB reads feel the cost."""
+    """``with file.guard() as fd``: a class, not a generator, as 4 KiB reads feel the cost."""
 
     __slots__ = ("_file",)
 
@@ -101,9 +101,26 @@ class GdsFile:
         """The tier name used in stats (``"untiered"`` outside every tier root)."""
         return self.tier if self.tier is not None else UNTIERED
 
-    def _use(self) -> _Guard:
-        """Guard one operation: raises ClosedFile, and delays close() until it ends."""
+    def guard(self) -> _Guard:
+        """Guard one operation on the file: ``with file.guard() as fd`` gives its descriptor
+        (-1 for a remote file) and delays :meth:`close` until the block ends.
+
+        Raises
+        ------
+        ClosedFile
+            The file is closed.
+        """
         return _Guard(self)
+
+    def identity(self) -> tuple[int, ...]:
+        """What tells this open file's bytes from another's: ``(st_dev, st_ino, st_mtime_ns)``
+        of a local file; ``()`` for a remote object (pinned to its ETag) or a held copy
+        (pinned to its generation). Opens of one file that agree got the same bytes."""
+        with self.guard() as fd:
+            if fd < 0:
+                return ()
+            st = os.fstat(fd)
+        return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
     def _rows(self, populate: bool) -> np.ndarray:
         """The file as a flat read-only ``uint8`` array over a shared memory map.

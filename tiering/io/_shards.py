@@ -49,11 +49,11 @@ class ShardStorage(Protocol):
         """Raise unless ``file`` was opened by this storage."""
         ...
 
-    def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
+    def fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
         """``[fn(*args) for args in calls]``, concurrently."""
         ...
 
-    def _transfer_ranges(
+    def transfer_ranges(
         self,
         file: GdsFile,
         fd: int,
@@ -173,7 +173,7 @@ def load_shards_raw(
                 f = storage.open_file(p)
                 owned.append(f)
             files.append(f)
-            with f._use():
+            with f.guard():
                 headers.append(parse_header(f.path, f.size(), f.read_bytes))
         chosen = [set(picked) for picked in select_tensors(headers, names)]
         jobs = [
@@ -181,7 +181,7 @@ def load_shards_raw(
             for f, h, picked in zip(files, headers, chosen, strict=True)
         ]
         alloc: Allocate = allocate or storage.device.empty
-        return storage._fan_out(_loader(storage, alloc, fence), [(j,) for j in jobs])
+        return storage.fan_out(_loader(storage, alloc, fence), [(j,) for j in jobs])
     finally:
         for f in owned:
             f.close()
@@ -215,8 +215,8 @@ def _loader(storage: ShardStorage, allocate: Allocate, fence: Fence | None = Non
             selected, _SPAN_FILL_REMOTE if f.io_path == "remote" else _SPAN_FILL
         )
         buf = allocate(total)
-        with f._use() as fd:
-            report = storage._transfer_ranges(f, fd, buf, reads, fence)
+        with f.guard() as fd:
+            report = storage.transfer_ranges(f, fd, buf, reads, fence)
         return ShardLayout(h.path, buf, {t.name: (where[t.name], t) for t in selected}, report)
 
     return load_one

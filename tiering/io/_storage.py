@@ -260,9 +260,9 @@ class GpuDirectStorage(AsyncTwins):
             on_close=on_close,
         )
 
-    # -- the transfer primitive, for _shards (see ShardStorage) -----------------------------
+    # -- the transfer primitives, for shard and replica loads (see ShardStorage) -------------
 
-    def _transfer_ranges(
+    def transfer_ranges(
         self,
         file: GdsFile,
         fd: int,
@@ -270,10 +270,14 @@ class GpuDirectStorage(AsyncTwins):
         reads: Sequence[tuple[int, int, int]],
         fence: Fence | None = None,
     ) -> IoReport:
-        """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
+        """Read each ``(file_offset, nbytes, dst_offset)`` of ``file`` into flat uint8 ``dst``
+        on this storage's device, at once where the engine can, queueing the copies on
+        ``fence`` if given. ``fd`` is the file's descriptor from ``with file.guard() as fd``,
+        held across the calls of one load."""
         return self._engine.transfer_ranges(file, fd, dst, reads, fence)
 
-    def _fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
+    def fan_out(self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]]) -> list[R]:
+        """``[fn(*args) for args in calls]``, concurrently on this storage's I/O threads."""
         return self._pools.fan_out(fn, calls)
 
     # -- public API: loads -----------------------------------------------------------------
@@ -305,7 +309,7 @@ class GpuDirectStorage(AsyncTwins):
         flat = flat_target(self.device, buffer)
         check_range(file, offset, flat.nbytes)
         check_alignment(self.config, self.device, int(offset), flat.nbytes, flat)
-        with file._use() as fd:
+        with file.guard() as fd:
             return self._engine.transfer(file, fd, flat, 0, int(offset), flat.nbytes)
 
     def read(
@@ -332,7 +336,7 @@ class GpuDirectStorage(AsyncTwins):
                 dtype=str(dt),
                 length=n,
             )
-        with file._use() as fd:
+        with file.guard() as fd:
             out = self.device.empty(n)
             report = self._engine.transfer(file, fd, out, 0, int(offset), n)
         return ReadResult(out.view(dt), report)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from . import _pagecache
+from . import pagecache
 from ._backends import SMALL_READ, Backend
 from ._config import GdsConfig, TierIo
 from ._copies import CopyFile, copy_into
@@ -96,7 +96,7 @@ class Transfer:
         io = self._config.io_for(file.tier, file.rank)
         cold = False
         if nbytes > _INLINE_MAX:
-            cold = _pagecache.residency(fd, file_offset, nbytes) < self._config.cold_threshold
+            cold = pagecache.residency(fd, file_offset, nbytes) < self._config.cold_threshold
             if cold and nbytes >= _PROBE_MIN:
                 io = self._config.cold_io
         source: LoadSource = "storage" if cold else "page_cache"
@@ -153,7 +153,7 @@ class Transfer:
         lo = min(off for off, _, _ in segments)
         hi = max(off + n for off, n, _ in segments)
         if hi - lo > _INLINE_MAX and (
-            _pagecache.residency(fd, lo, hi - lo) < self._config.cold_threshold
+            pagecache.residency(fd, lo, hi - lo) < self._config.cold_threshold
         ):
             return None
         total = sum(n for _, n, _ in segments)

@@ -14,7 +14,7 @@ import numpy as np
 
 from tiering.errors import IndexOutOfRange, InvalidDtype, InvalidInput, InvalidRange
 
-from . import _pagecache
+from . import pagecache
 from ._checks import flat_target, parse_dtype
 from ._config import GdsConfig
 from ._copies import CopyFile
@@ -95,7 +95,7 @@ class Vectors:
                 rows=nrows,
             )
         n = int(count) * row
-        with file._use() as fd:
+        with file.guard() as fd:
             out = self._device.empty(n)
             report = self._transfer.transfer(file, fd, out, 0, int(start) * row, n)
         return ReadResult(out.view(dt).reshape(int(count), int(dim)), report)
@@ -109,14 +109,14 @@ class Vectors:
             raise InvalidRange(
                 f"buffer holds {flat.nbytes} bytes but {idx.size} rows need {idx.size * row}"
             )
-        with file._use() as fd:
+        with file.guard() as fd:
             return self._gather(file, fd, idx, row, flat)
 
     def gather(self, file: GdsFile, indices: Any, dim: int, dtype: Any) -> ReadResult:
         """Gather rows ``indices`` into a new ``(len(indices), dim)`` array."""
         dt, row, nrows = _matrix(file, dim, dtype)
         idx = _indices(indices, nrows)
-        with file._use() as fd:
+        with file.guard() as fd:
             out = self._device.empty(idx.size * row)
             report = self._gather(file, fd, idx, row, out)
         return ReadResult(out.view(dt).reshape(idx.size, int(dim)), report)
@@ -159,7 +159,7 @@ class Vectors:
         def rows() -> np.ndarray:
             nonlocal hot
             if hot is None and file._map is None:
-                hot = _pagecache.residency(fd, 0, file.size()) >= self._config.cold_threshold
+                hot = pagecache.residency(fd, 0, file.size()) >= self._config.cold_threshold
             return file._rows(populate=bool(hot))
 
         return local_fill(fd, rows, row, self._pools.aux("gather"), self._config.gather_threads)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tiering.io import Device, GdsConfig, IoReport
-from tiering.io._fanout import DeliveryMode
+from tiering.io.fanout import DeliveryMode
 
 __all__ = ["MiB", "FileRef", "LoaderConfig", "Observer"]
 
@@ -67,7 +67,7 @@ class LoaderConfig:
         The same in shared memory (``cpu``). 0 by default: the memory tier is the host's
         cache already.
     gpu_delivery:
-        How replicas on several GPUs get their bytes (see :mod:`tiering.io._fanout`):
+        How replicas on several GPUs get their bytes (see :mod:`tiering.io.fanout`):
         ``auto`` measures a peer copy against staging through the host once per pair of GPUs
         and takes the faster; ``peer`` takes peer copies wherever peer access exists;
         ``host`` always stages through pinned host memory.

@@ -19,8 +19,7 @@ from tiering.catalog import FileRecord, FileState
 from tiering.engine import Engine
 from tiering.errors import BackendUnavailable, FileNotFound, InvalidDevice, InvalidInput
 from tiering.fleet.peerreader import PeerReads, PeerSource
-from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, parse_device
-from tiering.io._device import import_cupy
+from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport, Stats, import_cupy, parse_device
 from tiering.io.bufferpool import BufferPool
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.held import Holder, still_current

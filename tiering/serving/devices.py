@@ -7,8 +7,7 @@ alone; whether its GPUs exist is a question for the host that loads, asked here,
 from __future__ import annotations
 
 from tiering.errors import InvalidDevice
-from tiering.io import Device
-from tiering.io._device import import_cupy
+from tiering.io import Device, import_cupy
 from tiering.io.target import ALL_GPUS, LoadTarget
 from tiering.serving.context import LoadContext
 

@@ -1,6 +1,6 @@
 """Replicated loads and gathers: one read of storage, the same bytes on several GPUs.
 
-How the bytes travel is chosen per host (:func:`tiering.io._fanout.choose`, setting
+How the bytes travel is chosen per host (:func:`tiering.io.fanout.choose`, setting
 ``gpu_delivery``):
 
 - **split** (peer access between every pair of GPUs, and peer copies measured faster): every
@@ -10,7 +10,7 @@ How the bytes travel is chosen per host (:func:`tiering.io._fanout.choose`, sett
 - **through one device** (no peer access, and gathers, whose rows are scattered): the first
   device is filled by the ordinary single-device load (so it gets everything that path does:
   held copies, residency, the I/O path of its tier); the others get its bytes by peer copy,
-  or through one pinned host staging buffer (see :mod:`tiering.io._fanout`).
+  or through one pinned host staging buffer (see :mod:`tiering.io.fanout`).
 
 Every device's budget is reserved before anything is read, so an overrun anywhere reads
 nothing and leaves nothing leased.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,8 +29,8 @@ import numpy as np
 
 from tiering.errors import FileChanged, InvalidSharding
 from tiering.io import Device, GdsFile
-from tiering.io._fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.buffers import alloc_size
+from tiering.io.fanout import Delivery, all_gather, choose, fan_out, split
 from tiering.io.target import LoadTarget
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
@@ -57,16 +56,8 @@ def same_file(files: Sequence[GdsFile]) -> None:
     bytes: an overwrite between two opens would leave devices with different contents."""
     first = files[0]
     for f in files[1:]:
-        if f.size() != first.size() or _identity(f) != _identity(first):
+        if f.size() != first.size() or f.identity() != first.identity():
             raise FileChanged(f"{first.path} changed while it was opened for several devices")
-
-
-def _identity(f: GdsFile) -> tuple[int, ...]:
-    fd = f._fd
-    if fd < 0:
-        return ()  # a remote object is pinned to its ETag, a held copy to its generation
-    st = os.fstat(fd)
-    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 def _devices(ctx: LoadContext, target: LoadTarget) -> list[Device]:
@@ -133,7 +124,7 @@ def replicate_range(
                 (s, f, offset + lo, res, hi - lo, lo)
                 for s, (f, _), res, (lo, hi) in zip(storages, opened, reserved, parts, strict=True)
             ]
-            reads = storages[0]._fan_out(fill, calls)
+            reads = storages[0].fan_out(fill, calls)
             all_gather([(d, flat(r, n)) for d, r in zip(devs, reserved, strict=True)], parts)
             seconds = time.perf_counter() - started
             out = []
@@ -201,7 +192,7 @@ def replicate(
     how: Literal["peer", "host"] | None = None,
 ) -> list[Replica]:
     """``first(device)`` on the first device, its bytes copied to the others ``how`` (None:
-    as :func:`~tiering.io._fanout.choose` says for this host).
+    as :func:`~tiering.io.fanout.choose` says for this host).
 
     ``nbytes()`` is the load's size, asked before anything is read, to reserve the other
     devices; a first lease of another size (the file changed) re-reserves them.

@@ -259,7 +259,7 @@ def _load_shared(
                 names = select([f for f, _ in opened])
             headers = []
             for f, _id in opened:
-                with f._use():
+                with f.guard():
                     headers.append(parse_header(f.path, f.size(), f.read_bytes))
             chosen = select_tensors(headers, names)
             keys = {

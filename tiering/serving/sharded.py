@@ -2,7 +2,7 @@
 and tensor-parallel slices by rank (one device without sharding is the plain load).
 
 Several devices without a sharding: every device gets every selected tensor, storage read
-once. Where every pair of GPUs has peer access (see :func:`tiering.io._fanout.choose`), each
+once. Where every pair of GPUs has peer access (see :func:`tiering.io.fanout.choose`), each
 device reads its own 1/N of every shard's buffer, all at once over their own host links, and
 the devices then exchange their parts GPU to GPU (delivery ``split``); elsewhere the first
 device reads everything and the others get it through one pinned host staging buffer.
@@ -41,8 +41,8 @@ import numpy as np
 
 from tiering.errors import InvalidInput, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
-from tiering.io._fanout import Delivery, PeerCopy, all_gather, choose, fan_out, peer_copies, split
 from tiering.io.buffers import alloc_size
+from tiering.io.fanout import Delivery, PeerCopy, all_gather, choose, fan_out, peer_copies, split
 from tiering.io.safetensors import DTYPES, TensorInfo, parse_header, select_tensors
 from tiering.io.sharding import TensorSlice
 from tiering.io.sharding import split as split_tensors
@@ -158,7 +158,7 @@ def load_devices(
             names = select([f for f, _id in opened[0]])
         headers = []
         for f, _id in opened[0]:
-            with f._use():
+            with f.guard():
                 headers.append(parse_header(f.path, f.size(), f.read_bytes))
         chosen = select_tensors(headers, names)
         infos = [[h.tensors[n] for n in picked] for h, picked in zip(headers, chosen, strict=True)]
@@ -215,7 +215,7 @@ def _run(
         ]
         started = time.perf_counter()
         # All devices read at once: each has its own host link.
-        done = iter(storages[0]._fan_out(_read_plan, calls))
+        done = iter(storages[0].fan_out(_read_plan, calls))
         reports = {(k, i): next(done) for k in range(len(storages)) for i in shards}
         if owners:  # each replicated tensor from the rank that read it to the others
             peer_copies(
@@ -324,13 +324,13 @@ def _read_pieces(
     if window is not None:  # replicas only: no slices, so no cuts
         reads = _clip(reads, *window)
     parts: list[IoReport] = []
-    with f._use() as fd:
+    with f.guard() as fd:
         if reads:
-            parts.append(storage._transfer_ranges(f, fd, buf, reads))
+            parts.append(storage.transfer_ranges(f, fd, buf, reads))
         for p in cuts:
             off, n = p.part.whole_range(p.info.begin)
             whole = storage.device.empty(n)
-            parts.append(storage._transfer_ranges(f, fd, whole, [(off, n, 0)]))
+            parts.append(storage.transfer_ranges(f, fd, whole, [(off, n, 0)]))
             view = p.part.cut_whole(whole)
             buf[p.at : p.at + p.part.nbytes].reshape(view.shape)[...] = view
     assert res.buffer is not None
