@@ -142,89 +142,123 @@ def _recover(
         journal.release(intent, phase=MigrationPhase.ABORTED, error="file deleted")
         report.aborted.append(intent.id)
         return
-    expected = rec.checksum
-    a = src.probe(intent.relpath)
-    b = dst.probe(intent.relpath)
-
-    def ok(side: tuple[str, Stat] | None) -> bool:
-        return side is not None and side[0] == expected
-
+    sides = _Sides(src, dst, rec.checksum, src.probe(intent.relpath), dst.probe(intent.relpath))
     if intent.phase == MigrationPhase.COPYING:
-        if a is not None and (expected is None or a[0] == expected):
-            _remove_temp(dst, intent)
-            if b is not None and b[0] == a[0]:
-                dst.remove(intent.relpath, version=b[1].version)
-            elif b is not None:
-                log.warning(
-                    "%r on tier %s differs from the source; left for a person",
-                    intent.relpath,
-                    dst.name,
-                )
-            journal.relocate(
-                intent,
-                tier=src.name,
-                phase=MigrationPhase.ABORTED,
-                error="interrupted by a restart; the source was kept",
-                checksum=a[0],
-                mtime_ns=a[1].mtime_ns,
-                etag=a[1].etag,
-                codec=a[1].codec,
-                stored_size=a[1].stored_size,
-            )
-            report.aborted.append(intent.id)
-            return
-        if a is None and expected is not None and ok(b):
-            _remove_temp(dst, intent)
-            journal.relocate(
-                intent,
-                tier=dst.name,
-                phase=MigrationPhase.DONE,
-                error="the source was lost; the verified copy at the destination was kept",
-                mtime_ns=b[1].mtime_ns,  # type: ignore[index]
-                etag=b[1].etag,  # type: ignore[index]
-                codec=b[1].codec,  # type: ignore[index]
-                stored_size=b[1].stored_size,  # type: ignore[index]
-            )
-            report.relocated.append(intent.id)
-            return
+        settled = _settle_copying(journal, intent, sides, report)
     elif intent.phase == MigrationPhase.SWITCHED:
-        if ok(b):
-            _remove_temp(dst, intent)
-            if a is not None and a[0] == expected:
-                src.remove(intent.relpath, version=a[1].version)
-            elif a is not None:
-                log.warning(
-                    "%r on tier %s is not the moved file; left for a person",
-                    intent.relpath,
-                    src.name,
-                )
-            journal.finish(intent.id)
-            report.finished.append(intent.id)
-            return
-        if b is None and ok(a):
-            _remove_temp(dst, intent)
-            journal.relocate(
-                intent,
-                tier=src.name,
-                phase=MigrationPhase.FAILED,
-                error="the copy at the destination was lost after the switch; the source was kept",
-                mtime_ns=a[1].mtime_ns,  # type: ignore[index]
-                etag=a[1].etag,  # type: ignore[index]
-                codec=a[1].codec,  # type: ignore[index]
-                stored_size=a[1].stored_size,  # type: ignore[index]
+        settled = _settle_switched(journal, intent, sides, report)
+    else:
+        settled = False
+    if not settled:
+        why = (
+            f"recovery of a {intent.phase} move could not decide which copy is right "
+            f"({sides.described()}, neither both verified against {rec.checksum}); "
+            "nothing was deleted"
+        )
+        log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
+        journal.quarantine(intent, error=why)
+        report.quarantined.append(intent.id)
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The two tiers of an interrupted move, what each holds of the file now (its checksum
+    and stat, or None), and the checksum the catalog expects (None: not recorded)."""
+
+    src: Tier
+    dst: Tier
+    expected: str | None
+    a: tuple[str, Stat] | None
+    b: tuple[str, Stat] | None
+
+    def verified(self, side: tuple[str, Stat] | None) -> bool:
+        return side is not None and side[0] == self.expected
+
+    def described(self) -> str:
+        where = ["absent" if s is None else "present" for s in (self.a, self.b)]
+        return f"source {where[0]}, destination {where[1]}"
+
+
+def _settle_copying(journal: Journal, intent: Migration, s: _Sides, report: RecoveryReport) -> bool:
+    """A move cut off while copying: the source is kept (the copy goes) unless it was lost
+    and the destination holds a verified copy. False: neither is sure."""
+    a, b = s.a, s.b
+    if a is not None and (s.expected is None or a[0] == s.expected):
+        _remove_temp(s.dst, intent)
+        if b is not None and b[0] == a[0]:
+            s.dst.remove(intent.relpath, version=b[1].version)
+        elif b is not None:
+            log.warning(
+                "%r on tier %s differs from the source; left for a person",
+                intent.relpath,
+                s.dst.name,
             )
-            report.relocated.append(intent.id)
-            return
-    sides = f"source {'absent' if a is None else 'present'}, destination " + (
-        "absent" if b is None else "present"
+        _keep(journal, intent, s.src, a, MigrationPhase.ABORTED, _KEPT_SOURCE, checksum=a[0])
+        report.aborted.append(intent.id)
+        return True
+    if a is None and s.expected is not None and b is not None and s.verified(b):
+        _remove_temp(s.dst, intent)
+        _keep(journal, intent, s.dst, b, MigrationPhase.DONE, _KEPT_DESTINATION)
+        report.relocated.append(intent.id)
+        return True
+    return False
+
+
+def _settle_switched(
+    journal: Journal, intent: Migration, s: _Sides, report: RecoveryReport
+) -> bool:
+    """A move cut off after its switch: it is finished (the source goes) where the destination
+    holds the verified copy, else the source is kept if it is verified. False: neither is."""
+    a, b = s.a, s.b
+    if s.verified(b):
+        _remove_temp(s.dst, intent)
+        if a is not None and a[0] == s.expected:
+            s.src.remove(intent.relpath, version=a[1].version)
+        elif a is not None:
+            log.warning(
+                "%r on tier %s is not the moved file; left for a person",
+                intent.relpath,
+                s.src.name,
+            )
+        journal.finish(intent.id)
+        report.finished.append(intent.id)
+        return True
+    if b is None and a is not None and s.verified(a):
+        _remove_temp(s.dst, intent)
+        _keep(journal, intent, s.src, a, MigrationPhase.FAILED, _LOST_DESTINATION)
+        report.relocated.append(intent.id)
+        return True
+    return False
+
+
+_KEPT_SOURCE = "interrupted by a restart; the source was kept"
+_KEPT_DESTINATION = "the source was lost; the verified copy at the destination was kept"
+_LOST_DESTINATION = "the copy at the destination was lost after the switch; the source was kept"
+
+
+def _keep(
+    journal: Journal,
+    intent: Migration,
+    tier: Tier,
+    side: tuple[str, Stat],
+    phase: str,
+    error: str,
+    *,
+    checksum: str | None = None,
+) -> None:
+    """Record that the file's authoritative copy is ``side``, on ``tier``."""
+    stat = side[1]
+    journal.relocate(
+        intent,
+        tier=tier.name,
+        phase=phase,
+        error=error,
+        checksum=checksum,
+        mtime_ns=stat.mtime_ns,
+        etag=stat.etag,
+        codec=stat.codec,
+        stored_size=stat.stored_size,
     )
-    why = (
-        f"recovery of a {intent.phase} move could not decide which copy is right ({sides}, "
-        f"neither both verified against {expected}); nothing was deleted"
-    )
-    log.error("migration %d of %r: %s", intent.id, intent.relpath, why)
-    journal.quarantine(intent, error=why)
-    report.quarantined.append(intent.id)
 
 
 def _remove_temp(tier: Tier, intent: Migration) -> bool:
