@@ -1,0 +1,213 @@
+"""Step 4 of a move: its bytes copied and hashed in one streaming pass, at a pace that yields
+to serving, on a thread of its own at a lower priority.
+
+:class:`~tiering.moves.steps.MoveRunner` runs the protocol's steps; this is the one step that
+takes time in proportion to the file, and the one that competes with serving for the cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tiering.moves.concurrency import (
+    Claim,
+    Progress,
+    ProgressBoard,
+    RateLimiter,
+    ServingGate,
+    lower_priority,
+)
+from tiering.moves.failures import Cancelled, storage_error
+from tiering.tiers import Source, Tier, Writer
+
+__all__ = ["CHUNK", "COPY_NICE", "Copier", "MoveSettings", "Pace"]
+
+CHUNK = 4 << 20
+#: How many nice levels below the process the thread that copies a move's bytes runs.
+COPY_NICE = 10
+
+
+@dataclass
+class MoveSettings:
+    """The knobs a move reads while it runs.
+
+    One instance is shared by the :class:`~tiering.moves.Mover` (whose ``room``, ``chunk_size``
+    and ``hook`` are views of it) and its :class:`MoveRunner`, so a knob is read at the step
+    that uses it, never copied when a move starts.
+    """
+
+    room: Callable[[Tier], int]
+    chunk_size: int = CHUNK
+    #: Nice levels (Linux) below the process for the thread that copies and hashes; 0 copies
+    #: in the move's own thread, at its priority.
+    copy_nice: int = COPY_NICE
+    #: Test-only: called with each step's name (see STEPS).
+    hook: Callable[[str], None] | None = None
+
+    def at(self, step: str) -> None:
+        """A move reached ``step``: tell the hook, if any."""
+        if self.hook is not None:
+            self.hook(step)
+
+
+_POLL_S = (0.001, 0.016)  # a move looks whether its copy has finished: first, then at most
+
+
+@dataclass
+class Pace:
+    """A move's work since it last rested, for :class:`ServingGate`: the move rests after each
+    chunk it copies, and once at its end for its other steps (open, sync, publish, switch,
+    unlink), so every step of it yields to serving, not the copy alone."""
+
+    gate: ServingGate
+    cancel: threading.Event | None
+    since: float = field(default_factory=time.monotonic)
+
+    def rest(self) -> None:
+        """Rest (while serving is busy) for the work done since the last rest."""
+        self.gate.rest(time.monotonic() - self.since, self.cancel)
+        self.since = time.monotonic()
+
+    def restart(self) -> None:
+        """What passed since the last rest was no work (a wait for the bandwidth cap)."""
+        self.since = time.monotonic()
+
+
+class Copier:
+    """Step 4 of every move of one mover: ``settings`` (chunk size, priority, the test hook),
+    ``board`` (where a move posts its bytes copied) and ``limiter`` (the bandwidth cap)."""
+
+    def __init__(self, settings: MoveSettings, board: ProgressBoard, limiter: RateLimiter) -> None:
+        self.settings = settings
+        self.board = board
+        self.limiter = limiter
+
+    def copy(
+        self,
+        claim: Claim,
+        source: Source,
+        writer: Writer,
+        size: int,
+        progress: Progress | None,
+        pace: Pace,
+    ) -> int:
+        """Step 4: copy and hash, on a thread of its own at ``copy_nice`` below the process.
+
+        The copy is a move's CPU work (page-cache copies and the hash), and on a busy host it
+        competes with serving for the cores (``tierd bench serving``): at a lower priority it
+        takes what serving leaves. Only the copy loop, which holds the GIL for microseconds
+        between system calls: a low-priority thread that loses its core while holding the
+        GIL stalls every thread of the process until it runs again, so the work that holds
+        the GIL longer or makes system calls under it stays here, at the move's priority: the
+        catalog steps, and the first read (which allocates the chunk buffer) and the last
+        close (which frees it). The copy thread is started and ended here, so it never
+        outlives the move.
+        """
+        nice = self.settings.copy_nice
+        cancel = pace.cancel
+        chunks = source.chunks(self.settings.chunk_size)
+        try:
+            if nice <= 0 or size <= self.settings.chunk_size:
+                # One chunk costs less CPU than a thread and its start: copied here.
+                return self._copy_loop(claim, chunks, writer, size, progress, pace, None)
+            first = self._next(claim, chunks, cancel, None)
+            stop = threading.Event()  # set when the waiting thread is interrupted
+            done: list[int] = []
+            failed: list[BaseException] = []
+            lowered = threading.Event()  # the copy starts only once its priority is set
+
+            def work() -> None:
+                lowered.wait()
+                try:
+                    done.append(
+                        self._copy_loop(claim, chunks, writer, size, progress, pace, stop, first)
+                    )
+                except BaseException as exc:  # re-raised in the move's thread below
+                    failed.append(exc)
+
+            thread = threading.Thread(
+                target=work, name=f"tierd-copy-{claim.intent.id}", daemon=True
+            )
+            thread.start()
+            # From here, which holds the GIL, so the copy thread does not (see lower_priority).
+            try:
+                lower_priority(thread.native_id, nice)
+            finally:
+                lowered.set()
+            try:
+                # Polled, not joined: a thread blocked in join() is woken by the copy thread's
+                # exit while that thread still holds the GIL, and the kernel may then preempt
+                # the low-priority thread there, GIL and all. Polled, it exits waking no one.
+                poll = _POLL_S[0]
+                while thread.is_alive():
+                    time.sleep(poll)
+                    poll = min(2 * poll, _POLL_S[1])
+            except BaseException:
+                # The source and writer are closed after this returns: the copy must stop.
+                stop.set()
+                thread.join()
+                raise
+            thread.join()
+            if failed:
+                raise failed[0]
+            return done[0]
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # stops a read-ahead source's GETs now, not at garbage collection
+
+    def _next(
+        self,
+        claim: Claim,
+        chunks: Iterator[memoryview],
+        cancel: threading.Event | None,
+        stop: threading.Event | None,
+    ) -> memoryview | None:
+        """The next chunk of the source, or None at its end; stops a move asked to stop."""
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the engine is stopping; the move was abandoned")
+        if stop is not None and stop.is_set():
+            raise Cancelled("the move was interrupted")
+        try:
+            return next(chunks, None)
+        except OSError as exc:
+            raise storage_error(exc, f"reading {claim.record.relpath!r}") from exc
+
+    def _copy_loop(
+        self,
+        claim: Claim,
+        chunks: Iterator[memoryview],
+        writer: Writer,
+        size: int,
+        progress: Progress | None,
+        pace: Pace,
+        stop: threading.Event | None,
+        first: memoryview | None | Literal[False] = False,
+    ) -> int:
+        """Write and hash ``chunks`` (after ``first``, when the caller already read it); after
+        each chunk, rest while serving is busy (see :class:`ServingGate`)."""
+        off = 0
+        iid = claim.intent.id
+        cancel = pace.cancel
+        chunk = self._next(claim, chunks, cancel, stop) if first is False else first
+        while chunk is not None:
+            n = len(chunk)
+            try:
+                writer.write(chunk)
+            except OSError as exc:
+                raise storage_error(exc, f"writing to tier {writer.tier.name}") from exc
+            off += n
+            self.board.set(iid, off)
+            if progress is not None:
+                progress(off, size)
+            if off == n:
+                self.settings.at("copying")
+            pace.rest()
+            self.limiter.acquire(n, cancel)
+            pace.restart()
+            chunk = self._next(claim, chunks, cancel, stop)
+        return off
