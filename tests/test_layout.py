@@ -410,16 +410,16 @@ def _private_reaches(module: str, tree: ast.AST) -> Iterator[str]:
 def test_private_reach_finder_finds_them() -> None:
     # Guard the guard: each form is found in a module of another room, and none in io's own.
     src = (
-        "from tiering.io._fanout import FanOut\n"
+        "from tiering.io._storage import GpuDirectStorage\n"
         "import tiering.codec._format\n"
         "from tiering.io._file import GdsFile as _G\n"
-        "storage._transfer_ranges(f, fd, buf, reads)\n"
-        "f._use()\n"
+        "f._rows(True)\n"
+        "n = storage._pools\n"
         "self._fan_out = None\n"
         "os._exit(1)\n"
     )
     found = [f.split(":")[0] for f in _private_reaches("tiering.serving.sharded", ast.parse(src))]
-    assert found == ["line 1", "line 2", "line 3", "line 4", "line 5"], found
+    assert sorted(found) == ["line 1", "line 2", "line 3", "line 4", "line 5"], found
     in_io = [f.split(":")[0] for f in _private_reaches("tiering.io.sharding", ast.parse(src))]
     assert in_io == ["line 2"], in_io  # io's own privates are io's; codec's are not
 
