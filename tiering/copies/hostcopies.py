@@ -374,55 +374,16 @@ class HostCopies(CopyPasses):
         keep_s: float,
         sources: Callable[[str, int], None] | None,
     ) -> CopyEntry:
-        area = self._area(dest)
+        """Write ``rec``'s copy on ``dest``, then record it (the copy goes if the file changed
+        meanwhile) and index it, in place of any copy it replaces."""
         name = copy_name(rec.id, rec.generation)
 
         def stop() -> bool:
             return (cancel is not None and cancel.is_set()) or self._stopped.is_set()
 
-        def origin() -> Source:
-            content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
-            if content.record.generation != rec.generation:
-                content.close()
-                raise FileChanged(f"{rec.relpath!r} changed before it was copied")
-            return content.source
-
-        def serving(fill: PieceFill | None) -> None:
-            with self._lock:
-                self._fills.pop(rec.id, None)
-                if fill is not None:
-                    self._fills[rec.id] = fill
-
         limit = (lambda k: self.limiter.acquire(k, cancel)) if throttle else None
         try:
-            area.check()  # the copies directory, made durably on the first fill
-            if self.fleet is not None:
-                write_from_pieces(
-                    self.fleet,
-                    rec,
-                    area,
-                    name,
-                    open_origin=origin,
-                    stop=stop,
-                    throttle=limit,
-                    progress=progress,
-                    sources=sources,
-                    serving=serving,
-                )
-            else:
-                with origin() as src:
-                    write_copy(
-                        src,
-                        area,
-                        name,
-                        size=rec.size,
-                        checksum=rec.checksum,
-                        stop=stop,
-                        throttle=limit,
-                        progress=progress,
-                    )
-                if sources is not None:
-                    sources("bucket", rec.size)
+            self._write(rec, self._area(dest), name, stop, limit, progress, sources)
         except IntegrityError as exc:
             raise IntegrityError(
                 f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum "
@@ -441,7 +402,7 @@ class HostCopies(CopyPasses):
             states=_CURRENT,
         )
         if not recorded:
-            area.remove(name)
+            self._area(dest).remove(name)
             raise FileChanged(f"{rec.relpath!r} changed while it was copied")
         keep_until = time.time() + keep_s if keep_s > 0 else 0.0  # 0: kept for its heat only
         entry = CopyEntry(rec.id, rec.generation, rec.size, dest.name, keep_until)
@@ -450,6 +411,62 @@ class HostCopies(CopyPasses):
         if old is not None and (old.tier, old.generation) != (dest.name, rec.generation):
             self._remove(old)  # the copy it replaces (another tier or generation)
         return entry
+
+    def _write(
+        self,
+        rec: FileRecord,
+        area: Tier,
+        name: str,
+        stop: Callable[[], bool],
+        limit: Callable[[int], None] | None,
+        progress: Callable[[int], None] | None,
+        sources: Callable[[str, int], None] | None,
+    ) -> None:
+        """The copy's bytes into ``area`` as ``name``: from pieces (peers, and the bucket for
+        what none gives) on a fleet with a credential, else from the bucket."""
+        area.check()  # the copies directory, made durably on the first fill
+        if self.fleet is not None:
+            write_from_pieces(
+                self.fleet,
+                rec,
+                area,
+                name,
+                open_origin=lambda: self._origin(rec),
+                stop=stop,
+                throttle=limit,
+                progress=progress,
+                sources=sources,
+                serving=lambda fill: self._relaying(rec.id, fill),
+            )
+            return
+        with self._origin(rec) as src:
+            write_copy(
+                src,
+                area,
+                name,
+                size=rec.size,
+                checksum=rec.checksum,
+                stop=stop,
+                throttle=limit,
+                progress=progress,
+            )
+        if sources is not None:
+            sources("bucket", rec.size)
+
+    def _origin(self, rec: FileRecord) -> Source:
+        """``rec``'s bytes on its origin, at its generation."""
+        content = self.files.open_content(rec.id)  # a HEAD: a changed object fails here
+        if content.record.generation != rec.generation:
+            content.close()
+            raise FileChanged(f"{rec.relpath!r} changed before it was copied")
+        return content.source
+
+    def _relaying(self, file_id: int, fill: PieceFill | None) -> None:
+        """``fill`` serves its verified pieces to peers now (None: no more)."""
+        with self._lock:
+            self._fills.pop(file_id, None)
+            if fill is not None:
+                self._fills[file_id] = fill
 
     def drop(self, file_id: int, reason: str = "dropped") -> bool:
         """Drop the file's copy, if any: its row first, then the file (a read that opened it
