@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tiering.placement.planner import fmt
-from tiering.placement.policy import FileView, Policy, heat_now
+from tiering.placement.policy import FileView, Policy, TierPolicy, heat_now
 
 __all__ = ["CacheDrop", "CacheFileView", "CacheFill", "CachePlan", "CachedCopy", "plan_cache"]
 
@@ -100,17 +100,85 @@ def plan_cache(
         A file's heat now (default: its catalog heat decayed under ``policy``).
     """
     rule = policy.tiers[tier]
-    cap = rule.quota_bytes if rule.quota_bytes is not None else quota
-    h = policy.hysteresis
-    up, down = rule.min_heat * (1 + h), rule.min_heat * (1 - h)
-    high = None if cap is None else cap * rule.high_watermark
-    low = None if cap is None else cap * rule.low_watermark
     recs = {f.id: f for f in files}
     of = heat_of if heat_of is not None else (lambda f: heat_now(f, policy, now))
-    heat = {i: of(f) for i, f in recs.items()}
+    b = _Bounds(
+        tier,
+        rule,
+        rule.quota_bytes if rule.quota_bytes is not None else quota,
+        policy.hysteresis,
+        {i: of(f) for i, f in recs.items()},
+        now,
+    )
     plan = CachePlan()
+    kept = _keep_current_and_warm(b, recs, copies, plan)
+    cached = {c.file_id for c in kept} | {d.file_id for d in plan.drops if d.code != "stale"}
+    used = _within_watermarks(b, kept, plan)
+    wanted = sorted(
+        (
+            f
+            for f in recs.values()
+            if f.id not in cached and f.state == _STABLE and b.heat[f.id] >= b.up
+        ),
+        key=lambda f: (-b.heat[f.id], f.id),
+    )
+    for f in wanted:
+        if b.low is not None and used + f.size > b.low:
+            continue
+        used += f.size
+        why = f"heat {fmt(b.heat[f.id])} ≥ {fmt(rule.min_heat)}"
+        if b.h:
+            why += f" (+{b.h:.0%} hysteresis)"
+        plan.fills.append(
+            CacheFill(
+                f.id, f.relpath, f.generation, f.size, b.heat[f.id], f"{why}: copy into {tier}"
+            )
+        )
+    return plan
 
+
+@dataclass(frozen=True)
+class _Bounds:
+    """One cache tier's rule as a pass applies it: its cap, hysteresis and watermarks, and
+    every file's heat now."""
+
+    tier: str
+    rule: TierPolicy
+    cap: int | None
+    h: float
+    heat: dict[int, float]
+    now: float
+
+    @property
+    def up(self) -> float:
+        return self.rule.min_heat * (1 + self.h)
+
+    @property
+    def down(self) -> float:
+        return self.rule.min_heat * (1 - self.h)
+
+    @property
+    def high(self) -> float | None:
+        return None if self.cap is None else self.cap * self.rule.high_watermark
+
+    @property
+    def low(self) -> float | None:
+        return None if self.cap is None else self.cap * self.rule.low_watermark
+
+    def protected(self, c: CachedCopy) -> bool:
+        return c.held or c.keep_until > self.now
+
+
+def _keep_current_and_warm(
+    b: _Bounds,
+    recs: dict[int, CacheFileView],
+    copies: Iterable[CachedCopy],
+    plan: CachePlan,
+) -> list[CachedCopy]:
+    """The copies kept; stale ones (the file gone or changed) and cold ones unprotected by a
+    lease or a prefetch's keep are planned as drops."""
     kept: list[CachedCopy] = []
+    heat = b.heat
     for c in copies:
         f = recs.get(c.file_id)
         if f is None or f.generation != c.generation or f.state not in _CURRENT:
@@ -119,56 +187,41 @@ def plan_cache(
                 CacheDrop(c.file_id, c.size, heat.get(c.file_id), "stale", f"the file {why}")
             )
             continue
-        protected = c.held or c.keep_until > now
-        if not protected and heat[c.file_id] < down:
-            why = f"heat {fmt(heat[c.file_id])} < {fmt(rule.min_heat)}"
-            if h:
-                why += f" (-{h:.0%} hysteresis)"
+        if not b.protected(c) and heat[c.file_id] < b.down:
+            why = f"heat {fmt(heat[c.file_id])} < {fmt(b.rule.min_heat)}"
+            if b.h:
+                why += f" (-{b.h:.0%} hysteresis)"
             plan.drops.append(CacheDrop(c.file_id, c.size, heat[c.file_id], "cold", f"{why}: drop"))
             continue
         kept.append(c)
-    cached = {c.file_id for c in kept} | {d.file_id for d in plan.drops if d.code != "stale"}
-    used = sum(c.size for c in kept)
+    return kept
 
-    if high is not None and low is not None and used > high:
-        # Protected copies stay; the others are taken back hottest first while they fit.
-        over = used
-        used = sum(c.size for c in kept if c.held or c.keep_until > now)
-        free = sorted(
-            (c for c in kept if not (c.held or c.keep_until > now)),
-            key=lambda c: (-heat[c.file_id], c.file_id),
-        )
-        for c in free:
-            if used + c.size <= low:
-                used += c.size
-                continue
-            plan.drops.append(
-                CacheDrop(
-                    c.file_id,
-                    c.size,
-                    heat[c.file_id],
-                    "watermark",
-                    f"{tier} holds {over} bytes, over its high watermark ({rule.high_watermark:.0%}"
-                    f" of {cap}): drop one of its coldest copies (heat {fmt(heat[c.file_id])})",
-                ),
-            )
 
-    wanted = sorted(
-        (
-            f
-            for f in recs.values()
-            if f.id not in cached and f.state == _STABLE and heat[f.id] >= up
-        ),
-        key=lambda f: (-heat[f.id], f.id),
+def _within_watermarks(b: _Bounds, kept: list[CachedCopy], plan: CachePlan) -> float:
+    """Past the high watermark, the coldest unprotected copies planned as drops until the rest
+    fit under the low one; the bytes the kept copies then use."""
+    used: float = sum(c.size for c in kept)
+    if b.high is None or b.low is None or used <= b.high:
+        return used
+    # Protected copies stay; the others are taken back hottest first while they fit.
+    over, heat = used, b.heat
+    used = sum(c.size for c in kept if b.protected(c))
+    free = sorted(
+        (c for c in kept if not b.protected(c)), key=lambda c: (-heat[c.file_id], c.file_id)
     )
-    for f in wanted:
-        if low is not None and used + f.size > low:
+    for c in free:
+        if used + c.size <= b.low:
+            used += c.size
             continue
-        used += f.size
-        why = f"heat {fmt(heat[f.id])} ≥ {fmt(rule.min_heat)}"
-        if h:
-            why += f" (+{h:.0%} hysteresis)"
-        plan.fills.append(
-            CacheFill(f.id, f.relpath, f.generation, f.size, heat[f.id], f"{why}: copy into {tier}")
+        plan.drops.append(
+            CacheDrop(
+                c.file_id,
+                c.size,
+                heat[c.file_id],
+                "watermark",
+                f"{b.tier} holds {over} bytes, over its high watermark "
+                f"({b.rule.high_watermark:.0%} of {b.cap}): drop one of its coldest copies "
+                f"(heat {fmt(heat[c.file_id])})",
+            ),
         )
-    return plan
+    return used
