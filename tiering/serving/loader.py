@@ -33,6 +33,7 @@ from tiering.io import Device, GpuDirectStorage, IoReport
 from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.context import LoadContext
+from tiering.serving.devices import place
 from tiering.serving.devstats import DeviceStats
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.leases import Lease, LeaseTable
@@ -204,7 +205,7 @@ class Loader:
         out = replicate_range(
             self._ctx,
             file,
-            LoadTarget.of(device),
+            place(self._ctx, LoadTarget.of(device)),
             offset=offset,
             length=length,
             dtype=dtype,
@@ -291,7 +292,7 @@ class Loader:
         out = gather_to(
             self._ctx,
             file,
-            LoadTarget.of(device),
+            place(self._ctx, LoadTarget.of(device)),
             dim=dim,
             dtype=dtype,
             indices=indices,
@@ -368,7 +369,7 @@ class Loader:
         out = load_devices(
             self._ctx,
             files,
-            LoadTarget.of(device),
+            place(self._ctx, LoadTarget.of(device)),
             names=names,
             ttl_s=ttl_s,
             shared=shared,

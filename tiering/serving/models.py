@@ -37,6 +37,7 @@ from tiering.io.hfmodel import (
 from tiering.io.safetensors import parse_header
 from tiering.io.target import LoadTarget
 from tiering.serving.context import LoadContext
+from tiering.serving.devices import place
 from tiering.serving.jobs import Job, JobTable
 from tiering.serving.prefetch import start_prefetch
 from tiering.serving.safetensors import TensorsLoaded
@@ -285,7 +286,7 @@ class Models:
         out = load_devices(
             self._ctx,
             refs,
-            target,
+            place(self._ctx, target),
             names=None,
             ttl_s=ttl_s,
             shared=shared,

@@ -31,11 +31,10 @@ from tiering.errors import FileChanged, InvalidSharding
 from tiering.io import Device, GdsFile
 from tiering.io.buffers import alloc_size
 from tiering.io.fanout import Delivery, all_gather, choose, fan_out, split
-from tiering.io.target import LoadTarget
 from tiering.serving.checks import check_range, check_shape, parse_dtype
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, fill, flat
-from tiering.serving.devices import resolve
+from tiering.serving.devices import Placed
 from tiering.serving.gathers import gather_rows
 from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.loads import load_one
@@ -60,17 +59,17 @@ def same_file(files: Sequence[GdsFile]) -> None:
             raise FileChanged(f"{first.path} changed while it was opened for several devices")
 
 
-def _devices(ctx: LoadContext, target: LoadTarget) -> list[Device]:
+def _devices(placed: Placed) -> list[Device]:
     """The devices of a range or rows load: a sharding splits tensors, which these have not."""
-    if target.sharding is not None:
+    if placed.sharding is not None:
         raise InvalidSharding("sharding splits safetensors tensors; give devices here")
-    return resolve(ctx, target)
+    return list(placed.devices)
 
 
 def replicate_range(
     ctx: LoadContext,
     file: FileRef,
-    target: LoadTarget,
+    placed: Placed,
     *,
     offset: int,
     length: int | None,
@@ -82,8 +81,8 @@ def replicate_range(
     """A range of ``file`` into every device of ``target``; see
     :meth:`tiering.serving.Loader.load`. One device is the plain load (``shared`` too)."""
     if shared:
-        target.alone("shared loads")
-    devs = _devices(ctx, target)
+        placed.alone("shared loads")
+    devs = _devices(placed)
 
     def one(d: Device) -> Lease:
         return load_one(
@@ -146,7 +145,7 @@ def replicate_range(
 def gather_to(
     ctx: LoadContext,
     file: FileRef,
-    target: LoadTarget,
+    placed: Placed,
     *,
     dim: int,
     dtype: str,
@@ -159,7 +158,7 @@ def gather_to(
     :meth:`tiering.serving.Loader.gather`. The first device gathers the rows (they are
     scattered, so there is no one range to split), the others get them by peer copy or
     through pinned host staging (each Replica says which)."""
-    devs = _devices(ctx, target)
+    devs = _devices(placed)
 
     def size() -> int:
         rows = len(indices) if indices is not None else (count or 0)

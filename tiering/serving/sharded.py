@@ -46,10 +46,9 @@ from tiering.io.fanout import Delivery, PeerCopy, all_gather, choose, fan_out, p
 from tiering.io.safetensors import DTYPES, TensorInfo, parse_header, select_tensors
 from tiering.io.sharding import TensorSlice
 from tiering.io.sharding import split as split_tensors
-from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef
 from tiering.serving.context import LoadContext, flat
-from tiering.serving.devices import resolve
+from tiering.serving.devices import Placed
 from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.replicas import same_file
 from tiering.serving.safetensors import Select, TensorsLoaded, load_shards, loaded
@@ -103,7 +102,7 @@ def _plan(infos: Sequence[TensorInfo], slices: dict[str, TensorSlice]) -> _Plan:
 def load_devices(
     ctx: LoadContext,
     files: Sequence[FileRef],
-    target: LoadTarget,
+    placed: Placed,
     *,
     names: Sequence[str] | None,
     ttl_s: float | None,
@@ -111,7 +110,7 @@ def load_devices(
     select: Select | None = None,
     wait: bool = True,
 ) -> list[DeviceLoaded]:
-    """Tensors of safetensors shards into the devices of ``target``, one entry per device;
+    """Tensors of safetensors shards into the devices ``placed`` names, one entry per device;
     see :meth:`tiering.serving.Loader.load_safetensors`. One device without sharding is the
     plain load (:func:`~tiering.serving.safetensors.load_shards`, ``shared`` and ``select``
     as there; ``select`` checks the opened shards and chooses the tensors, with ``names``
@@ -124,10 +123,8 @@ def load_devices(
             limit=ctx.config.max_batch_items,
         )
     if shared:
-        target.alone("shared loads")
-    devs = resolve(ctx, target)
-    ranks = target.ranks(len(devs))
-    spec = target.sharding
+        placed.alone("shared loads")
+    devs, ranks, spec = list(placed.devices), list(placed.ranks), placed.sharding
     ctx.leases.ttl(ttl_s)
     if spec is None and len(devs) == 1:
         one = load_shards(
@@ -188,73 +185,34 @@ def _run(
     sharded: bool,
     peer: bool,
 ) -> list[DeviceLoaded]:
-    shards = [i for i, shard in enumerate(infos) if shard]
-    reserved: dict[tuple[int, int], Reservation] = {}
+    """Reserve every buffer, read (and exchange) the bytes, then grant the leases; on any
+    failure nothing stays reserved or leased on any device."""
+    load = _Load(devs, [i for i, shard in enumerate(infos) if shard], plans)
     granted: list[Lease] = []
     try:
-        for k, d in enumerate(devs):  # every budget first: an overrun reads nothing
-            for i in shards:
-                n = max(1, plans[k][i].nbytes)
-                res = reserved[(k, i)] = ctx.leases.reserve(d, alloc_size(d, n))
-                res.attach(ctx.leases.pool.get(d, n))
+        load.reserve(ctx)
         storages = [ctx.storage(d) for d in devs[: len(opened)]]
         # One part of each shard per device for a split, else all of it.
-        parts = {i: split(plans[0][i].nbytes, len(devs)) for i in shards} if how == "split" else {}
-        owners = _owners(plans, shards) if sharded and peer else {}
-        calls = [
-            (
-                s,
-                opened[k][i][0],
-                reserved[(k, i)],
-                plans[k][i],
-                parts[i][k] if parts else None,
-                frozenset(j for (i2, j), o in owners.items() if i2 == i and o != k),
-            )
-            for k, s in enumerate(storages)
-            for i in shards
-        ]
+        parts = {i: split(plans[0][i].nbytes, len(devs)) for i in load.shards}
+        owners = _owners(plans, load.shards) if sharded and peer else {}
         started = time.perf_counter()
-        # All devices read at once: each has its own host link.
-        done = iter(storages[0].fan_out(_read_plan, calls))
-        reports = {(k, i): next(done) for k in range(len(storages)) for i in shards}
+        reports = load.read(storages, opened, parts if how == "split" else {}, owners)
         if owners:  # each replicated tensor from the rank that read it to the others
-            peer_copies(
-                [
-                    PeerCopy(
-                        devs[o],
-                        flat(reserved[(o, i)], plans[o][i].nbytes),
-                        plans[o][i].pieces[j].at,
-                        devs[k],
-                        flat(reserved[(k, i)], plans[k][i].nbytes),
-                        plans[k][i].pieces[j].at,
-                        plans[k][i].pieces[j].part.nbytes,
-                    )
-                    for (i, j), o in owners.items()
-                    for k in range(len(devs))
-                    if k != o
-                ]
-            )
+            load.from_owners(owners)
         if how == "split":
-            for i in shards:
-                n = plans[0][i].nbytes
-                all_gather([(d, flat(reserved[(k, i)], n)) for k, d in enumerate(devs)], parts[i])
+            load.gather(parts)
         if how == "split" or owners:
             seconds = time.perf_counter() - started
             for (k, i), rep in reports.items():
                 n = plans[k][i].nbytes
                 reports[(k, i)] = dataclasses.replace(rep, nbytes=n, seconds=seconds)
         elif how == "host":  # from the first device to the others
-            for i in shards:
-                n = plans[0][i].nbytes
-                targets = [(devs[k], flat(reserved[(k, i)], n)) for k in range(1, len(devs))]
-                reps = fan_out(flat(reserved[(0, i)], n), devs[0], targets, n, "copy", "host")
-                for k, rep in enumerate(reps, start=1):
-                    reports[(k, i)] = rep
+            reports |= load.from_first()
         out = []
         for k, d in enumerate(devs):
             leases = []
-            for i in shards:
-                res = reserved.pop((k, i))
+            for i in load.shards:
+                res = load.reserved.pop((k, i))
                 lease = _grant(
                     ctx, res, plans[k][i], opened[0][i][1], reports[(k, i)], ttl_s, sharded=sharded
                 )
@@ -265,9 +223,92 @@ def _run(
         return out
     except BaseException:
         ctx.leases.release_many([lease.id for lease in granted])
-        for res in reserved.values():
+        for res in load.reserved.values():
             res.cancel()
         raise
+
+
+@dataclass
+class _Load:
+    """One multi-device load's buffers: per (device ``k``, shard ``i``), its reservation and
+    a flat ``uint8`` view of it, taken once and handed to every io step."""
+
+    devs: list[Device]
+    shards: list[int]
+    plans: list[list[_Plan]]
+    reserved: dict[tuple[int, int], Reservation] = field(default_factory=dict)
+    bufs: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+    def reserve(self, ctx: LoadContext) -> None:
+        """Every budget first: a load over any device's budget reads nothing."""
+        for k, d in enumerate(self.devs):
+            for i in self.shards:
+                n = max(1, self.plans[k][i].nbytes)
+                res = self.reserved[(k, i)] = ctx.leases.reserve(d, alloc_size(d, n))
+                res.attach(ctx.leases.pool.get(d, n))
+                self.bufs[(k, i)] = flat(res, self.plans[k][i].nbytes)
+
+    def read(
+        self,
+        storages: list[GpuDirectStorage],
+        opened: list[list[tuple[GdsFile, int]]],
+        parts: dict[int, list[tuple[int, int]]],
+        owners: dict[tuple[int, int], int],
+    ) -> dict[tuple[int, int], IoReport]:
+        """Every reading device's pieces of every shard, all devices at once (each has its
+        own host link)."""
+        calls = [
+            (
+                s,
+                opened[k][i][0],
+                self.reserved[(k, i)],
+                self.bufs[(k, i)],
+                self.plans[k][i],
+                parts[i][k] if parts else None,
+                frozenset(j for (i2, j), o in owners.items() if i2 == i and o != k),
+            )
+            for k, s in enumerate(storages)
+            for i in self.shards
+        ]
+        done = iter(storages[0].fan_out(_read_plan, calls))
+        return {(k, i): next(done) for k in range(len(storages)) for i in self.shards}
+
+    def from_owners(self, owners: dict[tuple[int, int], int]) -> None:
+        """Each replicated tensor peer-copied from the rank that read it to the others."""
+        plans = self.plans
+        peer_copies(
+            [
+                PeerCopy(
+                    self.devs[o],
+                    self.bufs[(o, i)],
+                    plans[o][i].pieces[j].at,
+                    self.devs[k],
+                    self.bufs[(k, i)],
+                    plans[k][i].pieces[j].at,
+                    plans[k][i].pieces[j].part.nbytes,
+                )
+                for (i, j), o in owners.items()
+                for k in range(len(self.devs))
+                if k != o
+            ]
+        )
+
+    def gather(self, parts: dict[int, list[tuple[int, int]]]) -> None:
+        """A split replica: each device's part of each shard copied to every other device."""
+        for i in self.shards:
+            all_gather([(d, self.bufs[(k, i)]) for k, d in enumerate(self.devs)], parts[i])
+
+    def from_first(self) -> dict[tuple[int, int], IoReport]:
+        """Replicas without peer access: the first device's bytes to the others through one
+        pinned host staging buffer; their reports."""
+        out = {}
+        for i in self.shards:
+            n = self.plans[0][i].nbytes
+            targets = [(self.devs[k], self.bufs[(k, i)]) for k in range(1, len(self.devs))]
+            reps = fan_out(self.bufs[(0, i)], self.devs[0], targets, n, "copy", "host")
+            for k, rep in enumerate(reps, start=1):
+                out[(k, i)] = rep
+        return out
 
 
 def _owners(plans: list[list[_Plan]], shards: list[int]) -> dict[tuple[int, int], int]:
@@ -289,6 +330,7 @@ def _read_plan(
     storage: GpuDirectStorage,
     f: GdsFile,
     res: Reservation,
+    buf: Any,
     plan: _Plan,
     window: tuple[int, int] | None,
     skip: frozenset[int],
@@ -297,18 +339,18 @@ def _read_plan(
     ``window``, for a split replica; not the pieces in ``skip``, which another rank reads);
     see the module docstring."""
     with storage.device.current():
-        return _read_pieces(storage, f, res, plan, window, skip)
+        return _read_pieces(storage, f, res, buf, plan, window, skip)
 
 
 def _read_pieces(
     storage: GpuDirectStorage,
     f: GdsFile,
     res: Reservation,
+    buf: Any,
     plan: _Plan,
     window: tuple[int, int] | None,
     skip: frozenset[int],
 ) -> IoReport:
-    buf = flat(res, plan.nbytes)
     reads: list[tuple[int, int, int]] = []
     cuts: list[_Piece] = []
     for j, p in enumerate(plan.pieces):
