@@ -224,16 +224,7 @@ def load_shared(
     (see :meth:`~tiering.serving.residency.Residency.find_range`), the others read once each
     (items of one content in the request share its read) and made resident."""
     ctx.leases.ttl(ttl_s)
-    wanted: list[_Wanted] = []
-    for it in items:
-        dev = ctx.device(it.device or device)
-        dt = parse_dtype(it.dtype)
-        rec = record_of(ctx, it.file)
-        n = check_range(it.offset, it.length, rec.size)
-        shp = check_shape(n, dt, it.shape)
-        tier = ctx.engine.tiers.get(rec.tier)
-        key = ResidentKey.bytes(rec, dev, it.offset, n)
-        wanted.append(_Wanted(dev, rec, tier, it.offset, n, dt, shp, key))
+    wanted = [_want(ctx, it, device) for it in items]
     out: list[Lease | None] = [None] * len(wanted)
     granted: list[Lease] = []
     residency = ctx.residency
@@ -241,19 +232,7 @@ def load_shared(
         with residency.claim(w.key for w in wanted), contextlib.ExitStack() as stack:
             pending: list[int] = []
             for i, w in enumerate(wanted):
-                found = residency.find_range(w.rec, w.dev, w.offset, w.n, w.dtype.itemsize, w.tier)
-                hit = None
-                if found is not None:
-                    hit = residency.grant_shared(
-                        found[0],
-                        w.rec,
-                        kind="load",
-                        ttl_s=ttl_s,
-                        offset=found[1],
-                        nbytes=w.n,
-                        dtype=w.dtype.name,
-                        shape=w.shape,
-                    )
+                hit = _resident(ctx, w, ttl_s)
                 if hit is not None:
                     out[i] = hit
                     granted.append(hit)
@@ -269,43 +248,16 @@ def load_shared(
                 if fl is None:
                     fl = fills[w.key] = _open_fill(ctx, stack, w)
                 source[i] = (fl, w.offset - fl.want.offset)
-            for fl in fills.values():
-                fl.res.attach(ctx.leases.pool.get(fl.want.dev, fl.want.n))
-            calls: list[Callable[[], IoReport]] = [
-                functools.partial(_read, fl) for fl in fills.values()
-            ]
-            reports = fan_out.run(calls) if fan_out is not None else [c() for c in calls]
-            for fl, report in zip(fills.values(), reports, strict=True):
-                w = fl.want
-                spec = LeaseSpec(w.n, w.dtype.name, w.shape, "load", (w.rec.id,), report, ttl_s)
-                fl.lease = ctx.leases.grant(fl.res, spec, read_only=True)
-                granted.append(fl.lease)
-                if fl.stat is not None:
-                    residency.register(w.key, fl.lease, fl.stat)
+            granted += _read_fills(ctx, fan_out, list(fills.values()), ttl_s)
             handed: set[ResidentKey] = set()
             for i in pending:
-                w = wanted[i]
-                fl, at = source[i]
-                assert fl.lease is not None and fl.lease.holding is not None
+                w, (fl, at) = wanted[i], source[i]
+                assert fl.lease is not None
                 if w.key == fl.want.key and w.key not in handed:
                     handed.add(w.key)
                     out[i] = fl.lease
                     continue
-                again = residency.share(
-                    fl.lease.holding,
-                    w.rec,
-                    kind="load",
-                    ttl_s=ttl_s,
-                    offset=at,
-                    nbytes=w.n,
-                    dtype=w.dtype.name,
-                    shape=w.shape,
-                )
-                if again is None:
-                    raise BufferNotFound(
-                        f"buffer {fl.lease.id} expired before the reply; ask for a longer ttl_s",
-                        buffer_id=fl.lease.id,
-                    )
+                again = _share(ctx, fl.lease, w, at, ttl_s)
                 granted.append(again)
                 out[i] = again
     except BaseException:
@@ -346,3 +298,71 @@ def _covering(fills: Iterable[_Fill], w: _Wanted) -> _Fill | None:
 
 def _read(fl: _Fill) -> IoReport:
     return fill(fl.storage, fl.file, fl.want.offset, fl.res, fl.want.n)
+
+
+def _want(ctx: LoadContext, it: LoadItem, device: str | Device) -> _Wanted:
+    """One item of a shared batch, checked: its device, record, range, dtype and shape."""
+    dev = ctx.device(it.device or device)
+    dt = parse_dtype(it.dtype)
+    rec = record_of(ctx, it.file)
+    n = check_range(it.offset, it.length, rec.size)
+    shp = check_shape(n, dt, it.shape)
+    tier = ctx.engine.tiers.get(rec.tier)
+    return _Wanted(dev, rec, tier, it.offset, n, dt, shp, ResidentKey.bytes(rec, dev, it.offset, n))
+
+
+def _resident(ctx: LoadContext, w: _Wanted, ttl_s: float | None) -> Lease | None:
+    """A lease over a resident copy holding ``w``'s range, or None."""
+    found = ctx.residency.find_range(w.rec, w.dev, w.offset, w.n, w.dtype.itemsize, w.tier)
+    if found is None:
+        return None
+    return ctx.residency.grant_shared(
+        found[0],
+        w.rec,
+        kind="load",
+        ttl_s=ttl_s,
+        offset=found[1],
+        nbytes=w.n,
+        dtype=w.dtype.name,
+        shape=w.shape,
+    )
+
+
+def _read_fills(
+    ctx: LoadContext, fan_out: FanOut | None, fills: list[_Fill], ttl_s: float | None
+) -> list[Lease]:
+    """Read every fill at once, lease each read-only and make it resident; the leases."""
+    for fl in fills:
+        fl.res.attach(ctx.leases.pool.get(fl.want.dev, fl.want.n))
+    calls: list[Callable[[], IoReport]] = [functools.partial(_read, fl) for fl in fills]
+    reports = fan_out.run(calls) if fan_out is not None else [c() for c in calls]
+    leases = []
+    for fl, report in zip(fills, reports, strict=True):
+        w = fl.want
+        spec = LeaseSpec(w.n, w.dtype.name, w.shape, "load", (w.rec.id,), report, ttl_s)
+        fl.lease = ctx.leases.grant(fl.res, spec, read_only=True)
+        leases.append(fl.lease)
+        if fl.stat is not None:
+            ctx.residency.register(w.key, fl.lease, fl.stat)
+    return leases
+
+
+def _share(ctx: LoadContext, lease: Lease, w: _Wanted, at: int, ttl_s: float | None) -> Lease:
+    """Another lease over ``lease``'s buffer, for ``w``'s range at ``at`` in it."""
+    assert lease.holding is not None
+    again = ctx.residency.share(
+        lease.holding,
+        w.rec,
+        kind="load",
+        ttl_s=ttl_s,
+        offset=at,
+        nbytes=w.n,
+        dtype=w.dtype.name,
+        shape=w.shape,
+    )
+    if again is None:
+        raise BufferNotFound(
+            f"buffer {lease.id} expired before the reply; ask for a longer ttl_s",
+            buffer_id=lease.id,
+        )
+    return again
