@@ -84,36 +84,14 @@ def load_shards(
     :class:`~tiering.io.fences.Fence` that the buffers' handles name, and counted (stats,
     the load observer) once they land.
     """
-    if not files:
-        raise InvalidInput("name at least one file")
-    if len(files) > ctx.config.max_batch_items:
-        raise TooLarge(
-            f"{len(files)} files is over the limit of {ctx.config.max_batch_items}",
-            limit=ctx.config.max_batch_items,
-        )
+    check_batch(ctx, files)
     dev = ctx.device(device)
     ctx.leases.ttl(ttl_s)
     storage = ctx.storage(dev)
     if shared:
         return _load_shared(ctx, storage, files, names, select, ttl_s)
-    lock = threading.Lock()
-    reserved: list[Reservation] = []
-    by_array: dict[int, Reservation] = {}
-    # A few clock reads per shard: the phases of the load, for the reply's Server-Timing.
-    timings = dict.fromkeys(("open", "read", "alloc", "sync", "grant"), 0.0)
-
-    def alloc(nbytes: int) -> Any:
-        t0 = time.perf_counter()
-        res = ctx.leases.reserve(dev, alloc_size(dev, nbytes))
-        with lock:
-            reserved.append(res)
-        buf = res.attach(ctx.leases.pool.get(dev, nbytes))
-        arr = buf.array()[:nbytes]
-        with lock:
-            by_array[id(arr)] = res
-            timings["alloc"] += time.perf_counter() - t0
-        return arr
-
+    alloc = _Allocator(ctx, dev)
+    timings = alloc.timings
     leases: list[Lease] = []
     fence = None if wait or not dev.is_cuda else Fence(dev)
     with contextlib.ExitStack() as stack:
@@ -134,7 +112,7 @@ def load_shards(
                     fence.seal()  # even after a failure: what was queued is waited for
             timings["read"] = time.perf_counter() - t1
             for shard, (_f, file_id) in zip(shards, opened, strict=True):
-                res = by_array[id(shard.buffer)]
+                res = alloc.by_array[id(shard.buffer)]
                 if not shard.tensors:
                     res.cancel()  # nothing selected from this shard
                     continue
@@ -143,12 +121,49 @@ def load_shards(
             if fence is not None:
                 fence.wait()  # nothing may still be copying into buffers given back
             ctx.leases.release_many([lease.id for lease in leases])
-            for res in reserved:
+            for res in alloc.reserved:
                 res.cancel()
             raise
     out = loaded(ctx, dev, leases, fence)
     out.timings.update(timings)
     return out
+
+
+def check_batch(ctx: LoadContext, files: Sequence[FileRef]) -> None:
+    """A load names at least one file and at most ``max_batch_items``."""
+    if not files:
+        raise InvalidInput("name at least one file")
+    if len(files) > ctx.config.max_batch_items:
+        raise TooLarge(
+            f"{len(files)} files is over the limit of {ctx.config.max_batch_items}",
+            limit=ctx.config.max_batch_items,
+        )
+
+
+class _Allocator:
+    """The shard buffers of one load on ``dev``, reserved against its budget as the reader
+    asks for them (from its threads), with the phases' times for the reply's Server-Timing."""
+
+    def __init__(self, ctx: LoadContext, dev: Device) -> None:
+        self.ctx, self.dev = ctx, dev
+        self.lock = threading.Lock()
+        self.reserved: list[Reservation] = []
+        self.by_array: dict[int, Reservation] = {}
+        # A few clock reads per shard: the phases of the load.
+        self.timings = dict.fromkeys(("open", "read", "alloc", "sync", "grant"), 0.0)
+
+    def __call__(self, nbytes: int) -> Any:
+        t0 = time.perf_counter()
+        leases = self.ctx.leases
+        res = leases.reserve(self.dev, alloc_size(self.dev, nbytes))
+        with self.lock:
+            self.reserved.append(res)
+        buf = res.attach(leases.pool.get(self.dev, nbytes))
+        arr = buf.array()[:nbytes]
+        with self.lock:
+            self.by_array[id(arr)] = res
+            self.timings["alloc"] += time.perf_counter() - t0
+        return arr
 
 
 def _grant(
@@ -238,20 +253,7 @@ def _load_shared(
     # Before anything is opened or read: a change after it shows (see authoritative_stat).
     stats = [authoritative_stat(r, t) for r, t in zip(recs, tiers, strict=True)]
     leases: dict[int, Lease] = {}
-    reserved: list[Reservation] = []
-    lock = threading.Lock()
-
-    by_array: dict[int, Reservation] = {}
-
-    def alloc(nbytes: int) -> Any:
-        res = ctx.leases.reserve(dev, alloc_size(dev, nbytes))
-        with lock:
-            reserved.append(res)
-        arr = res.attach(ctx.leases.pool.get(dev, nbytes)).array()[:nbytes]
-        with lock:
-            by_array[id(arr)] = res
-        return arr
-
+    alloc = _Allocator(ctx, dev)
     try:
         with contextlib.ExitStack() as stack:
             opened = [stack.enter_context(ctx.open(r.id, storage)) for r in recs]
@@ -279,7 +281,7 @@ def _load_shared(
                     todo_files = [opened[i][0] for i in todo]
                     shards = storage.load_safetensors_raw(todo_files, wanted, alloc)
                 for i, shard in zip(todo, shards, strict=True):
-                    res = by_array[id(shard.buffer)]
+                    res = alloc.by_array[id(shard.buffer)]
                     lease = _grant(ctx, res, shard, recs[i].id, ttl_s, read_only=True)
                     leases[i] = lease
                     stat = stats[i]
@@ -287,7 +289,7 @@ def _load_shared(
                         residency.register(keys[i], lease, stat)
     except BaseException:
         ctx.leases.release_many([lease.id for lease in leases.values()])
-        for res in reserved:
+        for res in alloc.reserved:
             res.cancel()
         raise
     return loaded(ctx, dev, [leases[i] for i in sorted(leases)])

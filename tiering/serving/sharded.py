@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from tiering.errors import InvalidInput, TooLarge
 from tiering.io import Device, GdsFile, GpuDirectStorage, IoReport
 from tiering.io.buffers import alloc_size
 from tiering.io.fanout import Delivery, PeerCopy, all_gather, choose, fan_out, peer_copies, split
@@ -51,7 +50,7 @@ from tiering.serving.context import LoadContext, flat
 from tiering.serving.devices import Placed
 from tiering.serving.leases import Lease, LeaseSpec, Reservation
 from tiering.serving.replicas import same_file
-from tiering.serving.safetensors import Select, TensorsLoaded, load_shards, loaded
+from tiering.serving.safetensors import Select, TensorsLoaded, check_batch, load_shards, loaded
 
 __all__ = ["STRIDED_MIN_SEGMENT", "DeviceLoaded", "load_devices"]
 
@@ -115,13 +114,7 @@ def load_devices(
     plain load (:func:`~tiering.serving.safetensors.load_shards`, ``shared`` and ``select``
     as there; ``select`` checks the opened shards and chooses the tensors, with ``names``
     None; ``wait`` false lets it reply before its copies land)."""
-    if not files:
-        raise InvalidInput("name at least one file")
-    if len(files) > ctx.config.max_batch_items:
-        raise TooLarge(
-            f"{len(files)} files is over the limit of {ctx.config.max_batch_items}",
-            limit=ctx.config.max_batch_items,
-        )
+    check_batch(ctx, files)
     if shared:
         placed.alone("shared loads")
     devs, ranks, spec = list(placed.devices), list(placed.ranks), placed.sharding
