@@ -55,9 +55,14 @@ def gpu_rows(
             ("gpu_nvcomp", "on", "compressed tier -> GPU, decoded on the GPU", True, False),
             ("gpu_host_decode", "on", "compressed tier -> GPU, decoded on the host", False, False),
             ("gpu_plain_cold", "off", "plain tier -> GPU, cold (from the disk)", True, True),
-            ("gpu_nvcomp_cold", "on", "compressed tier -> GPU, cold, decoded on the GPU",
-             True, True),
-        )  # fmt: skip
+            (
+                "gpu_nvcomp_cold",
+                "on",
+                "compressed tier -> GPU, cold, decoded on the GPU",
+                True,
+                True,
+            ),
+        )
         for key, mode, label, on_gpu, cold in rows:
             if mode == "on" and on_gpu and why is not None:
                 report.add(BenchRow(key, label, None, "GB/s", note=why))

@@ -105,8 +105,10 @@ def fault_run(
     sent = model_bytes_sent(fleet, tag)
     _check(fleet, survivors, model)
     forget_model(fleet, tag)
-    say(f"  {elapsed:.3f} s, the origin sent {sent / size:.2f}x the model; "
-        f"the bytes checked on {len(survivors)} host(s)")  # fmt: skip
+    say(
+        f"  {elapsed:.3f} s, the origin sent {sent / size:.2f}x the model; "
+        f"the bytes checked on {len(survivors)} host(s)"
+    )
     return {
         "hosts": n,
         "killed": killed.host_id if killed else None,

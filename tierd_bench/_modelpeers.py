@@ -184,8 +184,9 @@ def two_gpu_rows(
         label = f"{what}: tierd REST, 1 process per rank"
         say(f"{label}: {repeats} rounds")
         try:
-            t, sources = ranks("tierd", devices, mode, repeats, digests,
-                               {"url": url, "paths": list(relpaths)})  # fmt: skip
+            t, sources = ranks(
+                "tierd", devices, mode, repeats, digests, {"url": url, "paths": list(relpaths)}
+            )
             rate_row(report, f"{key}_tierd", label, nbytes, t, f"source: {','.join(sources)}")
         except RuntimeError as exc:
             _none(report, f"{key}_tierd", label, _failed(exc))
@@ -196,8 +197,9 @@ def two_gpu_rows(
         say(f"{label}: {repeats} rounds")
         files_by_rank = {k: [str(p) for i, p in enumerate(files) if i % 2 == k] for k in (0, 1)}
         try:
-            t, _ = ranks("fastsafetensors", devices, mode, repeats, digests,
-                         {"files": files_by_rank})  # fmt: skip
+            t, _ = ranks(
+                "fastsafetensors", devices, mode, repeats, digests, {"files": files_by_rank}
+            )
             rate_row(report, f"{key}_fst", label, nbytes, t)
         except RuntimeError as exc:
             _none(report, f"{key}_fst", label, _failed(exc))

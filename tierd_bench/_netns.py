@@ -128,8 +128,22 @@ def _shape(ns: tuple[str, ...], dev: str, bps: int) -> None:
     """tbf at ``bps`` on ``dev``'s egress. The bucket holds 10 ms at the rate and at least
     two 64 KiB GSO packets, so that big segments pass and the rate is what it says."""
     burst = max(bps // 8 // 100, 128 * 1024)
-    _run(*ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-         "rate", f"{bps}bit", "burst", str(burst), "latency", "50ms")  # fmt: skip
+    _run(
+        *ns,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{bps}bit",
+        "burst",
+        str(burst),
+        "latency",
+        "50ms",
+    )
 
 
 #: The per-connection pacer's buckets: a class for each even client port of a window of 8,192
@@ -153,8 +167,18 @@ def _pace(ns: tuple[str, ...], dev: str, per_flow_bps: int) -> None:
     (:data:`_LOW_BUCKETS`).
     """
     burst = str(max(per_flow_bps // 8 // 100, 256 * 1024))  # 10 ms, and whole GSO packets
-    rate = " ".join(("rate", f"{per_flow_bps}bit", "ceil", f"{per_flow_bps}bit", "burst", burst,
-                     "cburst", burst))  # fmt: skip
+    rate = " ".join(
+        (
+            "rate",
+            f"{per_flow_bps}bit",
+            "ceil",
+            f"{per_flow_bps}bit",
+            "burst",
+            burst,
+            "cburst",
+            burst,
+        )
+    )
     # The word at offset 20 of the IP header is the TCP ports: source << 16 | destination. u32
     # shifts a masked key down by its mask's lowest bit: ports' bits 1-8, then 9-12.
     high_mask = (_HIGH_BUCKETS - 1) << 9
@@ -245,8 +269,7 @@ def network(
                 _run("ip", "netns", "add", ns)
                 made.append(ns)
                 inside = ("ip", "netns", "exec", ns)
-                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
-                     "netns", ns)  # fmt: skip
+                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _run("ip", "link", "set", veth, "master", bridge, "up")
                 addr = addrs[i + 1]
                 _run(*inside, "ip", "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")

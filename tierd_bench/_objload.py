@@ -272,10 +272,13 @@ def _kvikio_load(run: ObjRun, target: Target, check: Check) -> None:
     counts = [(key, label, run.conns)]
     if ours != run.conns:
         counts.append(
-            (f"{key}_at_tierd_threads",
-             f"KvikIO RemoteFile ({ours} threads x {PART // MiB} MiB, tierd's count) -> {run.dev}",
-             ours)
-        )  # fmt: skip
+            (
+                f"{key}_at_tierd_threads",
+                f"KvikIO RemoteFile ({ours} threads x {PART // MiB} MiB, tierd's count) "
+                f"-> {run.dev}",
+                ours,
+            )
+        )
     for row, text, threads in counts:
         try:
             with kvikio_defaults.set({"num_threads": threads, "task_size": PART}):

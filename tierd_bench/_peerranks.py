@@ -124,9 +124,17 @@ def ranks(
         port = _free_port()
         procs = []
         for k in range(world):
-            args = {"loader": loader, "rank": k, "world": world, "port": port,
-                    "device": devices[k], "mode": mode, "repeats": repeats,
-                    "digest": digests[k], **source}  # fmt: skip
+            args = {
+                "loader": loader,
+                "rank": k,
+                "world": world,
+                "port": port,
+                "device": devices[k],
+                "mode": mode,
+                "repeats": repeats,
+                "digest": digests[k],
+                **source,
+            }
             out = stack.enter_context(tempfile.TemporaryFile("w+"))
             cmd = [sys.executable, "-c", WORKER_SRC, json.dumps(args)]
             proc = subprocess.Popen(cmd, stdout=out, env=env, text=True)

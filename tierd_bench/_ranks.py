@@ -66,8 +66,13 @@ def per_rank_processes(
         env = {"TIERD_BUFFERS__GPU_BUDGET_BYTES": str(budget)}  # a whole checkpoint per GPU
         with server_process(data, env=env, timeout=_TIMEOUT_S) as (url, _):
             _hold_still(url)
-            common = {"url": url, "files": rels, "spec": dict(spec), "layout": layout,
-                      "timeout_s": _TIMEOUT_S}  # fmt: skip
+            common = {
+                "url": url,
+                "files": rels,
+                "spec": dict(spec),
+                "layout": layout,
+                "timeout_s": _TIMEOUT_S,
+            }
             with contextlib.ExitStack() as stack:
                 one = _Worker("one request", {**common, "devices": list(devices), "rank": None})
                 stack.enter_context(one)

@@ -301,8 +301,9 @@ def _shared(r: _Run, loader: Any, fid: int, device: str) -> None:
 def _ratio_row(r: _Run, key: str, t_ref: float, t: float, target: str) -> BenchRow:
     ratio = t_ref / t if t > 0 else None
     want = float(target.split()[1].rstrip("x"))
-    return BenchRow(key, f"  ratio {key}", ratio, "x", target=target, met=ratio is not None
-                    and ratio >= want)  # fmt: skip
+    return BenchRow(
+        key, f"  ratio {key}", ratio, "x", target=target, met=ratio is not None and ratio >= want
+    )
 
 
 def _gpu_count() -> int:

@@ -98,9 +98,20 @@ def run(
         expected = write_source(source, size)
         tag = secrets.token_hex(4)
         report = Report("object-store", "", {})
-        objrun = ObjRun(org, size, device, repeats, work, source, expected, say, report,
-                        prefix=f"tb-{tag}-model", connections=connections,
-                        samples=samples)  # fmt: skip
+        objrun = ObjRun(
+            org,
+            size,
+            device,
+            repeats,
+            work,
+            source,
+            expected,
+            say,
+            report,
+            prefix=f"tb-{tag}-model",
+            connections=connections,
+            samples=samples,
+        )
         setup: dict[str, Any] = {
             "device": device,
             "devices": devices,
@@ -163,9 +174,13 @@ def _engine(run: ObjRun, prefix: str) -> Iterator[Engine]:
     org = run.origin
     region = REGION if org.kind != "url" else None  # a URL's region comes from the AWS chain
     s3 = TierConfig(
-        "s3", kind="object", url=f"s3://{org.bucket}/{prefix}", endpoint_url=org.endpoint,
-        region=region, connections=run.connections,
-    )  # fmt: skip
+        "s3",
+        kind="object",
+        url=f"s3://{org.bucket}/{prefix}",
+        endpoint_url=org.endpoint,
+        region=region,
+        connections=run.connections,
+    )
     cfg = EngineConfig(
         tiers=(TierConfig("nvme", base / "nvme"), s3),
         catalog_url=f"sqlite:///{base / 'catalog.db'}",
@@ -330,8 +345,15 @@ def _promotion_bound(report: Report) -> None:
     if len(rates) < 2 or not _measured(report, "promote_tierd"):
         return
     low = min(rates, key=lambda r: r.value or 0.0)
-    report.add(BenchRow("promote_bound", "promotion bound: min(read into host, disk write)",
-                        low.value, "GB/s", note=f"({low.label.strip()})"))  # fmt: skip
+    report.add(
+        BenchRow(
+            "promote_bound",
+            "promotion bound: min(read into host, disk write)",
+            low.value,
+            "GB/s",
+            note=f"({low.label.strip()})",
+        )
+    )
     label = "  the same promotion, against that bound"
     value = report.rows["promote_tierd"].value
     report.add(BenchRow("promote_tierd_vs_bound", label, value, "GB/s"))

@@ -94,8 +94,20 @@ def server_process(
         **(env or {}),
     }
     # A separate process, as in production: the client must pay for IPC, not share memory.
-    cmd = [*wrap, sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-           "--host", host, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        *wrap,
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app.main:create_app",
+        "--factory",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, env=env)
     url = f"http://{host}:{port}"
     try:

@@ -83,8 +83,11 @@ def _client(url: str, device: str, shared: bool, expect: dict[str, Any]) -> dict
     args = {"url": url, "device": device, "shared": shared, "file": NAME, **expect}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, json.dumps(args)],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the client process failed: {done.stderr.strip()[-2000:]}")
     seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

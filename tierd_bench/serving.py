@@ -173,8 +173,10 @@ def run(
     with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=directory) as tmp:
         data = Path(tmp) / "data"
         setup["data_dir"] = str(data)
-        say(f"writing {_SERVE_FILES} files of {format_size(_SERVE_SIZE)} and {movers} of "
-            f"{format_size(move_size)} under {data}; starting tierd")  # fmt: skip
+        say(
+            f"writing {_SERVE_FILES} files of {format_size(_SERVE_SIZE)} and {movers} of "
+            f"{format_size(move_size)} under {data}; starting tierd"
+        )
         for i, arr in enumerate(serve):
             _write(data / "nvme" / "serve" / f"f{i}.bin", arr.tobytes())
         sums = [
@@ -265,8 +267,10 @@ def _measure(
         windows.append(w)
         return w
 
-    say(f"{clients} client processes: {repeats} x ({duration_s:g} s idle, {duration_s:g} s "
-        f"while {len(moving)} files move)")  # fmt: skip
+    say(
+        f"{clients} client processes: {repeats} x ({duration_s:g} s idle, {duration_s:g} s "
+        f"while {len(moving)} files move)"
+    )
     for p in procs:
         p.start()
     samples: list[Sample] = []
@@ -298,8 +302,10 @@ def _measure(
             for m in movers:
                 m.join()
             shared.stop.wait(_SETTLE_S)
-            say(f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
-                f"during {busy.moves} moves {busy.rate:.0f} req/s")  # fmt: skip
+            say(
+                f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
+                f"during {busy.moves} moves {busy.rate:.0f} req/s"
+            )
     finally:
         shared.stop.set()
         samples, errors = collect(procs, out)
@@ -338,10 +344,16 @@ def _report(setup: dict[str, Any], windows: list[_Window], samples: list[Sample]
     phases = {"idle": [w for w in windows if not w.busy], "busy": [w for w in windows if w.busy]}
     rates = {phase: [_rate_of(w, samples) for w in ws] for phase, ws in phases.items()}
     setup["windows"] = [
-        {"busy": w.busy, "seconds": w.t1 - w.t0, "requests_per_s": _rate_of(w, samples),
-         "moves": w.moves, "server_cpu_s": w.server_cpu, "client_cpu_s": w.client_cpu}
+        {
+            "busy": w.busy,
+            "seconds": w.t1 - w.t0,
+            "requests_per_s": _rate_of(w, samples),
+            "moves": w.moves,
+            "server_cpu_s": w.server_cpu,
+            "client_cpu_s": w.client_cpu,
+        }
         for w in windows
-    ]  # fmt: skip
+    ]
     pooled = {phase: [s for w in ws for s in _inside(w, samples)] for phase, ws in phases.items()}
     for k, name in ((None, "all"), *((k, kind[0]) for k, kind in enumerate(KINDS))):
         for phase, got in pooled.items():
