@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tiering.config import EngineConfig, TierConfig
 from tiering.engine import Engine
@@ -65,71 +66,107 @@ def measure_access_ingest(
             access_flush_interval_s=0.05,
         )
         say(f"writing {files:,} files and counting accesses into their catalog")
-        for i in range(files):
-            p = root / "fast" / f"d{i % 100}" / f"f{i}"
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(os.urandom(4096) if i < 100 else b"")
+        _write_files(root / "fast", files)
         with Engine(config) as engine:
             tracker = engine.access
             assert tracker is not None
             ids = [r.id for r in engine.catalog.all()]
-            read_ids = ids[:100]
-
-            def record_n(n: int) -> None:
-                rec = tracker.record
-                k = len(ids)
-                for i in range(n):
-                    rec(ids[i % k])
-
-            single, double, flush, e2e = [], [], [], []
-            for _ in range(repeats):
-                tracker.flush()
-                t0 = time.perf_counter()
-                record_n(accesses)
-                single.append(accesses / (time.perf_counter() - t0))
-
-                threads = [threading.Thread(target=record_n, args=(accesses // 2,)) for _ in "ab"]
-                t0 = time.perf_counter()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                double.append(accesses / (time.perf_counter() - t0))
-
-                tracker.stop()  # measure flushes alone, without the background thread
-                record_n(len(ids))
-                t0 = time.perf_counter()
-                tracker.flush()
-                flush.append(len(ids) / (time.perf_counter() - t0))
-                t0 = time.perf_counter()
-                record_n(accesses)
-                tracker.flush()
-                e2e.append(accesses / (time.perf_counter() - t0))
-                tracker.start()
-
+            record_n = _recorder(tracker.record, ids)
+            rates = _rates(tracker, record_n, len(ids), accesses, repeats)
             say(f"{reads:,} 4 KiB reads, idle and while recording {TARGET_PER_S:,} accesses/s")
-            # Untimed first: the first reads open files and warm caches, and would otherwise
-            # be charged to "idle" alone.
-            _read_latencies_us(engine, read_ids, min(reads, 100))
-            idle = _read_latencies_us(engine, read_ids, reads)
-            stop = threading.Event()
+            idle, busy = _reads(engine, ids[:100], reads, record_n)
+    return _report(files, accesses, reads, repeats, rates, idle, busy)
 
-            def ingest_at_target_rate() -> None:
-                # The target rate, in bursts every 10 ms.
-                next_at = time.perf_counter()
-                while not stop.is_set():
-                    record_n(TARGET_PER_S // 100)
-                    next_at += 0.01
-                    stop.wait(max(0.0, next_at - time.perf_counter()))
 
-            h = threading.Thread(target=ingest_at_target_rate, name="access-ingest")
-            h.start()
-            try:
-                busy = _read_latencies_us(engine, read_ids, reads)
-            finally:
-                stop.set()
-                h.join()
+def _write_files(root: Path, files: int) -> None:
+    for i in range(files):
+        p = root / f"d{i % 100}" / f"f{i}"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(4096) if i < 100 else b"")
 
+
+def _recorder(rec: Callable[[int], object], ids: list[int]) -> Callable[[int], None]:
+    """A function that counts ``n`` accesses, round the files ``ids``."""
+
+    def record_n(n: int) -> None:
+        k = len(ids)
+        for i in range(n):
+            rec(ids[i % k])
+
+    return record_n
+
+
+def _rates(
+    tracker: Any, record_n: Callable[[int], None], nfiles: int, accesses: int, repeats: int
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per repeat: accesses counted a second by one thread and by two, files flushed a
+    second, and accesses counted and flushed a second."""
+    single, double, flush, e2e = [], [], [], []
+    for _ in range(repeats):
+        tracker.flush()
+        t0 = time.perf_counter()
+        record_n(accesses)
+        single.append(accesses / (time.perf_counter() - t0))
+
+        threads = [threading.Thread(target=record_n, args=(accesses // 2,)) for _ in "ab"]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        double.append(accesses / (time.perf_counter() - t0))
+
+        tracker.stop()  # measure flushes alone, without the background thread
+        record_n(nfiles)
+        t0 = time.perf_counter()
+        tracker.flush()
+        flush.append(nfiles / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        record_n(accesses)
+        tracker.flush()
+        e2e.append(accesses / (time.perf_counter() - t0))
+        tracker.start()
+    return single, double, flush, e2e
+
+
+def _reads(
+    engine: Engine, read_ids: list[int], reads: int, record_n: Callable[[int], None]
+) -> tuple[list[float], list[float]]:
+    """Read latencies, idle and while another thread records ``TARGET_PER_S`` accesses."""
+    # Untimed first: the first reads open files and warm caches, and would otherwise
+    # be charged to "idle" alone.
+    _read_latencies_us(engine, read_ids, min(reads, 100))
+    idle = _read_latencies_us(engine, read_ids, reads)
+    stop = threading.Event()
+
+    def ingest_at_target_rate() -> None:
+        # The target rate, in bursts every 10 ms.
+        next_at = time.perf_counter()
+        while not stop.is_set():
+            record_n(TARGET_PER_S // 100)
+            next_at += 0.01
+            stop.wait(max(0.0, next_at - time.perf_counter()))
+
+    h = threading.Thread(target=ingest_at_target_rate, name="access-ingest")
+    h.start()
+    try:
+        busy = _read_latencies_us(engine, read_ids, reads)
+    finally:
+        stop.set()
+        h.join()
+    return idle, busy
+
+
+def _report(
+    files: int,
+    accesses: int,
+    reads: int,
+    repeats: int,
+    rates: tuple[list[float], list[float], list[float], list[float]],
+    idle: list[float],
+    busy: list[float],
+) -> Report:
+    single, double, flush, e2e = rates
     report = Report(
         "access",
         f"tierd bench access: {files:,} files, {accesses:,} accesses a run, medians of {repeats}",

@@ -240,8 +240,29 @@ def _check(fleet: Fleet, hosts: list[Host], model: list[_Shard]) -> None:
     fleet.checked["measures"] += 1
 
 
-# -- setting up ---------------------------------------------------------------------------------
 # -- the run ------------------------------------------------------------------------------------
+def check_model(size: int, shards: int) -> None:
+    """Refuse a model of no shards, or one too small for ``shards`` (``ValueError``)."""
+    if shards < 1:
+        raise ValueError("hosts, runs and shards must be at least 1")
+    if size < shards * MIN_SHARD:
+        raise ValueError(
+            f"size must be at least {format_size(shards * MIN_SHARD)} ({shards} shards)"
+        )
+
+
+def _check_options(poll_interval: float | None, catalog_url: str | None) -> None:
+    if poll_interval is not None and poll_interval <= 0:
+        raise ValueError("poll_interval must be positive")
+    if catalog_url is not None:
+        try:
+            backend = backend_of(catalog_url)
+        except ValueError as exc:
+            raise FleetBenchUnavailable(str(exc)) from exc
+        if backend != "postgresql":
+            raise FleetBenchUnavailable("--catalog-url must be postgresql+psycopg://...")
+
+
 def run(
     size: int = 256 * MiB,
     shards: int = 4,
@@ -282,21 +303,10 @@ def run(
     FleetBenchFailed
         A job failed, or a host's copy is missing or wrong.
     """
-    if hosts < 1 or runs < 1 or shards < 1:
+    if hosts < 1 or runs < 1:
         raise ValueError("hosts, runs and shards must be at least 1")
-    if size < shards * MIN_SHARD:
-        raise ValueError(
-            f"size must be at least {format_size(shards * MIN_SHARD)} ({shards} shards)"
-        )
-    if poll_interval is not None and poll_interval <= 0:
-        raise ValueError("poll_interval must be positive")
-    if catalog_url is not None:
-        try:
-            backend = backend_of(catalog_url)
-        except ValueError as exc:
-            raise FleetBenchUnavailable(str(exc)) from exc
-        if backend != "postgresql":
-            raise FleetBenchUnavailable("--catalog-url must be postgresql+psycopg://...")
+    check_model(size, shards)
+    _check_options(poll_interval, catalog_url)
     poll = poll_interval or FleetWorkerConfig().poll_interval_s
     times: dict[str, list[float]] = {"hand": [], "fleet": [], "single": []}
     try:

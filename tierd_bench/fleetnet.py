@@ -50,7 +50,7 @@ from ._netns import Net, network, why_no_netns
 from ._origin import OriginUnavailable, open_origin
 from ._postgres import NoScratchDatabase
 from ._report import BenchRow, Report
-from .fleet import MIN_SHARD, _by_hand, _check, _follow, _new_model
+from .fleet import MIN_SHARD, _by_hand, _check, _follow, _new_model, check_model
 
 __all__ = ["parse_bits", "run"]
 
@@ -81,6 +81,32 @@ def _warm(hosts: list[Host], model: str, nfiles: int) -> float:
     if job["state"] != "done" or job["files_done"] != nfiles * len(hosts):
         raise FleetBenchFailed(f"fleet job {job['id']} ended {job['state']}: {job}")
     return elapsed
+
+
+def _checked(size: int, shards: int, counts: Sequence[int], runs: int, origin: str) -> list[int]:
+    """The host counts, sorted, once each; ``ValueError``/``FleetBenchUnavailable`` for a run
+    that cannot be measured."""
+    ordered = sorted(set(counts))
+    if not ordered or ordered[0] < 1 or runs < 1:
+        raise ValueError("counts, runs and shards must be at least 1")
+    check_model(size, shards)
+    if origin not in ("open", "s3like"):
+        raise FleetBenchUnavailable(
+            f"--network measures the origin by nginx's access log: use --origin open or "
+            f"s3like, not {origin!r}"
+        )
+    return ordered
+
+
+def _network_setup(
+    net: Net | None, why: str | None, origin_bps: int, host_bps: int
+) -> dict[str, Any]:
+    return {
+        "network": net.description if net else f"loopback, links not shaped ({why})",
+        "netns": net is not None,
+        "origin_bps": origin_bps if net else None,
+        "host_bps": host_bps if net else None,
+    }
 
 
 def run(
@@ -121,18 +147,7 @@ def run(
     FleetBenchUnavailable, FleetBenchFailed
         As :func:`.fleet.run`.
     """
-    counts = sorted(set(counts))
-    if not counts or counts[0] < 1 or runs < 1 or shards < 1:
-        raise ValueError("counts, runs and shards must be at least 1")
-    if size < shards * MIN_SHARD:
-        raise ValueError(
-            f"size must be at least {format_size(shards * MIN_SHARD)} ({shards} shards)"
-        )
-    if origin not in ("open", "s3like"):
-        raise FleetBenchUnavailable(
-            f"--network measures the origin by nginx's access log: use --origin open or "
-            f"s3like, not {origin!r}"
-        )
+    counts = _checked(size, shards, counts, runs, origin)
     why = why_no_netns() if netns else "not asked for"
     if why is not None and netns:
         say(f"no network namespaces: {why}; running on loopback, links not shaped")
@@ -163,10 +178,7 @@ def run(
     except (NoScratchDatabase, OriginUnavailable) as exc:
         raise FleetBenchUnavailable(str(exc)) from exc
     setup: dict[str, Any] = {
-        "network": net.description if net else f"loopback, links not shaped ({why})",
-        "netns": net is not None,
-        "origin_bps": origin_bps if net else None,
-        "host_bps": host_bps if net else None,
+        **_network_setup(net, why, origin_bps, host_bps),
         "counts": counts,
         "shards": shards,
         "size_bytes": size,

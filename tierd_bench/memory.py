@@ -212,27 +212,12 @@ def _measure(
     r.report.add(_ratio_row(r, "page_cache_vs_ceiling", t_ceiling, t_pc, ">= 0.9x"))
 
     r.say("memory tier")
-    job = loader.prefetch([fid], target="memory")
-    while not job.finished:
-        time.sleep(0.05)
-    if job.state != "done":
-        raise RuntimeError(f"prefetch into memory ended {job.state}: {job.errors}")
+    _prefetch_memory(loader, fid)
     check()
     t_mem, cpu_mem = r.timed(load("memory"), sync)
     r.rate("memory", f"Loader.load -> {device}, memory tier", t_mem, cpu_mem)
     r.report.add(_ratio_row(r, "memory_vs_ceiling", t_ceiling, t_mem, ">= 0.95x"))
-    cpu_ratio = (cpu_mem / cpu_pc) if cpu_pc > 0 else None
-    met = cpu_ratio is not None and cpu_ratio <= 0.1
-    r.report.add(
-        BenchRow(
-            "memory_cpu_vs_page_cache",
-            "  CPU-s/GB, memory tier / page cache",
-            cpu_ratio,
-            "x",
-            target="<= 0.1x",
-            met=met,
-        )
-    )
+    r.report.add(_cpu_ratio_row(cpu_mem, cpu_pc))
     loader.engine.memory.tier.clear("bench")
 
     if device == "cpu":
@@ -262,6 +247,29 @@ def _measure(
         r.report.add(_ratio_row(r, "resident_peer_vs_page_cache", t_pc, t_peer, ">= 5x"))
     finally:
         loader.leases.release(held.id)
+
+
+def _prefetch_memory(loader: Any, fid: int) -> None:
+    """Prefetch ``fid`` into the memory tier and wait for the job to finish."""
+    job = loader.prefetch([fid], target="memory")
+    while not job.finished:
+        time.sleep(0.05)
+    if job.state != "done":
+        raise RuntimeError(f"prefetch into memory ended {job.state}: {job.errors}")
+
+
+def _cpu_ratio_row(cpu_mem: float, cpu_pc: float) -> BenchRow:
+    """CPU seconds of a memory-tier load against a page-cache load's."""
+    cpu_ratio = (cpu_mem / cpu_pc) if cpu_pc > 0 else None
+    met = cpu_ratio is not None and cpu_ratio <= 0.1
+    return BenchRow(
+        "memory_cpu_vs_page_cache",
+        "  CPU-s/GB, memory tier / page cache",
+        cpu_ratio,
+        "x",
+        target="<= 0.1x",
+        met=met,
+    )
 
 
 def _shared(r: _Run, loader: Any, fid: int, device: str) -> None:

@@ -180,10 +180,6 @@ def _measure(
     repeats: int,
     say: Callable[[str], None],
 ) -> None:
-    from safetensors.torch import load_file
-
-    from tiering.io import fanout
-
     gpus = ["cuda:0", "cuda:1"]
     two = LoadTarget.parse(devices=gpus)
     split0 = LoadTarget.parse(devices=gpus, sharding=_SPLIT0)
@@ -207,14 +203,7 @@ def _measure(
         return reps
 
     rate("replicate", "file replicated to 2 GPUs", 2 * size, replicate)
-    # The delivery, and the probe it was chosen by (gpu_delivery auto), per pair of GPUs.
-    probes = fanout.measured()
-    report.setup["delivery_probes"] = probes
-    seen = "; ".join(
-        f"{pair} peer {r['peer_gbps']:.0f} vs host {r['host_gbps']:.0f} GB/s"
-        for pair, r in probes.items()
-    )
-    report.rows["replicate"].note = f"delivery: {how[0] if how else '?'} ({seen or 'no probe'})"
+    _note_delivery(report, how[0] if how else "?")
     report.compare("replicate_s", "one_gpu_s", at_most=1.15)
 
     ck = sum((root / "nvme" / p).stat().st_size for p in ckpt)
@@ -238,10 +227,7 @@ def _measure(
         2 * ck,
         lambda: loader.load_safetensors(ckpt, device=two),
     )
-    paths = [str(root / "nvme" / p) for p in ckpt]
-    say("safetensors.torch.load_file once per GPU")
-    t_st = _timed(lambda: [load_file(p, device=d) for d in gpus for p in paths], repeats)
-    report.add(BenchRow("st_load_file", "load_file once per GPU", gbps(2 * ck, t_st), "GB/s"))
+    _load_file_per_gpu(report, [str(root / "nvme" / p) for p in ckpt], gpus, ck, repeats, say)
     report.compare("replicate_ckpt", "st_load_file", at_least=10)
 
     nb = sum((root / "nvme" / p).stat().st_size for p in narrow)
@@ -259,6 +245,36 @@ def _measure(
     )
     _ceilings(report, root / "nvme" / blob, size, repeats, say)
     _from_memory(report, loader, ckpt, ck, repeats, say)
+
+
+def _note_delivery(report: Report, how: str) -> None:
+    """The replicate row's note: the delivery, and the probe it was chosen by (gpu_delivery
+    auto), per pair of GPUs."""
+    from tiering.io import fanout
+
+    probes = fanout.measured()
+    report.setup["delivery_probes"] = probes
+    seen = "; ".join(
+        f"{pair} peer {r['peer_gbps']:.0f} vs host {r['host_gbps']:.0f} GB/s"
+        for pair, r in probes.items()
+    )
+    report.rows["replicate"].note = f"delivery: {how} ({seen or 'no probe'})"
+
+
+def _load_file_per_gpu(
+    report: Report,
+    paths: list[str],
+    gpus: list[str],
+    ck: int,
+    repeats: int,
+    say: Callable[[str], None],
+) -> None:
+    """The baseline: safetensors.torch.load_file of the checkpoint, once per GPU."""
+    from safetensors.torch import load_file
+
+    say("safetensors.torch.load_file once per GPU")
+    t_st = _timed(lambda: [load_file(p, device=d) for d in gpus for p in paths], repeats)
+    report.add(BenchRow("st_load_file", "load_file once per GPU", gbps(2 * ck, t_st), "GB/s"))
 
 
 def _ceilings(

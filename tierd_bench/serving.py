@@ -285,22 +285,7 @@ def _measure(
             if shared.stop.is_set():
                 break
             idle = window(False)
-            stop_moving = threading.Event()
-            movers = [
-                threading.Thread(
-                    target=_mover_loop,
-                    args=(url, fid, ("ssd", "nvme"), stop_moving, shared),
-                    name=f"tierd-bench-mover-{fid}",
-                    daemon=True,
-                )
-                for fid in moving
-            ]
-            for m in movers:
-                m.start()
-            busy = window(True)
-            stop_moving.set()
-            for m in movers:
-                m.join()
+            busy = _while_moving(url, moving, shared, lambda: window(True))
             shared.stop.wait(_SETTLE_S)
             say(
                 f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
@@ -313,6 +298,30 @@ def _measure(
     if shared.failed:
         raise shared.failed[0]
     return windows, samples
+
+
+def _while_moving(
+    url: str, moving: list[int], shared: _Shared, measure: Callable[[], _Window]
+) -> _Window:
+    """Run ``measure`` while one mover thread a file keeps moving ``moving``."""
+    stop_moving = threading.Event()
+    movers = [
+        threading.Thread(
+            target=_mover_loop,
+            args=(url, fid, ("ssd", "nvme"), stop_moving, shared),
+            name=f"tierd-bench-mover-{fid}",
+            daemon=True,
+        )
+        for fid in moving
+    ]
+    for m in movers:
+        m.start()
+    try:
+        return measure()
+    finally:
+        stop_moving.set()
+        for m in movers:
+            m.join()
 
 
 def _inside(w: _Window, samples: list[Sample]) -> list[Sample]:
