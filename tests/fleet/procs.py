@@ -68,7 +68,10 @@ class TierdProcess:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
         env.update({f"TIERD_{k.upper()}": _env_value(v) for k, v in self.settings.items()})
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        # Each tierd process would otherwise compile app and tiering again (a second of CPU a
+        # start) where the environment says not to cache bytecode (this machine's default):
+        # the first start writes the cache (atomically), the rest read it, as `make test` does.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         return env
 
     def start(self, *, timeout: float = 60.0) -> TierdProcess:
