@@ -35,70 +35,86 @@ def _bits(text: str, hint: str) -> int:
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
 
 
+# The options, declared once here so that the command's signature reads as its list.
+_SizeOpt = Annotated[
+    str | None,
+    typer.Option("--size", help="Size of the model, all shards (256MiB; --network 128MiB)."),
+]
+_ShardsOpt = Annotated[int, typer.Option("--shards", help="Shards of the model.", min=1)]
+_HostsOpt = Annotated[int, typer.Option("--hosts", help="tierd servers started.", min=1)]
+_RunsOpt = Annotated[
+    int | None,
+    typer.Option("--runs", help="Timed runs per figure, median (3; --network 1).", min=1),
+]
+_OriginOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--origin",
+        help="S3 origin: moto, s3like (nginx, --rate per connection), open (nginx, no cap) "
+        "or http(s)://host[:port]/bucket; default moto (--network: open; nginx only).",
+    ),
+]
+_NetworkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--network",
+        help="Warm time and origin bytes for --counts hosts, the origin and each host in "
+        "a network namespace with tc-shaped links (needs root; else on loopback).",
+    ),
+]
+_CountsOpt = Annotated[
+    str, typer.Option("--counts", help="--network: host counts measured, e.g. 1,4,8.")
+]
+_OriginRateOpt = Annotated[
+    str, typer.Option("--origin-rate", help="--network: the origin's egress cap, bits/s.")
+]
+_HostRateOpt = Annotated[
+    str, typer.Option("--host-rate", help="--network: each host's link rate, bits/s.")
+]
+_PollOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--poll-interval",
+        help="The hosts' fleet_poll_interval_s (default: the setting's, 1 s).",
+        min=0.001,
+    ),
+]
+_CatalogOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog-url",
+        help="postgresql+psycopg://... of a server to run on, in a scratch database it "
+        "creates and drops (needs CREATEDB). Default: a throwaway local PostgreSQL.",
+    ),
+]
+_DirOpt = Annotated[
+    Path | None,
+    typer.Option("--dir", help="Where the hosts' data dirs go (not tmpfs). Default: here."),
+]
+_CompressedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compressed",
+        help="bf16 weights, in the bucket as tierd's object tier stores them: compressed.",
+    ),
+]
+
+
 def bench_fleet(
-    size: Annotated[
-        str | None,
-        typer.Option("--size", help="Size of the model, all shards (256MiB; --network 128MiB)."),
-    ] = None,
-    shards: Annotated[int, typer.Option("--shards", help="Shards of the model.", min=1)] = 4,
-    hosts: Annotated[int, typer.Option("--hosts", help="tierd servers started.", min=1)] = 3,
-    runs: Annotated[
-        int | None,
-        typer.Option("--runs", help="Timed runs per figure, median (3; --network 1).", min=1),
-    ] = None,
-    origin: Annotated[
-        str | None,
-        typer.Option(
-            "--origin",
-            help="S3 origin: moto, s3like (nginx, --rate per connection), open (nginx, no cap) "
-            "or http(s)://host[:port]/bucket; default moto (--network: open; nginx only).",
-        ),
-    ] = None,
+    size: _SizeOpt = None,
+    shards: _ShardsOpt = 4,
+    hosts: _HostsOpt = 3,
+    runs: _RunsOpt = None,
+    origin: _OriginOpt = None,
     rate: RateOpt = "100MB",
-    network: Annotated[
-        bool,
-        typer.Option(
-            "--network",
-            help="Warm time and origin bytes for --counts hosts, the origin and each host in "
-            "a network namespace with tc-shaped links (needs root; else on loopback).",
-        ),
-    ] = False,
-    counts: Annotated[
-        str, typer.Option("--counts", help="--network: host counts measured, e.g. 1,4,8.")
-    ] = "1,4,8",
-    origin_rate: Annotated[
-        str, typer.Option("--origin-rate", help="--network: the origin's egress cap, bits/s.")
-    ] = "400Mbit",
-    host_rate: Annotated[
-        str, typer.Option("--host-rate", help="--network: each host's link rate, bits/s.")
-    ] = "2Gbit",
-    poll_interval: Annotated[
-        float | None,
-        typer.Option(
-            "--poll-interval",
-            help="The hosts' fleet_poll_interval_s (default: the setting's, 1 s).",
-            min=0.001,
-        ),
-    ] = None,
-    catalog_url: Annotated[
-        str | None,
-        typer.Option(
-            "--catalog-url",
-            help="postgresql+psycopg://... of a server to run on, in a scratch database it "
-            "creates and drops (needs CREATEDB). Default: a throwaway local PostgreSQL.",
-        ),
-    ] = None,
-    directory: Annotated[
-        Path | None,
-        typer.Option("--dir", help="Where the hosts' data dirs go (not tmpfs). Default: here."),
-    ] = None,
-    compressed: Annotated[
-        bool,
-        typer.Option(
-            "--compressed",
-            help="bf16 weights, in the bucket as tierd's object tier stores them: compressed.",
-        ),
-    ] = False,
+    network: _NetworkOpt = False,
+    counts: _CountsOpt = "1,4,8",
+    origin_rate: _OriginRateOpt = "400Mbit",
+    host_rate: _HostRateOpt = "2Gbit",
+    poll_interval: _PollOpt = None,
+    catalog_url: _CatalogOpt = None,
+    directory: _DirOpt = None,
+    compressed: _CompressedOpt = False,
     json_path: JsonOpt = None,
 ) -> None:
     """A model onto every host: one fleet prefetch against one prefetch per host by hand;

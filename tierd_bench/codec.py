@@ -71,8 +71,7 @@ def run(
     ``cuda:N`` device (``auto``: one when there is a GPU), also loads into it
     (:mod:`tierd_bench._codec_gpu`); with an ``origin``, loads of it plain and compressed from
     a bucket into the device (:mod:`tierd_bench._codec_objects`)."""
-    from tiering.codec import CHUNK, CODEC, LEVEL, Container, encode_bytes, encode_chunk
-    from tiering.codec import two_byte_spans as spans_of
+    from tiering.codec import CHUNK, CODEC, LEVEL, encode_bytes
 
     if size < CHUNK or repeats < 1:
         raise ValueError(f"size must be at least {format_size(CHUNK)}, repeats at least 1")
@@ -94,6 +93,43 @@ def run(
     setup["stored_bytes"] = len(stored)
     report.add(BenchRow("ratio", "stored / logical bytes", ratio, "x", target="<= 0.72"))
     report.rows["ratio"].met = ratio <= 0.72
+    _cpu_rows(report, data, stored, cores, repeats, say)
+    say("reading through tiers")
+    tier_reads(report, data, repeats, say)
+    report.compare("read_compressed", "read_raw")
+    if device.startswith("cuda"):
+        from ._codec_gpu import gpu_rows
+
+        gpu_rows(report, data, device, repeats, say)
+    if origin is not None:
+        from ._codec_objects import object_rows
+
+        object_rows(
+            report,
+            data,
+            stored,
+            device,
+            repeats,
+            origin=origin,
+            rate=rate,
+            connections=connections,
+            say=say,
+        )
+    return report
+
+
+def _cpu_rows(
+    report: Report,
+    data: bytes,
+    stored: bytes,
+    cores: int,
+    repeats: int,
+    say: Callable[[str], None],
+) -> None:
+    """Encode and decode on the CPU, on one core and on ``cores`` threads."""
+    from tiering.codec import CHUNK, LEVEL, Container, encode_bytes, encode_chunk
+    from tiering.codec import two_byte_spans as spans_of
+
     view = memoryview(data)
     spans = spans_of(data)
     starts = range(0, len(data), CHUNK)
@@ -141,25 +177,3 @@ def run(
         )
     report.compare("encode_all", "encode_1")
     report.compare("decode_all", "decode_1")
-    say("reading through tiers")
-    tier_reads(report, data, repeats, say)
-    report.compare("read_compressed", "read_raw")
-    if device.startswith("cuda"):
-        from ._codec_gpu import gpu_rows
-
-        gpu_rows(report, data, device, repeats, say)
-    if origin is not None:
-        from ._codec_objects import object_rows
-
-        object_rows(
-            report,
-            data,
-            stored,
-            device,
-            repeats,
-            origin=origin,
-            rate=rate,
-            connections=connections,
-            say=say,
-        )
-    return report

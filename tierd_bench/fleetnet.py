@@ -27,7 +27,7 @@ import contextlib
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from ._fleethosts import (
 )
 from ._measure import MiB, format_size
 from ._netns import Net, network, why_no_netns
-from ._origin import OriginUnavailable, open_origin
+from ._origin import Origin, OriginUnavailable, open_origin
 from ._postgres import NoScratchDatabase
 from ._report import BenchRow, Report
 from .fleet import MIN_SHARD, _by_hand, _check, _follow, _new_model, check_model
@@ -98,6 +98,14 @@ def _checked(size: int, shards: int, counts: Sequence[int], runs: int, origin: s
     return ordered
 
 
+def _why_loopback(netns: bool, say: Callable[[str], None]) -> str | None:
+    """Why the run is on loopback (None: in network namespaces), said when asked for."""
+    why = why_no_netns() if netns else "not asked for"
+    if why is not None and netns:
+        say(f"no network namespaces: {why}; running on loopback, links not shaped")
+    return why
+
+
 def _network_setup(
     net: Net | None, why: str | None, origin_bps: int, host_bps: int
 ) -> dict[str, Any]:
@@ -107,6 +115,38 @@ def _network_setup(
         "origin_bps": origin_bps if net else None,
         "host_bps": host_bps if net else None,
     }
+
+
+@contextlib.contextmanager
+def _started(
+    why: str | None,
+    hosts: int,
+    origin: str,
+    rate: int | None,
+    poll: float,
+    catalog_url: str | None,
+    directory: Path | None,
+    links: tuple[int, int],
+    say: Callable[[str], None],
+) -> Iterator[tuple[Net | None, str, Origin, Fleet]]:
+    """The network (where ``why`` is None: namespaces, ``links`` = origin and host bits/s),
+    the catalog, the origin and ``hosts`` servers, up for a run and taken down after it."""
+    with contextlib.ExitStack() as stack:
+        work = stack.enter_context(workdir(directory))
+        net: Net | None = None
+        if why is None:
+            net = stack.enter_context(network(hosts, *links, say))
+        pg_url, server = stack.enter_context(
+            catalog_database(catalog_url, say, socket=net is not None)
+        )
+        place = (net.origin.address, net.origin.wrap) if net else None
+        org = stack.enter_context(
+            open_origin(origin, rate=rate, parent=work, say=say, place=place, exact_log=True)
+        )
+        fleet = stack.enter_context(
+            started(org, pg_url, work, hosts, poll, say, net.hosts if net else None)
+        )
+        yield net, server, org, fleet
 
 
 def run(
@@ -148,33 +188,18 @@ def run(
         As :func:`.fleet.run`.
     """
     counts = _checked(size, shards, counts, runs, origin)
-    why = why_no_netns() if netns else "not asked for"
-    if why is not None and netns:
-        say(f"no network namespaces: {why}; running on loopback, links not shaped")
+    why = _why_loopback(netns, say)
     poll = poll_interval or FleetWorkerConfig().poll_interval_s
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     sent: dict[int, list[int]] = {n: [] for n in counts}
     try:
-        with contextlib.ExitStack() as stack:
-            work = stack.enter_context(workdir(directory))
-            net: Net | None = None
-            if why is None:
-                net = stack.enter_context(network(counts[-1], origin_bps, host_bps, say))
-            pg_url, server = stack.enter_context(
-                catalog_database(catalog_url, say, socket=net is not None)
-            )
-            place = (net.origin.address, net.origin.wrap) if net else None
-            org = stack.enter_context(
-                open_origin(origin, rate=rate, parent=work, say=say, place=place, exact_log=True)
-            )
-            fleet = stack.enter_context(
-                started(org, pg_url, work, counts[-1], poll, say, net.hosts if net else None)
-            )
+        with _started(
+            why, counts[-1], origin, rate, poll, catalog_url, directory, (origin_bps, host_bps), say
+        ) as (net, server, org, fleet):
             fleet.compressed = compressed
             _measure(fleet, size, shards, counts, runs, seconds, sent, say)
             # Last: the killed host stays down.
             fault = fault_run(fleet, size, shards, counts[-1], say) if counts[-1] > 1 else None
-            desc = org.description
     except (NoScratchDatabase, OriginUnavailable) as exc:
         raise FleetBenchUnavailable(str(exc)) from exc
     setup: dict[str, Any] = {
@@ -185,7 +210,7 @@ def run(
         "runs": runs,
         "compressed": compressed,
         "origin": origin,
-        "origin_description": desc,
+        "origin_description": org.description,
         "postgresql": server,
         "poll_interval_s": poll,
         "seconds": {str(n): v for n, v in seconds.items()},

@@ -84,12 +84,7 @@ def run(
     the source file and nginx's served directory go to a temporary directory under
     ``directory`` (default: the current one; keep it off tmpfs), removed afterwards.
     """
-    if size < 1 * MiB:
-        raise ValueError("size must be at least 1 MiB")
-    if repeats < 1 or objects < 1 or samples < 1:
-        raise ValueError("repeats, objects and samples must be at least 1")
-    if connections is not None and not 1 <= connections <= 1024:
-        raise ValueError("connections must be from 1 to 1024")
+    _check(size, repeats, objects, samples, connections)
     device = default_device() if device == "auto" else device
     devices = [device, "cpu"] if device.startswith("cuda") else ["cpu"]
     with workdir(directory) as work, open_origin(origin, rate=rate, parent=work, say=say) as org:
@@ -112,57 +107,79 @@ def run(
             connections=connections,
             samples=samples,
         )
-        setup: dict[str, Any] = {
-            "device": device,
-            "devices": devices,
-            "gpu": gpu_name(device),
-            "origin": org.kind,
-            "origin_description": org.description,
-            "endpoint": org.endpoint,
-            "bucket": org.bucket,
-            "rate_bytes_per_s": org.rate,
-            "size_bytes": size,
-            "repeats": repeats,
-            "objects": objects,
-            "samples": samples,
-            "directory": str(work),
-            "checksum": expected,
-            "tier_connections": connections,
-            "peer_connections": objrun.conns,
-            "peer_part_bytes": PART,
-            "boto3_sweep": [list(c) for c in objrun.sweep],
-            "cpu_note": "CPU-s/GB is this process's CPU time (REST rows: the server's too)"
-            + (", moto's own included (it runs in this process)" if org.kind == "moto" else ""),
-        }
-        report.setup = setup
-        report.title = (
-            f"tierd bench object-store: origin {org.kind} ({org.description}), "
-            f"{describe_device(setup)}{' and cpu' if len(devices) > 1 else ''}, "
-            f"{format_size(size)} object, {objrun.conns} connections, medians of {repeats}"
-        )
+        _describe(objrun, devices, objects)
         adopt_prefix = f"tb-{tag}-adopt"
         try:
             org.put_file(objrun.key, source)
-            _s3peers.ceilings(objrun)
-            _tierd_moves_and_load(objrun, devices)
-            _s3peers.promote_peers(objrun)
-            if org.writable:
-                _s3peers.demote_peers(objrun)
-            else:
-                why = f"origin {org.kind} is read-only: demotion needs moto or a URL"
-                objrun.missing("demote_boto3", "boto3 upload_file, best TransferConfig", why)
-            for dev in devices:
-                _objload.load_peers(objrun.on(dev))
-            _runai.runai_loads(objrun, devices)
-            _objlatency.boto3_small(objrun.on("cpu"))
-            _objrest.rest_measures(objrun, devices)
-            _adoption(objrun, adopt_prefix, objects)
+            _measure(objrun, devices, adopt_prefix, objects)
         finally:
             for prefix in (objrun.prefix, adopt_prefix):
                 with contextlib.suppress(Exception):
                     org.delete_prefix(prefix)
     _compare(report)
     return report
+
+
+def _describe(objrun: ObjRun, devices: list[str], objects: int) -> None:
+    """The report's setup and title."""
+    org = objrun.origin
+    setup: dict[str, Any] = {
+        "device": objrun.device,
+        "devices": devices,
+        "gpu": gpu_name(objrun.device),
+        "origin": org.kind,
+        "origin_description": org.description,
+        "endpoint": org.endpoint,
+        "bucket": org.bucket,
+        "rate_bytes_per_s": org.rate,
+        "size_bytes": objrun.size,
+        "repeats": objrun.repeats,
+        "objects": objects,
+        "samples": objrun.samples,
+        "directory": str(objrun.work),
+        "checksum": objrun.expected,
+        "tier_connections": objrun.connections,
+        "peer_connections": objrun.conns,
+        "peer_part_bytes": PART,
+        "boto3_sweep": [list(c) for c in objrun.sweep],
+        "cpu_note": "CPU-s/GB is this process's CPU time (REST rows: the server's too)"
+        + (", moto's own included (it runs in this process)" if org.kind == "moto" else ""),
+    }
+    objrun.report.setup = setup
+    objrun.report.title = (
+        f"tierd bench object-store: origin {org.kind} ({org.description}), "
+        f"{describe_device(setup)}{' and cpu' if len(devices) > 1 else ''}, "
+        f"{format_size(objrun.size)} object, {objrun.conns} connections, "
+        f"medians of {objrun.repeats}"
+    )
+
+
+def _check(size: int, repeats: int, objects: int, samples: int, connections: int | None) -> None:
+    if size < 1 * MiB:
+        raise ValueError("size must be at least 1 MiB")
+    if repeats < 1 or objects < 1 or samples < 1:
+        raise ValueError("repeats, objects and samples must be at least 1")
+    if connections is not None and not 1 <= connections <= 1024:
+        raise ValueError("connections must be from 1 to 1024")
+
+
+def _measure(objrun: ObjRun, devices: list[str], adopt_prefix: str, objects: int) -> None:
+    """Every measure, in order, against the source object already in the bucket."""
+    org = objrun.origin
+    _s3peers.ceilings(objrun)
+    _tierd_moves_and_load(objrun, devices)
+    _s3peers.promote_peers(objrun)
+    if org.writable:
+        _s3peers.demote_peers(objrun)
+    else:
+        why = f"origin {org.kind} is read-only: demotion needs moto or a URL"
+        objrun.missing("demote_boto3", "boto3 upload_file, best TransferConfig", why)
+    for dev in devices:
+        _objload.load_peers(objrun.on(dev))
+    _runai.runai_loads(objrun, devices)
+    _objlatency.boto3_small(objrun.on("cpu"))
+    _objrest.rest_measures(objrun, devices)
+    _adoption(objrun, adopt_prefix, objects)
 
 
 # -- tierd ----------------------------------------------------------------------------------
