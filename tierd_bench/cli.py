@@ -18,58 +18,31 @@ import typer
 
 from tierd_bench import progress
 from tierd_bench._clifleet import bench_fleet
-from tierd_bench._cliopts import JsonOpt, RateOpt, _finish, _rate, _size
+from tierd_bench._cliopts import (
+    ColdOpt,
+    ConnectionsOpt,
+    DeviceOpt,
+    DirOpt,
+    JsonOpt,
+    ObjectsOpt,
+    OriginOpt,
+    RateOpt,
+    RepeatsOpt,
+    RowsOpt,
+    SamplesOpt,
+    ShardsOpt,
+    SizeOpt,
+    SweepOpt,
+    _finish,
+    _finish_on_origin,
+    _rate,
+    _size,
+)
 
 __all__ = ["bench_cli"]
 
 bench_cli = typer.Typer(add_completion=False)
 
-# -- options shared by several sub-benchmarks ---------------------------------------------------
-RepeatsOpt = Annotated[
-    int, typer.Option("--repeats", "--repeat", help="Timed runs per figure (median).", min=1)
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="cuda:N, cpu, or auto (a GPU when there is one).")
-]
-# -- the data-path bench's ---------------------------------------------------------------------
-SizeOpt = Annotated[str, typer.Option("--size", help="Test file size, e.g. 4GiB, 512MiB, 1G.")]
-DirOpt = Annotated[
-    Path | None,
-    typer.Option("--dir", help="Where to write test files (not tmpfs). Default: here."),
-]
-RowsOpt = Annotated[int, typer.Option("--rows", help="Rows per random gather.", min=1)]
-ShardsOpt = Annotated[
-    int, typer.Option("--shards", help="safetensors shards for the multi-shard load.", min=1)
-]
-ColdOpt = Annotated[bool, typer.Option("--cold/--no-cold", help="Measure cold-cache figures too.")]
-SweepOpt = Annotated[
-    bool, typer.Option("--sweep", help="Also sweep threads x task size for hot loads.")
-]
-# -- the object-store bench's ------------------------------------------------------------------
-OriginOpt = Annotated[
-    str,
-    typer.Option(
-        "--origin",
-        help="S3 origin started on loopback: moto, s3like (nginx, --rate per connection), "
-        "open (nginx, no cap), or an endpoint http(s)://host[:port]/bucket (AWS credentials).",
-    ),
-]
-ObjectsOpt = Annotated[
-    int, typer.Option("--objects", help="Tiny objects adopted by the adoption figure.", min=1)
-]
-ConnectionsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--connections",
-        help="Requests in flight of the s3 tier (its connections) and of every peer alike; "
-        "default: the tier's own (64), 64 for the peers.",
-        min=1,
-        max=1024,
-    ),
-]
-SamplesOpt = Annotated[
-    int, typer.Option("--samples", help="4 KiB reads per latency figure (p50, p99).", min=1)
-]
 _OBJECT_STORE_ONLY = ("origin", "rate", "objects", "connections", "samples")
 # The mover's default source: the system temp directory, usually a disk beside /dev/shm.
 _TMP = Path(tempfile.gettempdir())
@@ -326,11 +299,11 @@ def bench_codec(
     """tierd's compressed format: ratio, CPU encode and decode GB/s against a raw read, on a
     GPU loads decoded there (nvCOMP) against plain ones, and with --origin the same from a
     bucket."""
-    from tierd_bench.codec import OriginUnavailable, run
+    from tierd_bench.codec import run
 
     nbytes = _size(size, minimum=8 << 20)
-    try:
-        report = run(
+    _finish_on_origin(
+        lambda: run(
             nbytes,
             repeats=repeats,
             threads=threads,
@@ -339,10 +312,9 @@ def bench_codec(
             rate=_rate(rate),
             connections=connections,
             say=progress(),
-        )
-    except OriginUnavailable as exc:
-        raise typer.BadParameter(str(exc), param_hint="--origin") from exc
-    _finish(report, json_path)
+        ),
+        json_path,
+    )
 
 
 @bench_cli.command("memory")
@@ -416,11 +388,11 @@ def bench_object_store(
 ) -> None:
     """The object-store tier against S3 clients: promotion, demotion, loads into cuda and cpu
     (in process and over REST), 4 KiB reads, serving while it streams, adoption."""
-    from tierd_bench.objectstore import OriginUnavailable, run
+    from tierd_bench.objectstore import run
 
     nbytes, cap = _size(size, minimum=1 << 20), _rate(rate)
-    try:
-        report = run(
+    _finish_on_origin(
+        lambda: run(
             nbytes,
             device,
             origin,
@@ -431,10 +403,9 @@ def bench_object_store(
             samples=samples,
             directory=directory,
             say=progress(),
-        )
-    except OriginUnavailable as exc:
-        raise typer.BadParameter(str(exc), param_hint="--origin") from exc
-    _finish(report, json_path)
+        ),
+        json_path,
+    )
 
 
 @bench_cli.command("catalog")
