@@ -95,27 +95,13 @@ def _loader(pg: Any, device: str) -> Any:
 def load_one(paths: Sequence[Path], device: str) -> Loaded:
     """Every tensor of ``paths`` on ``device`` as fastsafetensors gives it to one process
     (device synchronised), and what frees them: ``({name: torch.Tensor}, close)``."""
-    loader = _loader(None, device)
-    try:
-        loader.add_filenames({0: [str(p) for p in paths]})
-        fb = loader.copy_files_to_device()
-    except BaseException:
-        loader.close()
-        raise
-    try:
-        tensors = {name: fb.get_tensor(name) for name in loader.get_keys()}
+
+    def take(fb: Any, keys: list[str]) -> dict[str, Any]:
+        tensors = {name: fb.get_tensor(name) for name in keys}
         _sync(device)
-    except BaseException:
-        fb.close()
-        loader.close()
-        raise
+        return tensors
 
-    def close() -> None:
-        tensors.clear()
-        fb.close()
-        loader.close()
-
-    return tensors, close
+    return _copied(_loader(None, device), {0: [str(p) for p in paths]}, take)
 
 
 def torch_bytes(t: Any) -> Any:
@@ -128,18 +114,29 @@ def rank_tensors(pg: Any, device: str, files: Mapping[int, list[str]], mode: str
     """One rank's round of a several-process load (see :mod:`._peerranks`): rank ``k`` reads
     ``files[k]``, then every tensor, in the same order on every rank (each call is a
     collective), by ``get_sharded(name, 0)`` (``tp``) or ``get_tensor(name)`` (``replicate``)."""
-    loader = _loader(pg, device)
+
+    def take(fb: Any, keys: list[str]) -> dict[str, Any]:
+        return {
+            name: fb.get_sharded(name, 0) if mode == "tp" else fb.get_tensor(name)
+            for name in sorted(keys)
+        }
+
+    return _copied(_loader(pg, device), dict(files), take)
+
+
+def _copied(
+    loader: Any, files: dict[int, list[str]], take: Callable[[Any, list[str]], dict[str, Any]]
+) -> Loaded:
+    """``files`` copied to the device by ``loader``, the tensors ``take`` gets from them (given
+    the buffer and the keys), and what frees them; the loader is closed on any failure."""
     try:
-        loader.add_filenames(dict(files))
+        loader.add_filenames(files)
         fb = loader.copy_files_to_device()
     except BaseException:
         loader.close()
         raise
     try:
-        tensors = {
-            name: fb.get_sharded(name, 0) if mode == "tp" else fb.get_tensor(name)
-            for name in sorted(loader.get_keys())
-        }
+        tensors = take(fb, list(loader.get_keys()))
     except BaseException:
         fb.close()
         loader.close()
