@@ -33,9 +33,26 @@ __all__ = [
     "NoScratchDatabase",
     "PgServer",
     "find_bindir",
+    "require_postgresql",
     "scratch_database",
     "why_no_postgresql",
 ]
+
+
+def require_postgresql(url: str | None, unavailable: type[Exception]) -> None:
+    """Refuse a ``--catalog-url`` that is not PostgreSQL (or not a catalog URL at all) with
+    ``unavailable``, the calling bench's own error; None (a throwaway server) passes."""
+    from tiering.catalog.backends import backend_of
+
+    if url is None:
+        return
+    try:
+        backend = backend_of(url)
+    except ValueError as exc:
+        raise unavailable(str(exc)) from exc
+    if backend != "postgresql":
+        raise unavailable("--catalog-url must be postgresql+psycopg://...")
+
 
 #: The migrated database each new database is copied from.
 TEMPLATE = "tierd_template"

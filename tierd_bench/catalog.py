@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from tiering.catalog import Catalog, Database, NewFile, upgrade
-from tiering.catalog.backends import backend_of, redact
+from tiering.catalog.backends import redact
 from tiering.catalog.journal import Journal
 
-from ._postgres import PgServer, scratch_database, why_no_postgresql
+from ._postgres import PgServer, require_postgresql, scratch_database, why_no_postgresql
 from ._report import BenchRow, Report
 
 __all__ = ["CatalogBenchUnavailable", "run"]
@@ -233,13 +233,7 @@ def run(
     """
     if seconds <= 0 or runs < 1 or hosts < 0:
         raise ValueError("seconds must be positive, runs at least 1, hosts at least 0")
-    if catalog_url is not None:
-        try:
-            backend = backend_of(catalog_url)
-        except ValueError as exc:
-            raise CatalogBenchUnavailable(str(exc)) from exc
-        if backend != "postgresql":
-            raise CatalogBenchUnavailable("--catalog-url must be postgresql+psycopg://...")
+    require_postgresql(catalog_url, CatalogBenchUnavailable)
     with tempfile.TemporaryDirectory(prefix="tierd-catalog-bench-") as tmp:
         say(f"SQLite: {runs} runs of {seconds:g} s per figure")
         lite = _one_host(f"sqlite:///{Path(tmp) / 'catalog.db'}", seconds, runs)

@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from tiering.catalog.backends import backend_of
 from tiering.serving.fleetjobs import FleetWorkerConfig
 from tiering.tiers.paths import COMPRESSED_DIR, RESERVED_DIR
 
@@ -57,7 +56,7 @@ from ._fleethosts import (
 )
 from ._measure import MiB, format_size
 from ._origin import OriginUnavailable, open_origin
-from ._postgres import NoScratchDatabase
+from ._postgres import NoScratchDatabase, require_postgresql
 from ._report import BenchRow, Report
 
 __all__ = ["FleetBenchFailed", "FleetBenchUnavailable", "run"]
@@ -254,13 +253,7 @@ def check_model(size: int, shards: int) -> None:
 def _check_options(poll_interval: float | None, catalog_url: str | None) -> None:
     if poll_interval is not None and poll_interval <= 0:
         raise ValueError("poll_interval must be positive")
-    if catalog_url is not None:
-        try:
-            backend = backend_of(catalog_url)
-        except ValueError as exc:
-            raise FleetBenchUnavailable(str(exc)) from exc
-        if backend != "postgresql":
-            raise FleetBenchUnavailable("--catalog-url must be postgresql+psycopg://...")
+    require_postgresql(catalog_url, FleetBenchUnavailable)
 
 
 def run(
