@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -181,25 +181,32 @@ def _serve(
             why = "needs torch (pip install torch)"
             report.add(BenchRow("rest_state_dict", "REST load_state_dict", None, "GB/s", note=why))
             return
-        _state_dict(report, api, shard_paths, device, repeats, check, nbytes, say)
+        rest = _Rest(report, api, shard_paths, device, repeats, check, nbytes, say)
+        _state_dict(rest)
         # Before the memory tier holds the model: every rank reads the page cache, as
         # fastsafetensors does.
         gpus = two_gpus(device)
         two_gpu_rows(report, url, files, shard_paths, nbytes, gpus, repeats, say)
-        _memory_tier(report, api, shard_paths, device, repeats, check, nbytes, say)
+        _memory_tier(rest)
 
 
-def _state_dict(
-    report: Report,
-    api: Any,
-    paths: list[str],
-    device: str,
-    repeats: int,
-    check: Callable[[dict[str, Any]], None],
-    nbytes: int,
-    say: Callable[[str], None],
-) -> None:
+class _Rest(NamedTuple):
+    """What the REST state-dict figures are measured with: the shards, the device, the
+    check of a load's tensors and the model's bytes."""
+
+    report: Report
+    api: Any
+    paths: list[str]
+    device: str
+    repeats: int
+    check: Callable[[dict[str, Any]], None]
+    nbytes: int
+    say: Callable[[str], None]
+
+
+def _state_dict(rest: _Rest) -> None:
     """The REST state dict from the page cache, and its profile."""
+    report, api, paths, device, repeats, check, nbytes, say = rest
 
     def state_dict() -> Loaded:
         sd = api.load_state_dict(paths, device=device)
@@ -219,17 +226,9 @@ def _state_dict(
     free_gpu()
 
 
-def _memory_tier(
-    report: Report,
-    api: Any,
-    paths: list[str],
-    device: str,
-    repeats: int,
-    check: Callable[[dict[str, Any]], None],
-    nbytes: int,
-    say: Callable[[str], None],
-) -> None:
+def _memory_tier(rest: _Rest) -> None:
     """The REST state dict from the memory tier (profiled), against the pinned ceiling."""
+    report, api, paths, device, repeats, check, nbytes, say = rest
     say("memory tier: prefetching the shards")
     api.prefetch(paths, target="memory", wait=True, progress=False, timeout=600)
     say(f"REST load_state_dict from the memory tier: {repeats} profiled runs")
