@@ -116,7 +116,7 @@ def test_layout_parser_sees_lazy_and_type_checking_imports() -> None:
     # Guard the guard: if _imports missed these, the tests below could not fail.
     imports = set(_imports("tiering.placement.policy", MODULES["tiering.placement.policy"]))
     assert "tiering.catalog.db" in imports
-    assert "tiering.moves" in _graph()["tiering.placement.scheduler"]
+    assert "tiering.moves" in _graph()["tiering.engine.scheduler"]
 
 
 def test_no_module_is_over_about_500_lines() -> None:

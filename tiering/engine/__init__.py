@@ -35,7 +35,6 @@ from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
     PolicyInfo,
-    Scheduler,
     TierInfo,
     room,
     tier_infos,
@@ -44,6 +43,7 @@ from tiering.sync import ScanReport, TierWatcher, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import validate_relpath
 
+from .scheduler import Scheduler
 from .steering import Steering, _opened
 
 # The views and handles the service builds on are re-exported here, so callers import the

@@ -20,17 +20,17 @@ from tiering.placement import (
     AccessTracker,
     CurrentPolicy,
     Decision,
-    PassReport,
     PlannedMove,
     Policy,
     PolicyInfo,
-    Scheduler,
     TierState,
     decision_for,
     plan,
     tier_states,
 )
 from tiering.tiers import Tiers
+
+from .scheduler import PassReport, Scheduler
 
 __all__ = ["Steering"]
 

@@ -16,7 +16,6 @@ from tiering.placement.policy import (
     default_policy,
     memory_rule,
 )
-from tiering.placement.scheduler import PassReport, Scheduler
 from tiering.placement.space import TierInfo, room, tier_infos, tier_states
 
 __all__ = [
@@ -32,10 +31,8 @@ __all__ = [
     "decide",
     "decision_for",
     "FileView",
-    "PassReport",
     "PlannedMove",
     "Policy",
-    "Scheduler",
     "TierPolicy",
     "TierState",
     "default_policy",

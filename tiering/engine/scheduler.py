@@ -1,5 +1,7 @@
 """The migration scheduler: a background thread that plans, then runs the moves.
 
+It is the engine's (placement decides; the engine owns the threads that act on its decisions).
+
 Every ``interval_s`` (and whenever asked) it reloads the policy, asks the planner for moves when
 nothing is in flight, claims them and runs them on worker threads, at most ``concurrency`` at a
 time; the shared :class:`~tiering.moves.mover.RateLimiter` caps their bandwidth together. ``stop()``
