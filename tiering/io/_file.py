@@ -7,11 +7,11 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from tiering.closing import Closing
 from tiering.errors import ClosedFile
 from tiering.tiers import pread_exact
 
@@ -44,7 +44,7 @@ class _Guard:
                 f._cond.notify_all()
 
 
-class GdsFile:
+class GdsFile(Closing):
     """A file opened by :meth:`GpuDirectStorage.open_file <tiering.io.GpuDirectStorage.open_file>`.
 
     It holds a read-only descriptor, the backend's handle (a KvikIO ``CuFile`` on GPU hosts)
@@ -165,17 +165,6 @@ class GdsFile:
         """Up to ``n`` bytes at ``offset`` (fewer only at the end), for small metadata reads
         such as a safetensors header. Call it inside ``_use()``."""
         return pread_exact(self._fd, n, offset)
-
-    def __enter__(self) -> GdsFile:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -13,11 +13,11 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
+from tiering.closing import Closing
 from tiering.config import TierConfig
 from tiering.errors import InvalidDtype, InvalidInput, TierdError
 from tiering.tiers import Source
@@ -50,7 +50,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class GpuDirectStorage(AsyncTwins):
+class GpuDirectStorage(Closing, AsyncTwins):
     """Reads files into GPU (``cuda:N``, CuPy arrays) or host (``cpu``, NumPy) memory.
 
     Parameters
@@ -155,17 +155,6 @@ class GpuDirectStorage(AsyncTwins):
         self._engine.close()
         if self._pinned is not None:
             self._pinned.clear()
-
-    def __enter__(self) -> GpuDirectStorage:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- files ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from tiering.closing import Closing
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, IntegrityError, InvalidPath, TierdError
 from tiering.ranges import RangeReader
@@ -162,7 +163,7 @@ class Published:
         return self.stat.etag
 
 
-class Source(abc.ABC):
+class Source(Closing, abc.ABC):
     """A file opened for ranged reads; it keeps reading the bytes it opened.
 
     A directory source reads through its fd, so a rename or unlink of the path does not
@@ -215,17 +216,6 @@ class Source(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - a source with nothing to release keeps the default
         pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Writer(abc.ABC):
