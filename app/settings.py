@@ -3,6 +3,8 @@
 Sources, strongest first: CLI flags, ``TIERD_*`` environment variables (nested with ``__``),
 the TOML file named by ``--config`` or ``TIERD_CONFIG``, then the defaults below. Settings are
 built by :func:`get_settings`, never at import time.
+
+Kept whole past 450 lines: every setting in one place, with its default and help, is the point.
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ What maps to what:
   ``OSError(ENOSPC)``; other replies
   raise the client's :class:`~tierd_client.APIError` subclasses (``tier_not_found``,
   ``file_busy`` while a file is migrated...), and an unreachable server a ``ConnectionError``.
+
+Kept whole past 450 lines: one fsspec filesystem and its file object, whose methods fsspec's
+interface fixes.
 """
 
 from __future__ import annotations

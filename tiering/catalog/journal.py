@@ -14,6 +14,9 @@ their directory tiers, and a move's temp lives on its destination: only the clai
 settle what a crash left, so recovery reads :meth:`Journal.own_open_intents` alone. A file
 owned by another host's open intent stays busy for everyone (scan, the watcher, claims): it is
 in flight, whoever moves it.
+
+Kept whole past 450 lines: every write of the move protocol is a compare-and-set over the same
+rows, read against each other.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ Space: a tier's copies and its own files share the tier's quota and the disk. Th
 the low watermark of it, and the coldest are dropped past the high one. The tier's own files
 come first: a move or upload counts only them against the quota, and the next pass drops
 copies to make up.
+
+Kept whole past 450 lines: a copy's life (reconcile, read, fill, drop) under one lock and index;
+the planner's pass and room are in copyplan.py, piece fills in piecefill.py.
 """
 
 from __future__ import annotations

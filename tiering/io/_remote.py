@@ -32,6 +32,9 @@ tierd's own HTTP connections where the URL is plain ``http://``
 ``GdsConfig.remote_backend`` says;
 :meth:`RemoteReads.read` gets the whole list of ranges of a call at once and asks once. The
 report's ``engine`` says which one moved the bytes.
+
+Kept whole past 450 lines: one remote file's read plan and the choice of its engine (auto's per-
+origin judgement) share the plan's state.
 """
 
 from __future__ import annotations

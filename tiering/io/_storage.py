@@ -5,6 +5,9 @@ is its own, and hands the work to the modules beside it: :mod:`._open` (opening 
 :mod:`._checks` (callers' arguments), :mod:`._transfer` (every read of a byte range; those of
 remote files go on to :mod:`._remote`), :mod:`._vectors` (rows and gathers), :mod:`._shards`
 (safetensors), :mod:`._write` (writes) and :mod:`._pools` (its threads).
+
+Kept whole past 450 lines: the façade's public methods, one per kind of read, each a few lines
+over its parts.
 """
 
 from __future__ import annotations

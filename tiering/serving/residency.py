@@ -1,7 +1,7 @@
 """GPU residency: the read-only copies tierd holds in device (and shared) memory, found by
 content, handed out again and copied from.
 
-Kept whole over 450 lines: finding, handing out and letting go of copies share one lock and
+Kept whole past 450 lines: finding, handing out and letting go of copies share one lock and
 one table, so splitting them would hand that lock across modules.
 
 A lease's buffer is normally the client's to write (a trainer may update embedding rows in

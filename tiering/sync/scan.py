@@ -17,6 +17,9 @@ A scan holds a bounded amount, however many files there are (a bucket of million
 every tier walks in relpath order and the catalog is read in relpath order a page at a time, so
 one merge of those streams meets each relpath once, with its places and its record, and
 decisions are applied in batches as it goes. Only the report grows, with the drift it names.
+
+Kept whole past 450 lines: one streamed pass over every tier root and the catalog, whose phases
+share the cursor and the report.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Every backend keeps the same promises, which the shared test suite (``tests/tier
 Callers ask a tier what it can do (:class:`Capabilities`, :meth:`Source.local_file`), never
 which backend it is: outside this package no code compares a tier's ``kind`` (a test of the
 layout checks it).
+
+Kept whole past 450 lines: the tier interface (Source, Writer, Tier) and the values its
+primitives return, which every backend reads together.
 """
 
 from __future__ import annotations
