@@ -75,6 +75,17 @@ MODULES = _modules()
 
 
 @functools.cache
+def _source(name: str) -> str:
+    return MODULES[name].read_text()
+
+
+@functools.cache
+def _tree(name: str) -> ast.Module:
+    """Each module parsed once for the whole file's tests (read-only: no test changes it)."""
+    return ast.parse(_source(name), str(MODULES[name]))
+
+
+@functools.cache
 def _imports(name: str, path: Path) -> tuple[str, ...]:
     return tuple(_walk_imports(name, path))
 
@@ -82,7 +93,7 @@ def _imports(name: str, path: Path) -> tuple[str, ...]:
 def _walk_imports(name: str, path: Path) -> Iterator[str]:
     """Every module ``name`` imports, absolute, wherever in the file the import sits."""
     is_pkg = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(name)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
@@ -120,7 +131,7 @@ def test_layout_parser_sees_lazy_and_type_checking_imports() -> None:
 
 
 def test_no_module_is_over_about_500_lines() -> None:
-    sizes = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    sizes = {n: len(_source(n).splitlines()) for n in MODULES}
     big = {n: lines for n, lines in sizes.items() if lines > MAX_LINES}
     assert not big, f"split these by responsibility: {big}"
 
@@ -133,9 +144,9 @@ WHOLE_LINES = 450
 def test_a_module_past_450_lines_says_why_it_is_whole() -> None:
     unexplained = sorted(
         n
-        for n, p in MODULES.items()
-        if len(p.read_text().splitlines()) > WHOLE_LINES
-        and "Kept whole past 450 lines:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")
+        for n in MODULES
+        if len(_source(n).splitlines()) > WHOLE_LINES
+        and "Kept whole past 450 lines:" not in (ast.get_docstring(_tree(n)) or "")
     )
     assert not unexplained, f"split these where their ideas split, or say why not: {unexplained}"
 
@@ -267,7 +278,7 @@ def test_tier_type_check_finder_finds_them() -> None:
     "module", sorted(m for m in MODULES if _room(m) != "tiering.tiers" and m != "tiering.tiers")
 )
 def test_no_module_outside_tiers_asks_what_a_tier_is(module: str) -> None:
-    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    tree = _tree(module)
     found = list(_tier_type_checks(tree, may_parse_kind=module in KIND_PARSERS))
     assert not found, f"{module} branches on a tier's kind: {found}"
 
@@ -299,7 +310,7 @@ def test_fmt_skip_finder_finds_them() -> None:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_fmt_skip_says_why(module: str) -> None:
-    found = list(_unexplained_fmt_skips(MODULES[module].read_text()))
+    found = list(_unexplained_fmt_skips(_source(module)))
     assert not found, f"{module}: split at a seam, or say why on the line: {found}"
 
 
@@ -323,7 +334,7 @@ def test_long_function_finder_finds_them() -> None:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_function_is_over_80_lines(module: str) -> None:
-    found = list(_long_functions(ast.parse(MODULES[module].read_text(), str(MODULES[module]))))
+    found = list(_long_functions(_tree(module)))
     assert not found, f"{module}: break these up where their concerns split: {found}"
 
 
@@ -367,9 +378,9 @@ def _defined_privates() -> dict[str, tuple[frozenset[str], frozenset[str]]]:
     """Per room: the private names it defines as functions/classes, and those it assigns."""
     defs: dict[str, set[str]] = {}
     stores: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
+    for name in MODULES:
         room = _room(name)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(name)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 defs.setdefault(room, set()).add(node.name)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
@@ -441,7 +452,7 @@ def test_private_reach_finder_finds_them() -> None:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_rooms_reach_each_other_only_through_public_faces(module: str) -> None:
-    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    tree = _tree(module)
     found = [
         f
         for f in _private_reaches(module, tree)
@@ -470,5 +481,5 @@ def test_self_handoff_finder_finds_them() -> None:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_hands_itself_to_another(module: str) -> None:
-    found = list(_self_handoffs(ast.parse(MODULES[module].read_text(), str(MODULES[module]))))
+    found = list(_self_handoffs(_tree(module)))
     assert not found, f"{module}: import a shared helper module instead: {found}"
