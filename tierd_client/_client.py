@@ -20,7 +20,7 @@ from ._buffers import Buffer, Tensors
 from ._exceptions import TierdClientError, TransportError, error_from_response
 from ._loads import drop_none, file_ref, open_tensors, parse_target, safetensors_body
 from ._models import ModelsMixin
-from ._service import FileRef, ServiceMixin
+from ._service import FileRef
 from ._state_dict import StateDictSource, close_client, load_state_dict
 from ._tls import tls_context
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Client", "FileRef"]
 
 
-class Client(Closing, ServiceMixin, ModelsMixin):
+class Client(Closing, ModelsMixin):
     """tierd over HTTP.
 
     Parameters

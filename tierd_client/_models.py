@@ -18,31 +18,18 @@ from typing import TYPE_CHECKING, Any, overload
 from ._buffers import Buffer, Tensors
 from ._loads import drop_none, model_body, open_tensors, parse_target
 from ._progress import finish
+from ._service import ServiceMixin
 
 __all__ = ["ModelsMixin"]
 
 
-class ModelsMixin:
-    """The model methods; :class:`~tierd_client.Client` provides the plumbing they use."""
+class ModelsMixin(ServiceMixin):
+    """The model methods, over the service calls (jobs, leases); :class:`~tierd_client.Client`
+    provides the plumbing they use."""
 
     if TYPE_CHECKING:
 
-        def request(
-            self,
-            method: str,
-            path: str,
-            *,
-            json: Any = None,
-            params: Mapping[str, Any] | None = None,
-        ) -> Any: ...
-
         def _open_all(self, reply: Mapping[str, Any], wait: bool = True) -> list[Buffer]: ...
-
-        def job(self, job_id: str) -> dict[str, Any]: ...
-
-        def cancel(self, job_id: str) -> dict[str, Any]: ...
-
-        def release(self, buffer_id: str) -> dict[str, Any]: ...
 
     def models(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """Every model (whose name starts with ``prefix``), by name: files, bytes, the tiers
