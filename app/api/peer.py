@@ -121,11 +121,16 @@ def peer_content(
         return error_response(429, exc.code, exc.message)
     except NotHeld as exc:
         return error_response(404, exc.code, exc.message)
-    headers |= {GENERATION_HEADER: str(generation), SOURCE_HEADER: body.source}
-    if rec.checksum:
-        headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
-    counter = request.app.state.metrics.peer_bytes_served.labels(body.source)
-    return StreamingResponse(body.stream(counter.inc), status_code=status, headers=headers)
+    try:
+        headers |= {GENERATION_HEADER: str(generation), SOURCE_HEADER: body.source}
+        if rec.checksum:
+            headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
+        counter = request.app.state.metrics.peer_bytes_served.labels(body.source)
+        stream = body.stream(counter.inc)
+    except BaseException:
+        body.release()  # the body never started: its source and upload slot go now
+        raise
+    return StreamingResponse(stream, status_code=status, headers=headers)
 
 
 def _peers(engine: Engine) -> PeerUploads:
