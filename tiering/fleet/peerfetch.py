@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from tiering.catalog.pieces import PieceDigests
+from tiering.closing import Closing
 from tiering.errors import Conflict, Unavailable
 from tiering.fleet.pieces import piece_span, verify
 
@@ -81,7 +82,7 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-class PeerHttp:
+class PeerHttp(Closing):
     """HTTP for peer reads: a pool of ``connections`` kept open per peer, the process's one TLS
     context (peers on ``https`` are verified as usual), and each body read straight into a
     buffer of its announced length.
@@ -127,12 +128,6 @@ class PeerHttp:
 
     def close(self) -> None:
         self._pool.clear()
-
-    def __enter__(self) -> PeerHttp:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _trimmed(buf: bytearray, length: int) -> bytearray:
