@@ -282,16 +282,7 @@ class Catalog:
                     continue
                 else:
                     rec.generation += 1
-                rec.tier = new.tier
-                rec.host = self.db.owner_of(new.tier)
-                rec.size = new.size
-                rec.mtime_ns = new.mtime_ns
-                rec.checksum = new.checksum
-                rec.etag = new.etag
-                rec.codec, rec.stored_size = new.codec, new.stored_size
-                rec.state = FileState.STABLE
-                rec.detail = None
-                rec.updated_at = now
+                self._take(rec, new, now)
                 out.append(rec)
             s.flush()
             return out
@@ -299,6 +290,20 @@ class Catalog:
         # Another host may insert one of these relpaths first: then this runs again and
         # updates its record instead.
         return self.db.transact(body, retry_unique=True)
+
+    def _take(self, rec: FileRecord, new: NewFile, now: float) -> None:
+        """Give ``rec`` the published bytes ``new`` describes, stable as of ``now`` (its id,
+        heat, pin and generation are the caller's: upsert and reassign bump it differently)."""
+        rec.tier = new.tier
+        rec.host = self.db.owner_of(new.tier)
+        rec.size = new.size
+        rec.mtime_ns = new.mtime_ns
+        rec.checksum = new.checksum
+        rec.etag = new.etag
+        rec.codec, rec.stored_size = new.codec, new.stored_size
+        rec.state = FileState.STABLE
+        rec.detail = None
+        rec.updated_at = now
 
     def existing_ids(self, file_ids: Iterable[int]) -> set[int]:
         """Those of ``file_ids`` that still have a record (ids are never reused: 0003)."""
@@ -362,17 +367,8 @@ class Catalog:
                 s.delete(other)
                 s.flush()
             rec.relpath = new.relpath
-            rec.tier = new.tier
-            rec.host = self.db.owner_of(new.tier)
-            rec.size = new.size
-            rec.mtime_ns = new.mtime_ns
-            rec.checksum = new.checksum
-            rec.etag = new.etag
-            rec.codec, rec.stored_size = new.codec, new.stored_size
-            rec.state = FileState.STABLE
-            rec.detail = None
             rec.generation += 1
-            rec.updated_at = now
+            self._take(rec, new, now)
             s.flush()
             return rec
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from types import TracebackType
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
 from tiering.catalog.journal import refuse_other_host
@@ -26,7 +25,7 @@ from tiering.errors import (
     TooLarge,
 )
 from tiering.moves.concurrency import FileGuards
-from tiering.tiers import Source, Stat, Tier, Tiers, Writer
+from tiering.tiers import Aborting, Source, Stat, Tier, Tiers, Writer
 from tiering.tiers.paths import validate_relpath
 
 __all__ = ["READ_CHUNK", "Content", "FileOps", "Upload"]
@@ -67,7 +66,7 @@ class Content:
         self.source.close()
 
 
-class Upload:
+class Upload(Aborting):
     """One streamed upload; see :meth:`FileOps.begin_upload`."""
 
     def __init__(
@@ -165,17 +164,6 @@ class Upload:
 
     def abort(self) -> None:
         self._writer.abort()
-
-    def __enter__(self) -> Upload:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.abort()
 
 
 class FileOps:

@@ -13,6 +13,7 @@ and never holds a file of its own.
 
 from tiering.tiers._base import (
     UNBOUNDED,
+    Aborting,
     Capabilities,
     LocalFile,
     Published,
@@ -34,6 +35,7 @@ __all__ = [
     "pread_exact",
     "KINDS",
     "UNBOUNDED",
+    "Aborting",
     "Capabilities",
     "DirectorySource",
     "DirectoryTier",

@@ -221,7 +221,30 @@ class Source(Closing, abc.ABC):
         pass
 
 
-class Writer(abc.ABC):
+class Aborting:
+    """Mixin: a context manager whose exit is ``self.abort()``; subclasses define ``abort``.
+
+    A write's with-shape: leaving the block without publishing discards what was written, and
+    after a publish ``abort`` is a no-op. (Not :class:`~tiering.closing.Closing`: what its exit
+    calls is a discard, not a close.) Writers and the moves' uploads share it.
+    """
+
+    def abort(self) -> None:  # pragma: no cover - every subclass says what discarding means
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+
+class Writer(Aborting, abc.ABC):
     """Writes one new file into a tier, invisible to readers until :meth:`publish`.
 
     Use as a context manager: leaving the block without publishing discards what was written.
@@ -293,17 +316,6 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def abort(self) -> None:
         """Discard everything written (idempotent; a no-op after publish)."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.abort()
 
 
 class Tier(abc.ABC):
