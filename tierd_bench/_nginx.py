@@ -38,6 +38,7 @@ __all__ = [
     "bytes_sent",
     "nginx_etag",
     "publish_listing",
+    "require",
     "serve",
 ]
 
@@ -214,6 +215,14 @@ def _answers(address: str, port: int) -> bool:
     return False
 
 
+def require(kind: str) -> None:
+    """Raise :class:`OriginUnavailable`, naming the package, where nginx is not installed."""
+    if not NGINX.exists():
+        raise OriginUnavailable(
+            f"origin {kind!r} needs Debian's nginx at {NGINX}: apt-get install nginx"
+        )
+
+
 @contextlib.contextmanager
 def serve(
     kind: str,
@@ -228,10 +237,7 @@ def serve(
     ``ip netns exec NS``), ``rate`` bytes/s per connection (None: no cap), in a temp directory
     under ``parent``; stopped and removed on exit. ``buffered_log=False`` writes each access
     line as its request ends, so :func:`bytes_sent` is exact as soon as the client is done."""
-    if not NGINX.exists():
-        raise OriginUnavailable(
-            f"origin {kind!r} needs Debian's nginx at {NGINX}: apt-get install nginx"
-        )
+    require(kind)
     tmp = Path(tempfile.mkdtemp(prefix="tierd-nginx-", dir=parent))
     proc: subprocess.Popen[bytes] | None = None
     try:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ._netns import network, why_no_netns
-from ._nginx import OriginUnavailable, publish_listing, serve
+from ._nginx import OriginUnavailable, publish_listing, require, serve
 
 __all__ = ["ORIGINS", "Origin", "OriginUnavailable", "local_credentials", "open_origin"]
 
@@ -339,6 +339,7 @@ def open_origin(
             say(f"origin: {origin.description} at {origin.endpoint}")
             yield origin
     elif spec in ("s3like", "open"):
+        require(spec)  # before a paced origin's namespaces are made for an nginx that is absent
         with contextlib.ExitStack() as stack:
             stack.enter_context(local_credentials())
             # S3 holds each connection to its rate; nginx's limit_rate holds each request,
