@@ -12,7 +12,7 @@ from app.settings import Settings, get_settings
 from tiering.catalog import FileRecord, FileState, MigrationPhase
 from tiering.checksum import Hasher
 from tiering.engine import Engine
-from tiering.tiers.paths import is_temp_name
+from tiering.tiers.paths import is_temp_name, packed_relpath
 
 SHM = Path("/dev/shm")
 
@@ -67,7 +67,8 @@ def tier_files(engine: Engine) -> dict[str, list[str]]:
             for dirpath, _dirs, files in os.walk(root):
                 for name in files:
                     rel = os.path.relpath(os.path.join(dirpath, name), root)
-                    key = "<temp>" if is_temp_name(name) else rel
+                    # A container is its relpath's file, at the tier's compressed place.
+                    key = "<temp>" if is_temp_name(name) else packed_relpath(rel) or rel
                     out.setdefault(key, []).append(
                         tier.name if key != "<temp>" else f"{tier.name}:{rel}"
                     )

@@ -16,6 +16,7 @@ from tests.conftest import LiveServer, make_settings
 from tierd_bench.codec import synthetic_bf16
 from tierd_client import Client
 from tiering.codec import CHUNK, CODEC, MAGIC
+from tiering.tiers.paths import COMPRESSED_DIR
 
 MiB = 1 << 20
 
@@ -41,7 +42,7 @@ def test_compressed_file_over_rest(server: LiveServer, bf16: bytes) -> None:
         rec = r.json()
         assert (rec["size"], rec["codec"]) == (len(bf16), CODEC)
         assert rec["stored_size"] <= 0.72 * len(bf16)
-        disk = (server.settings.data_dir / "hdd" / path).read_bytes()
+        disk = (server.settings.data_dir / "hdd" / COMPRESSED_DIR / path).read_bytes()
         assert disk.startswith(MAGIC) and len(disk) == rec["stored_size"]
         assert http.get(f"/v1/files/{rec['id']}").json()["stored_size"] == rec["stored_size"]
 

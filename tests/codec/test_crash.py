@@ -18,6 +18,7 @@ from tiering.codec import CODEC, MAGIC
 from tiering.engine import Engine
 from tiering.errors import InsufficientSpace, StorageError
 from tiering.moves import STEPS
+from tiering.tiers.paths import COMPRESSED_DIR
 
 NAME = "m/model.safetensors"
 
@@ -38,7 +39,9 @@ def test_kill_9_at_every_step_of_a_compressing_move(tmp_path: Path, step: str, b
         assert_invariants(eng, {NAME: bf16})
         assert eng.get(fid).tier == ("hdd" if committed else "nvme")
         if committed:
-            assert (settings.data_dir / "hdd" / NAME).read_bytes().startswith(MAGIC)
+            assert (
+                (settings.data_dir / "hdd" / COMPRESSED_DIR / NAME).read_bytes().startswith(MAGIC)
+            )
         snap = disk_snapshot(settings.data_dir)
         assert not eng.mover.recover().changed
         assert disk_snapshot(settings.data_dir) == snap
@@ -58,7 +61,7 @@ def test_a_lost_source_is_replaced_by_the_verified_compressed_copy(
         assert eng.last_recovery is not None and eng.last_recovery.relocated == [fid]
         assert_invariants(eng, {NAME: bf16})
         rec = eng.get(fid)
-        stored = (settings.data_dir / "hdd" / NAME).stat().st_size
+        stored = (settings.data_dir / "hdd" / COMPRESSED_DIR / NAME).stat().st_size
         assert (rec.tier, rec.codec, rec.stored_size) == ("hdd", CODEC, stored)
 
 

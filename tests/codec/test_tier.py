@@ -14,8 +14,9 @@ from tierd_bench.codec import synthetic_bf16
 from tiering.codec import CHUNK, CODEC, MAGIC, CorruptContainer, open_bytes
 from tiering.config import TierConfig
 from tiering.engine import Engine
-from tiering.errors import IntegrityError
+from tiering.errors import AlreadyExists, IntegrityError
 from tiering.tiers import DirectoryTier
+from tiering.tiers.paths import COMPRESSED_DIR
 
 MiB = 1 << 20
 
@@ -43,11 +44,13 @@ def _write(tier: DirectoryTier, relpath: str, data: bytes, **kw: object) -> None
 
 def test_stored_compressed_and_read_as_the_logical_file(tier: DirectoryTier, bf16: bytes) -> None:
     _write(tier, "m/model.safetensors", bf16)
-    disk = (tier.root / "m/model.safetensors").read_bytes()
+    disk = (tier.root / COMPRESSED_DIR / "m/model.safetensors").read_bytes()
     assert disk.startswith(MAGIC) and len(disk) <= 0.72 * len(bf16)
     st = tier.stat("m/model.safetensors")
     assert st is not None and st.size == len(bf16)
-    assert [(e.relpath, e.size) for e in tier.walk()] == [("m/model.safetensors", len(bf16))]
+    # The walk opens no file: a container's entry is its stored size, and says it is one.
+    walked = [(e.relpath, e.size, e.codec) for e in tier.walk()]
+    assert walked == [("m/model.safetensors", len(disk), CODEC)]
     with tier.open("m/model.safetensors") as src:
         assert src.size == len(bf16) and src.local_file() is None and src.unchanged()
         ranges = src.ranges
@@ -69,8 +72,38 @@ def test_a_closed_source_reads_nothing(tier: DirectoryTier, bf16: bytes) -> None
     assert ranges is not None
     src.close()
     # The next open may take the number the source's descriptor had.
-    with open(tier.root / "m/model.safetensors", "rb"), pytest.raises(OSError):
+    with open(tier.root / COMPRESSED_DIR / "m/model.safetensors", "rb"), pytest.raises(OSError):
         ranges.readinto(memoryview(bytearray(CHUNK + 1)), 0)
+
+
+def test_an_overwrite_that_changes_the_form_leaves_one_copy(
+    tier: DirectoryTier, bf16: bytes
+) -> None:
+    """Plain and compressed forms live at two places: an overwrite publishes the new form and
+    removes the old; without ``overwrite`` either form refuses; where a crash left both, the
+    newer is the file (walk, open and stat agree)."""
+    noise = os.urandom(3 * MiB)
+    plain, packed = tier.root / "f.bin", tier.root / COMPRESSED_DIR / "f.bin"
+    _write(tier, "f.bin", noise)
+    with pytest.raises(AlreadyExists):
+        tier.writer("f.bin")
+    _write(tier, "f.bin", bf16, overwrite=True)
+    assert packed.exists() and not plain.exists()
+    with pytest.raises(AlreadyExists):
+        tier.writer("f.bin")
+    _write(tier, "f.bin", noise, overwrite=True)
+    assert plain.exists() and not packed.exists()
+    assert tier.read_bytes("f.bin") == noise
+    # Both forms (a crash between the publish and the removal): the newer one is the file.
+    stale = plain.read_bytes()
+    _write(tier, "f.bin", bf16, overwrite=True)
+    plain.write_bytes(stale)
+    os.utime(plain, ns=(1, 1))
+    assert tier.read_bytes("f.bin") == bf16
+    assert [(e.relpath, e.codec) for e in tier.walk()] == [("f.bin", CODEC)]
+    st = tier.stat("f.bin")
+    assert st is not None and st.size == len(bf16)
+    assert tier.remove("f.bin") and not plain.exists() and not packed.exists()
 
 
 def test_files_that_do_not_pay_are_stored_as_they_are(tier: DirectoryTier) -> None:
@@ -85,7 +118,7 @@ def test_a_corrupt_chunk_on_disk_is_an_error_naming_the_file(
     tier: DirectoryTier, bf16: bytes
 ) -> None:
     _write(tier, "m/model.safetensors", bf16)
-    path = tier.root / "m/model.safetensors"
+    path = tier.root / COMPRESSED_DIR / "m/model.safetensors"
     disk = bytearray(path.read_bytes())
     e = open_bytes(bytes(disk)).index[1]
     disk[e.offset + e.length // 2] ^= 0x10
@@ -152,7 +185,7 @@ def test_moves_compress_down_and_decompress_up(ceng: Engine, bf16: bytes) -> Non
     hdd, nvme = eng.tiers.get("hdd"), eng.tiers.get("nvme")
     assert (nvme.watch_root() / "models/m.safetensors").stat().st_size == len(bf16)  # type: ignore[operator]
     eng.migrate(rec.id, "hdd")
-    stored = (hdd.watch_root() / "models/m.safetensors").read_bytes()  # type: ignore[operator]
+    stored = (hdd.watch_root() / COMPRESSED_DIR / "models/m.safetensors").read_bytes()  # type: ignore[operator]
     assert stored.startswith(MAGIC) and len(stored) <= 0.72 * len(bf16)
     moved = eng.get(rec.id)
     assert (moved.codec, moved.stored_size, moved.size) == (CODEC, len(stored), len(bf16))

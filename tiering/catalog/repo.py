@@ -191,6 +191,13 @@ class Catalog:
                 return
             after = page[-1].relpath
 
+    def compressed_on(self, tier: str) -> list[FileRecord]:
+        """The records of this host's files that ``tier`` stores with a codec."""
+        mine = or_(FileRecord.host.is_(None), FileRecord.host == self.db.host)
+        q = select(FileRecord).where(mine, FileRecord.tier == tier, FileRecord.codec.is_not(None))
+        with self.db.read() as s:
+            return list(s.scalars(q))
+
     def actionable(self) -> list[FileRecord]:
         """Records this host may plan moves for: those on its own tiers and on shared tiers
         (no host). Another host's files are on its disks, which this host cannot reach."""

@@ -39,7 +39,7 @@ from tiering.placement import (
     room,
     tier_infos,
 )
-from tiering.sync import ScanReport, TierWatcher, scan
+from tiering.sync import ScanReport, TierWatcher, relocate_containers, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import validate_relpath
 
@@ -170,6 +170,7 @@ class Engine(Steering):
         try:
             self.open().catalog.db.serve_under(self._lock)  # verified after each outage
             adopt_local_records(self.catalog.db, self.tiers, self.config.host_id)  # before recovery
+            relocate_containers(self.catalog, self.tiers)  # an earlier tierd's layout, once
             self.last_recovery = self.mover.recover()
             remove_orphan_temps(self.journal, self.tiers)
             if self.host_copies is not None:

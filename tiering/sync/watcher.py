@@ -42,7 +42,7 @@ from tiering.catalog import Catalog, FileState
 from tiering.errors import TierdError
 from tiering.sync.scan import ScanReport, owned_by_this_host, reconcile_paths, scan
 from tiering.tiers import Tier, Tiers
-from tiering.tiers.paths import is_reserved, is_temp_name
+from tiering.tiers.paths import is_reserved, is_temp_name, packed_relpath
 
 __all__ = ["TierWatcher", "WatcherStatus"]
 
@@ -254,6 +254,9 @@ class TierWatcher:
         for root, tier in self._roots:
             if p.startswith(root + os.sep):
                 rel = p[len(root) + 1 :]
+                packed = packed_relpath(rel)  # a container of the tier's: the file it holds
+                if packed is not None:
+                    return tier, packed
                 # The copies directory holds caches of other tiers' files, not the tier's own.
                 return None if is_reserved(rel) else (tier, rel)
         return None

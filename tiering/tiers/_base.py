@@ -26,7 +26,7 @@ primitives return, which every backend reads together.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -445,6 +445,12 @@ class Tier(abc.ABC):
     def temps(self) -> Iterator[tuple[str, str]]:
         """``(relpath, temp_stem)`` of everything unpublished that tierd's writers left, such
         that ``remove_temp(relpath, temp_stem)`` removes it."""
+
+    def relocate_containers(self, relpaths: Callable[[], Iterable[str]]) -> list[str]:
+        """Bring containers an earlier tierd stored at the files' own paths to the place where
+        this one reads them (``relpaths()``: the files the catalog says are containers, asked
+        only where the tier may hold such); those moved. Only directory tiers ever did."""
+        return []
 
     # -- built on the primitives ---------------------------------------------------------------
     def probe(self, relpath: str) -> tuple[str, Stat] | None:

@@ -1,11 +1,14 @@
 """Compressed files on a directory tier: read as their logical bytes, written compressed.
 
 A directory tier whose ``compression`` is on stores the files it writes in tierd's container
-(:mod:`tiering.codec`) when that saves enough; any directory tier reads containers it finds.
+(:mod:`tiering.codec`) when that saves enough, under its ``.tierd-compressed`` directory at
+their relpaths (:data:`~tiering.tiers.paths.COMPRESSED_DIR`, as an object tier does under its
+prefix); any directory tier reads the containers it holds there. Where a file is says what
+it is: a user's file that happens to begin with the container's magic is never decoded.
 
-- **Reading.** :meth:`DirectoryTier.open <tiering.tiers.DirectoryTier.open>` tells a container
-  by its first bytes (:func:`sniff`; tierd wraps any file that itself starts so, so a stored
-  file that does is always one) and returns a :class:`CompressedSource`: its ``stat`` and
+- **Reading.** :meth:`DirectoryTier.open <tiering.tiers.DirectoryTier.open>` finds the relpath
+  at one of its two places and, for a container, returns a :class:`CompressedSource`: its
+  ``stat`` and
   ``size`` are the logical file's, it has no ``local_file()`` (its disk bytes are not the
   file's), and its ``ranges`` is a :class:`~tiering.ranges.RangeReader` that decodes, so every
   read path that reads an object or a peer reads it unchanged. Each range decodes only the
@@ -21,29 +24,27 @@ A directory tier whose ``compression`` is on stores the files it writes in tierd
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable
+import heapq
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from typing import ClassVar, Literal
 
-from tiering.codec import CHUNK, CODEC, HEADER, Container, Encoder, is_container
+from tiering.codec import CHUNK, CODEC, Container, Encoder
 from tiering.errors import IntegrityError, TierdError
 from tiering.ranges import RangeReader
-from tiering.tiers._base import Published, Stat, Tier, Writer
-from tiering.tiers._dirwriter import DirectoryWriter, pread_exact
+from tiering.tiers._base import Published, Stat, Tier, WalkEntry, Writer
+from tiering.tiers._dirwriter import DirectoryWriter
 
-__all__ = ["CompressedRanges", "CompressingWriter", "logical_stat", "sniff"]
+__all__ = [
+    "CompressedRanges",
+    "CompressingWriter",
+    "logical_stat",
+    "merged_walk",
+    "one_per_relpath",
+]
 
-
-def sniff(fd: int, size: int, name: str) -> Container | None:
-    """The container the file at ``fd`` (``size`` bytes) is, or None for a plain file.
-
-    Raises :class:`~tiering.codec.CorruptContainer` for a container whose footer or index is
-    damaged: it must not be served as plain bytes either.
-    """
-    if size < HEADER or not is_container(os.pread(fd, HEADER, 0), size):
-        return None
-    return Container.open(name, lambda n, off: pread_exact(fd, n, off), size)
+log = logging.getLogger(__name__)
 
 
 class CompressedRanges(RangeReader):
@@ -206,3 +207,28 @@ class CompressingWriter(Writer):
         self._finished = True
         if self._inner is not None:
             self._inner.abort()
+
+
+def merged_walk(plain: Iterable[WalkEntry], packed: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
+    """The walks of a tier's plain and compressed places (each in relpath order) as one."""
+    return one_per_relpath(heapq.merge(plain, packed, key=lambda e: e.relpath))
+
+
+def one_per_relpath(entries: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
+    """One entry per relpath: where a relpath is at both places (an overwrite that changed
+    the file's form and stopped before it removed the old copy), the newer one, which is the
+    one that overwrite published (a tie: the compressed one, listed second)."""
+    held: WalkEntry | None = None
+    for e in entries:
+        if held is not None and held.relpath == e.relpath:
+            log.warning(
+                "%r is stored both plain and compressed; the newer one is the file",
+                e.relpath,
+            )
+            held = e if e.mtime_ns >= held.mtime_ns else held
+            continue
+        if held is not None:
+            yield held
+        held = e
+    if held is not None:
+        yield held

@@ -17,37 +17,24 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
-from tiering.codec import FOOTER, HEADER, Container, CorruptContainer
+from tiering.codec import CODEC, MAGIC, Container
 from tiering.config import TierConfig
-from tiering.errors import FileNotFound, InvalidPath, TierUnavailable
-from tiering.ranges import RangeReader, Rings, read_ahead
-from tiering.tiers._base import (
-    Capabilities,
-    LocalFile,
-    Source,
-    Space,
-    Stat,
-    Tier,
-    WalkEntry,
-    Writer,
-)
-from tiering.tiers._compressed import (
-    CompressedRanges,
-    CompressingWriter,
-    logical_stat,
-    sniff,
-)
-from tiering.tiers._dirwriter import DirectoryWriter, pread_exact, stat_of
+from tiering.errors import AlreadyExists, FileNotFound, InvalidPath, TierUnavailable
+from tiering.tiers._base import Capabilities, Space, Stat, Tier, WalkEntry, Writer
+from tiering.tiers._compressed import CompressingWriter, merged_walk
+from tiering.tiers._dirsource import CompressedSource, DirectorySource
+from tiering.tiers._dirwalk import temps_under, walk_dir
+from tiering.tiers._dirwriter import DirectoryWriter, check_room, pread_exact, stat_of
 from tiering.tiers.paths import (
+    COMPRESSED_DIR,
     RESERVED_DIR,
     TEMP_SUFFIX,
-    is_temp_name,
     split_relpath,
-    validate_relpath,
 )
 
 __all__ = ["CompressedSource", "DirectorySource", "DirectoryTier"]
@@ -72,90 +59,6 @@ def _beneath_error(exc: OSError, relpath: str) -> Exception:
     return exc
 
 
-def _sort_key(entry: os.DirEntry[str]) -> str:
-    """A directory sorts as its name and ``/``, where the relpaths of its files do."""
-    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
-
-
-class DirectorySource(Source):
-    """A file opened beneath a directory tier; reads go through its fd."""
-
-    def __init__(self, tier: DirectoryTier, relpath: str, fd: int, st: os.stat_result) -> None:
-        self.tier = tier
-        self.relpath = relpath
-        self.fd = fd
-        self.st = st
-        self.disk = self.stat = stat_of(st)  # the file on disk (a compressed one's differs)
-
-    def local_file(self) -> LocalFile | None:
-        return LocalFile(self.fd, self.tier.root / self.relpath) if self.fd >= 0 else None
-
-    def readinto(self, buf: memoryview, offset: int) -> int:
-        return self._pread_into(buf, offset)
-
-    def _pread_into(self, view: memoryview, offset: int) -> int:
-        """The file's bytes at ``offset`` into ``view`` (fewer only at its end)."""
-        done = 0
-        while done < len(view):
-            got = os.preadv(self.fd, [view[done:]], offset + done)
-            if got == 0:
-                break
-            done += got
-        return done
-
-    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        return super().chunks(chunk_size)
-
-    def unchanged(self) -> bool:
-        """The fd's file is unchanged and the path still names it."""
-        if self.fd < 0:
-            return False
-        now = stat_of(os.fstat(self.fd))
-        at_path = self.tier.lstat(self.relpath)
-        return now.same_file(self.disk) and at_path is not None and at_path.same_file(self.disk)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class CompressedSource(DirectorySource):
-    """A container beneath a directory tier, read as its logical bytes (see
-    :mod:`tiering.tiers._compressed`): no local file, a decoding range reader."""
-
-    def __init__(
-        self, tier: DirectoryTier, relpath: str, fd: int, st: os.stat_result, c: Container
-    ) -> None:
-        super().__init__(tier, relpath, fd, st)
-        # Chunks are read through the source's fd as it is at each read: once the source is
-        # closed a late read fails (EBADF) rather than read whatever file took the number.
-        self.container = c.reading(self._pread, self._pread_into)
-        self.stat = logical_stat(self.disk, c.size)
-        self._ranges = CompressedRanges(self.container, self.disk.version, tier.decode_pool())
-
-    def local_file(self) -> LocalFile | None:
-        return None
-
-    @property
-    def ranges(self) -> RangeReader | None:
-        return self._ranges
-
-    def readinto(self, buf: memoryview, offset: int) -> int:
-        return self.container.readinto(buf, offset)
-
-    def _pread(self, n: int, offset: int) -> bytes:
-        return pread_exact(self.fd, n, offset)
-
-    def chunks(self, chunk_size: int) -> Iterator[memoryview]:
-        """In order, with the next chunks decoding on the tier's pool meanwhile (a move or a
-        memory fill writes one while the cores decode the next)."""
-        ahead = min(os.cpu_count() or 1, 4) * self.container.chunk_size
-        return read_ahead(self._ranges, chunk_size, readahead_bytes=ahead, rings=Rings(0))
-
-
 class DirectoryTier(Tier):
     """A tier rooted at a local directory.
 
@@ -173,6 +76,8 @@ class DirectoryTier(Tier):
             raise ValueError(f"tier {config.name!r} is a directory tier and needs a path")
         self.root = Path(config.path)
         self._copies: DirectoryTier | None = None
+        self._packed: DirectoryTier | None = None
+        self._has_packed = True  # False for the reserved areas' own directory tiers
         mode = config.compression
         self.compresses = mode == "on" or (mode == "auto" and rank >= AUTO_COMPRESS_RANK)
         self._pool: ThreadPoolExecutor | None = None
@@ -214,6 +119,7 @@ class DirectoryTier(Tier):
             # Copies are filled piece by piece (positional writes): never compressed.
             cfg = TierConfig(self.name, path=self.root / RESERVED_DIR, compression="off")
             self._copies = DirectoryTier(cfg, self.rank)
+            self._copies._has_packed = False
         return self._copies
 
     def check(self) -> None:
@@ -256,7 +162,21 @@ class DirectoryTier(Tier):
         parent, so a published file's directory survives a crash too. ``made`` gets the relpath
         of each directory this call made, so a writer that aborts can take them back.
         """
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                raise
+            # A place made with its first file (.tierd-compressed), durably; an error is the
+            # writer's to report (a full or failing disk), not the tier's unavailability.
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.root, 0o755)
+            parent = os.open(self.root.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(parent)
+            finally:
+                os.close(parent)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             walked: list[str] = []
             for part in parts:
@@ -306,34 +226,124 @@ class DirectoryTier(Tier):
             raise InvalidPath(f"path {relpath!r} is not a regular file")
         return fd, st
 
+    def places(self) -> tuple[DirectoryTier, ...]:
+        """The directories that hold this tier's files: the root, and (a tier's own, not a
+        reserved area's) its ``.tierd-compressed`` directory of containers, as a directory tier.
+
+        Where a file is says what it is: only a file under ``.tierd-compressed`` is read as a
+        container. A user's file that begins with the container's magic is bytes like any
+        other, whatever tier it is on (tierd never takes the first bytes of a file it did not
+        write for a format).
+        """
+        if not self._has_packed:
+            return (self,)
+        if self._packed is None:
+            cfg = TierConfig(self.name, path=self.root / COMPRESSED_DIR, compression="off")
+            packed = DirectoryTier(cfg, self.rank)
+            packed._has_packed = False
+            self._packed = packed
+        return (self, self._packed)
+
+    def _found(self, relpath: str) -> tuple[DirectoryTier, int, os.stat_result] | None:
+        """The place holding ``relpath``, with an fd and ``fstat``; None where none does.
+
+        At both places (an overwrite that changed the file's form stopped before it removed the
+        old one) the newer is the file, as in :func:`~tiering.tiers._compressed.one_per_relpath`.
+        """
+        best: tuple[DirectoryTier, int, os.stat_result] | None = None
+        for place in self.places():
+            try:
+                fd, st = place.open_read(relpath)
+            except FileNotFound:
+                continue
+            except InvalidPath:
+                if place is self:
+                    raise
+                continue  # the reserved directory's own path is no concern of the caller's
+            if best is not None:
+                older, best = (
+                    (best, (place, fd, st))
+                    if st.st_mtime_ns >= best[2].st_mtime_ns
+                    else ((place, fd, st), best)
+                )
+                os.close(older[1])
+            else:
+                best = (place, fd, st)
+        return best
+
+    def relocate_containers(self, relpaths: Callable[[], Iterable[str]]) -> list[str]:
+        """An earlier tierd kept containers at their plain paths (and told them by their first
+        bytes). A tier without its ``.tierd-compressed`` directory yet may hold such: each of
+        ``relpaths()`` (the catalog's containers on this tier) still there is moved to it. A
+        tier that has the directory is done (it is made with the first container this layout
+        writes), so a start after the first costs one ``stat``."""
+        places = self.places()
+        if len(places) == 1 or places[1].root.exists():
+            return []
+        return [rel for rel in relpaths() if self._relocate(places[1], rel)]
+
+    def _relocate(self, packed: DirectoryTier, relpath: str) -> bool:
+        """Move one container to ``packed``; False where there is nothing to move (gone, or
+        not a container: the record is stale, and the scan decides)."""
+        if packed._lstat_here(relpath) is not None:
+            return False
+        try:
+            fd, _ = self.open_read(relpath)
+        except (FileNotFound, InvalidPath):
+            return False
+        try:
+            if os.pread(fd, len(MAGIC), 0) != MAGIC:
+                return False
+        finally:
+            os.close(fd)
+        dirs, name = split_relpath(relpath)
+        src = self.open_dir(dirs)
+        try:
+            dst = packed.open_dir(dirs, create=True)
+            try:
+                os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+                os.fsync(dst)
+            finally:
+                os.close(dst)
+            os.fsync(src)
+        finally:
+            os.close(src)
+        log.info("tier %s: %r moved to %s (a container)", self.name, relpath, COMPRESSED_DIR)
+        return True
+
     def open(
         self, relpath: str, *, etag: str | None = None, known: Stat | None = None
     ) -> DirectorySource:
-        fd, st = self.open_read(relpath)
+        found = self._found(relpath)
+        if found is None:
+            raise FileNotFound(f"no file at path {relpath!r} on disk", path=relpath)
+        place, fd, st = found
+        if place is self:
+            return DirectorySource(self, relpath, fd, st)
         try:
-            c = sniff(fd, st.st_size, relpath)
+            c = Container.open(relpath, lambda n, off: pread_exact(fd, n, off), st.st_size)
         except BaseException:
             os.close(fd)
             raise
-        if c is None:
-            return DirectorySource(self, relpath, fd, st)
-        return CompressedSource(self, relpath, fd, st, c)
+        return CompressedSource(self, relpath, fd, st, c, place)
 
     def stat(self, relpath: str) -> Stat | None:
         """The regular file beneath the root (opened, never followed), or None; a compressed
-        one's logical size."""
+        one's logical size. Raises :class:`~tiering.codec.CorruptContainer` for a container
+        whose footer or index is damaged."""
         try:
-            fd, st = self.open_read(relpath)
+            with self.open(relpath) as src:
+                return src.stat
         except (FileNotFound, InvalidPath):
             return None
-        try:
-            c = sniff(fd, st.st_size, relpath)
-        finally:
-            os.close(fd)
-        return stat_of(st) if c is None else logical_stat(stat_of(st), c.size)
 
     def lstat(self, relpath: str) -> Stat | None:
-        """``lstat`` of the name ``relpath``: None if absent or not a regular file."""
+        """``lstat`` of the name ``relpath`` (the newer, where both places hold it): None if
+        absent or not a regular file."""
+        found = [st for place in self.places() if (st := place._lstat_here(relpath)) is not None]
+        return max(found, key=lambda st: st.mtime_ns, default=None)
+
+    def _lstat_here(self, relpath: str) -> Stat | None:
         dirs, name = split_relpath(relpath)
         try:
             dfd = self.open_dir(dirs)
@@ -356,20 +366,37 @@ class DirectoryTier(Tier):
         temp_stem: str | None = None,
         checksum: str | None = None,
     ) -> Writer:
-        if not self.compresses:
+        """A :class:`DirectoryWriter` at the place the file's form names: on a compressing
+        tier, opened when the encoder has decided (a container goes under
+        ``.tierd-compressed``). Either way the other place is checked too: without
+        ``overwrite`` a file there is :class:`AlreadyExists`; with it, the other form is
+        removed once the new one is published."""
+        places = self.places()
+
+        def at(packed: bool) -> DirectoryWriter:
+            place = places[-1] if packed else places[0]
+            beside = places[0] if packed else places[-1]
             return DirectoryWriter(
-                self,
+                place,
                 relpath,
                 overwrite=overwrite,
                 limit=limit,
                 temp_stem=temp_stem,
-                checksum=checksum,
+                checksum=None if self.compresses else checksum,
+                beside=None if beside is place else beside,
             )
-        inner = DirectoryWriter(
-            self, relpath, overwrite=overwrite, limit=limit, temp_stem=temp_stem
-        )
+
+        if not self.compresses or len(places) == 1:
+            return at(False)
+        if not overwrite:
+            for place in places:
+                if place._lstat_here(relpath) is not None:
+                    raise AlreadyExists(
+                        f"{relpath!r} already exists in tier {self.name}; pass overwrite=true",
+                        path=relpath,
+                    )
         return CompressingWriter(
-            self, relpath, checksum, inner, room=inner.check_room, read_back=True
+            self, relpath, checksum, at, room=partial(check_room, self.name, limit), read_back=True
         )
 
     def remove(
@@ -379,7 +406,26 @@ class DirectoryTier(Tier):
         version: str | None = None,
         between: Callable[[], None] | None = None,
     ) -> bool:
-        """Unlink and fsync the directory; with ``version``, only if it is still that inode."""
+        """Unlink and fsync the directory; with ``version``, only if it is still that inode.
+        Without one, the file in either form."""
+        removed = other = False
+        for place in self.places():
+            done = place._remove_here(relpath, version, between)
+            removed = removed or done is True
+            other = other or done is None
+        if other and not removed:
+            log.warning(
+                "not removing %r on tier %s: it is not the file that was moved",
+                relpath,
+                self.name,
+            )
+        return removed
+
+    def _remove_here(
+        self, relpath: str, version: str | None, between: Callable[[], None] | None
+    ) -> bool | None:
+        """Unlink ``relpath`` at this place: True; False where it is absent; None where it is
+        another file than ``version``."""
         dirs, name = split_relpath(relpath)
         try:
             dfd = self.open_dir(dirs)
@@ -392,12 +438,7 @@ class DirectoryTier(Tier):
                 except FileNotFoundError:
                     return False
                 if f"{cur.st_dev}:{cur.st_ino}" != version:
-                    log.warning(
-                        "not removing %r on tier %s: it is not the file that was moved",
-                        relpath,
-                        self.name,
-                    )
-                    return False
+                    return None
             try:
                 os.unlink(name, dir_fd=dfd)
             except FileNotFoundError:
@@ -410,7 +451,11 @@ class DirectoryTier(Tier):
             os.close(dfd)
 
     def remove_temp(self, relpath: str, temp_stem: str) -> bool:
-        """Unlink the temp file ``.<temp_stem>.tierd-tmp`` in ``relpath``'s directory."""
+        """Unlink the temp file ``.<temp_stem>.tierd-tmp`` in ``relpath``'s directory (at
+        either place: a container's temp is in its own)."""
+        return any([place._remove_temp_here(relpath, temp_stem) for place in self.places()])
+
+    def _remove_temp_here(self, relpath: str, temp_stem: str) -> bool:
         dirs, _ = split_relpath(relpath)
         try:
             dfd = self.open_dir(dirs)
@@ -429,71 +474,26 @@ class DirectoryTier(Tier):
     # -- walking -----------------------------------------------------------------------------
     def walk(self) -> Iterator[WalkEntry]:
         """Every regular file under the root in relpath order, skipping symlinks, tierd's temp
-        files and its reserved copies directory (cached copies, not files of the tier).
+        files and its reserved directories; the containers of ``.tierd-compressed`` merged in
+        by their relpaths (their entries' ``size`` is the stored size, ``codec`` says so, as
+        an object tier's listing does: the walk opens no file).
 
         One directory's entries are listed and sorted at a time (a directory sorts by its name
         and ``/``, so its files come where their relpaths do); the walk holds only those of
         the directories it is inside.
         """
-        return self._walk_dir("")
-
-    def _walk_dir(self, prefix: str) -> Iterator[WalkEntry]:
-        try:
-            with os.scandir(self.root / prefix if prefix else self.root) as it:
-                listed = [(_sort_key(e), e) for e in it]
-        except OSError as exc:
-            log.warning("cannot list %s in tier %s: %s", prefix or "/", self.name, exc)
-            return
-        listed.sort(key=lambda ke: ke[0])
-        for key, entry in listed:
-            rel = f"{prefix}/{entry.name}" if prefix else entry.name
-            if key.endswith("/"):
-                if rel != RESERVED_DIR:
-                    yield from self._walk_dir(rel)
-                continue
-            if not entry.is_file(follow_symlinks=False) or is_temp_name(entry.name):
-                continue
-            try:
-                validate_relpath(rel)
-                st = entry.stat(follow_symlinks=False)
-                size = self._logical_size(rel, st.st_size)
-            except (InvalidPath, OSError) as exc:
-                log.warning("skipping %r in tier %s: %s", rel, self.name, exc)
-                continue
-            yield WalkEntry(rel, size, st.st_mtime_ns, st.st_dev, st.st_ino)
-
-    def _logical_size(self, relpath: str, size: int) -> int:
-        """The size of the file the stored one is: a compressed file's logical size."""
-        if size < HEADER + FOOTER:
-            return size
-        # By path, as the walk's own stat: this only reports a size (a read serves what
-        # open() found, walked beneath the root).
-        try:
-            fd = os.open(self.root / relpath, _READ_FLAGS)
-        except OSError:
-            return size
-        try:
-            c = sniff(fd, size, relpath)
-        except CorruptContainer as exc:
-            log.warning("%s in tier %s: %s", relpath, self.name, exc)
-            return size
-        finally:
-            os.close(fd)
-        return size if c is None else c.size
+        places = self.places()
+        plain = walk_dir(places[0].root, self.name, "", None)
+        if len(places) == 1:
+            return plain
+        return merged_walk(plain, walk_dir(places[1].root, self.name, "", CODEC))
 
     def temps(self) -> Iterator[tuple[str, str]]:
-        """``(relpath, stem)`` of tierd's temp files under the root.
+        """``(relpath, stem)`` of tierd's temp files under the root (a container's temp under
+        ``.tierd-compressed`` as the relpath of its directory there).
 
         ``relpath`` names a file in the temp's directory (the final name is not recorded in a
         temp's name), which is all :meth:`remove_temp` needs.
         """
-        for dirpath, dirs, files in os.walk(self.root, followlinks=False):
-            if dirpath == str(self.root) and RESERVED_DIR in dirs:
-                # Its temps are the host copies' (their reconcile removes them); a path in it
-                # is no relpath, so remove_temp could not name them anyway.
-                dirs.remove(RESERVED_DIR)
-            for name in files:
-                if is_temp_name(name):
-                    rel = os.path.relpath(dirpath, self.root)
-                    stem = name[1 : -len(TEMP_SUFFIX)]
-                    yield (stem if rel == "." else f"{rel}/{stem}"), stem
+        for place in self.places():
+            yield from temps_under(place.root)

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -34,8 +34,14 @@ class _Root(Protocol):
         self, parts: list[str], *, create: bool = False, made: list[str] | None = None
     ) -> int: ...
 
+    def _lstat_here(self, relpath: str) -> Stat | None: ...
 
-__all__ = ["DirectoryWriter", "stat_of", "write_all"]
+    def _remove_here(
+        self, relpath: str, version: str | None, between: Callable[[], None] | None
+    ) -> bool | None: ...
+
+
+__all__ = ["DirectoryWriter", "check_room", "stat_of", "write_all"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -49,6 +55,14 @@ def stat_of(st: os.stat_result) -> Stat:
         mode=st.st_mode & 0o7777,
         atime_ns=st.st_atime_ns,
     )
+
+
+def check_room(tier: str, limit: int | None, end: int) -> None:
+    """Refuse a write that would take a file of ``tier`` past ``limit`` bytes."""
+    if limit is not None and end > limit:
+        raise InsufficientSpace(
+            f"tier {tier} has room for {limit} more bytes only", tier=tier, limit=limit
+        )
 
 
 def pread_exact(fd: int, n: int, offset: int) -> bytes:
@@ -92,6 +106,12 @@ class DirectoryWriter(Writer):
         The checksum the bytes must have: :meth:`publish` refuses others with
         :class:`IntegrityError` and removes the temp. (A directory keeps no metadata to store
         it in; the catalog holds it.)
+    beside:
+        The tier's other place for the same relpath (its plain root, or its
+        ``.tierd-compressed`` directory), where the file may be in its other form: without
+        ``overwrite`` a file there is :class:`AlreadyExists` too; with it, that form is
+        removed once this one is published (a crash between leaves both: the newer is the
+        file, see :meth:`DirectoryTier.open`).
     """
 
     def __init__(
@@ -103,9 +123,11 @@ class DirectoryWriter(Writer):
         limit: int | None = None,
         temp_stem: str | None = None,
         checksum: str | None = None,
+        beside: _Root | None = None,
     ) -> None:
         self.tier = tier
         self.relpath = relpath
+        self.beside = beside
         self.overwrite = overwrite
         self.limit = limit
         self.expected = checksum
@@ -133,7 +155,7 @@ class DirectoryWriter(Writer):
                     f"{relpath!r} is a directory in tier {tier.name}; a file cannot replace it",
                     path=relpath,
                 )
-            if not overwrite and existing is not None:
+            if not overwrite and (existing is not None or self._beside_holds()):
                 raise AlreadyExists(
                     f"{relpath!r} already exists in tier {tier.name}; pass overwrite=true",
                     path=relpath,
@@ -150,6 +172,9 @@ class DirectoryWriter(Writer):
             self._dirfd = -1
             self._remove_made()
             raise
+
+    def _beside_holds(self) -> bool:
+        return self.beside is not None and self.beside._lstat_here(self.relpath) is not None
 
     def _stat(self) -> os.stat_result | None:
         try:
@@ -177,12 +202,7 @@ class DirectoryWriter(Writer):
 
     def check_room(self, end: int) -> None:
         """Refuse a write that would take the file past ``limit`` bytes."""
-        if self.limit is not None and end > self.limit:
-            raise InsufficientSpace(
-                f"tier {self.tier.name} has room for {self.limit} more bytes only",
-                tier=self.tier.name,
-                limit=self.limit,
-            )
+        check_room(self.tier.name, self.limit, end)
 
     @contextlib.contextmanager
     def _space(self) -> Iterator[None]:
@@ -277,6 +297,11 @@ class DirectoryWriter(Writer):
             if self.overwrite:
                 os.rename(self.temp_name, self.name, src_dir_fd=self._dirfd, dst_dir_fd=self._dirfd)
             else:
+                if self._beside_holds():
+                    raise AlreadyExists(
+                        f"{self.relpath!r} appeared in tier {self.tier.name} during the write",
+                        path=self.relpath,
+                    )
                 try:
                     os.link(
                         self.temp_name,
@@ -298,6 +323,8 @@ class DirectoryWriter(Writer):
         finally:
             self._close_dir()
         self._made = []  # they hold the file now
+        if self.overwrite and self.beside is not None:
+            self.beside._remove_here(self.relpath, None, None)  # the old form, if any
         return Published(self.relpath, self.size, st.mtime_ns, value, st)
 
     def abort(self) -> None:

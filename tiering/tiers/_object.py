@@ -32,9 +32,9 @@ from tiering.codec import CODEC
 from tiering.config import TierConfig
 from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
 from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry, Writer
-from tiering.tiers._compressed import CompressingWriter
+from tiering.tiers._compressed import CompressingWriter, merged_walk
 from tiering.tiers._object_io import ObjectSource, ObjectWriter, refuse_over_limit
-from tiering.tiers._object_z import CompressedObjectSource, merged_walk
+from tiering.tiers._object_z import CompressedObjectSource
 from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
 from tiering.tiers._store import MiB, S3Store
 from tiering.tiers.paths import COMPRESSED_DIR, TEMP_SUFFIX, validate_relpath

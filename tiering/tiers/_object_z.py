@@ -30,21 +30,19 @@ checks the stored size and tierd's checksum (of the logical bytes) in the metada
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from typing import ClassVar, Literal
 
 from tiering.codec import Container
 from tiering.ranges import KvikioRanges, RangeReader
-from tiering.tiers._base import Stat, Tier, WalkEntry
+from tiering.tiers._base import Stat, Tier
 from tiering.tiers._compressed import CompressedRanges, logical_stat
 from tiering.tiers._object_io import ObjectSource
 from tiering.tiers._object_reads import ObjectRanges
 from tiering.tiers._store import MiB, S3Store
 
-__all__ = ["STORED_PART", "CompressedObjectSource", "one_per_relpath", "merged_walk"]
+__all__ = ["STORED_PART", "CompressedObjectSource"]
 
 log = logging.getLogger(__name__)
 
@@ -141,28 +139,3 @@ class CompressedObjectSource(ObjectSource):
 
     def unchanged(self) -> bool:
         return self.stored.head_matches() is not None
-
-
-def merged_walk(plain: Iterable[WalkEntry], packed: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
-    """The walks of the plain and the compressed keys (each in relpath order) as one."""
-    return one_per_relpath(heapq.merge(plain, packed, key=lambda e: e.relpath))
-
-
-def one_per_relpath(entries: Iterable[WalkEntry]) -> Iterator[WalkEntry]:
-    """One entry per relpath: where a relpath is at both places (an overwrite that changed
-    the file's form and stopped before it removed the old object), the newer one, which is
-    the one that overwrite published."""
-    held: WalkEntry | None = None
-    for e in entries:
-        if held is not None and held.relpath == e.relpath:
-            log.warning(
-                "%r is stored both plain and compressed; the newer object is the file",
-                e.relpath,
-            )
-            held = e if e.mtime_ns >= held.mtime_ns else held
-            continue
-        if held is not None:
-            yield held
-        held = e
-    if held is not None:
-        yield held

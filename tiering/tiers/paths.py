@@ -18,6 +18,7 @@ __all__ = [
     "TEMP_SUFFIX",
     "is_reserved",
     "is_temp_name",
+    "packed_relpath",
     "split_relpath",
     "validate_relpath",
 ]
@@ -29,10 +30,10 @@ TEMP_SUFFIX = ".tierd-tmp"
 #: The top-level directory of a tier root where tierd keeps this host's copies of files whose
 #: origin is a shared tier (see tiering.copies.hostcopies): never a file of the tier.
 RESERVED_DIR = ".tierd-copies"
-#: The top-level directory of an object tier's prefix where tierd keeps the objects it stored
-#: compressed (``<prefix>/.tierd-compressed/<relpath>``, see tiering.tiers._object_z): beside
-#: the plain keys, so a listing tells the two apart and other tools never take a container
-#: for the file. Reserved on every tier, since a relpath names a file on any tier.
+#: The top-level directory of a tier (a directory tier's root, an object tier's prefix) where
+#: tierd keeps the files it stored compressed (``.tierd-compressed/<relpath>``, see
+#: tiering.tiers._compressed): beside the plain files, so where a file is says what it is,
+#: never its first bytes, and other tools never take a container for the file.
 COMPRESSED_DIR = ".tierd-compressed"
 _RESERVED = (RESERVED_DIR, COMPRESSED_DIR)
 # Every temp file tierd creates: ".<anything>.tierd-tmp". Nothing else is ever deleted as a temp.
@@ -48,6 +49,13 @@ def is_temp_name(name: str) -> bool:
 def is_reserved(relpath: str) -> bool:
     """True for a path inside (or naming) one of the reserved top-level directories."""
     return relpath.split("/", 1)[0] in _RESERVED
+
+
+def packed_relpath(path: str) -> str | None:
+    """The relpath a path of a tier root names inside its ``.tierd-compressed`` directory (a
+    directory tier keeps its containers there under their relpaths), or None."""
+    head, _, rest = path.partition("/")
+    return rest or None if head == COMPRESSED_DIR else None
 
 
 def validate_relpath(relpath: object) -> str:
