@@ -20,6 +20,7 @@ from tiering.config import TierConfig
 from tiering.io import GdsConfig, GpuDirectStorage
 from tiering.io._decode_gpu import available
 from tiering.tiers import DirectoryTier
+from tiering.tiers.paths import COMPRESSED_DIR
 
 MiB = 1 << 20
 
@@ -71,7 +72,10 @@ def mixed() -> bytes:
 
 def test_the_fixture_has_every_chunk_kind(tier: DirectoryTier, mixed: bytes) -> None:
     _store(tier, "m.safetensors", mixed)
-    kinds = {e.kind for e in open_bytes((tier.root / "m.safetensors").read_bytes()).index}
+    kinds = {
+        e.kind
+        for e in open_bytes((tier.root / COMPRESSED_DIR / "m.safetensors").read_bytes()).index
+    }
     assert kinds == {Kind.SPLIT2, Kind.ZSTD, Kind.RAW}
 
 
@@ -122,7 +126,7 @@ def test_a_safetensors_load_decodes_on_the_gpu(tier: DirectoryTier) -> None:
 def test_a_damaged_chunk_is_an_error_never_bytes(tier: DirectoryTier, mixed: bytes) -> None:
     _needs_gpu_codec()
     _store(tier, "m.safetensors", mixed)
-    path = tier.root / "m.safetensors"
+    path = tier.root / COMPRESSED_DIR / "m.safetensors"
     disk = bytearray(path.read_bytes())
     e = open_bytes(bytes(disk)).index[1]
     disk[e.offset + e.length // 2] ^= 0x10
