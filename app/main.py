@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import tiering
+from app.aborts import AbortedStreams, QuietAborts
 from app.api import (
     buffers,
     files,
@@ -112,7 +113,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)  # innermost: the routes see a GET
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
     app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
-    app.add_middleware(RequestId)  # outermost: every response gets X-Request-ID, 429s too
+    app.add_middleware(RequestId)  # every response gets X-Request-ID, 429s too
+    app.add_middleware(AbortedStreams)  # outermost: a body cut by damage ends the request
+    QuietAborts.install()
     app.include_router(health.router)
     app.include_router(tiers.router)
     app.include_router(files.router)

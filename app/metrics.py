@@ -143,6 +143,18 @@ class _StateCollector(Collector):
         yield from self._fleet()
         yield from self._catalog()
         yield from self._tier_limits()
+        damage = self.engine.damage
+        yield CounterMetricFamily(
+            "tierd_integrity_failures",
+            "Stored bytes found damaged (a chunk failing its digest, a broken container) by a "
+            "read or a scan; each file is quarantined (GET /readyz lists them)",
+            value=damage.failures,
+        )
+        yield GaugeMetricFamily(
+            "tierd_damaged_files",
+            "Files this process found damaged that are still quarantined",
+            value=len(damage.items()),
+        )
         watcher = self.engine.watcher
         if watcher is not None:
             yield GaugeMetricFamily(

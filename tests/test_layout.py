@@ -27,6 +27,8 @@ RANKS: dict[str, int] = {
     "tiering.periodic": 1,
     # The one ``with`` shape (``__enter__``/``__exit__`` → ``close()``) that every room uses.
     "tiering.closing": 1,
+    # Damage found in stored bytes: what reads, moves and scans record, and /readyz shows.
+    "tiering.integrity": 1,
     # Ranges of remote bytes: the one interface tiers implement and the data path reads.
     "tiering.ranges": 1.5,
     # tierd's compressed file format: below the tiers that store it.

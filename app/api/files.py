@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.aborts import guard_body
 from app.api.deps import BY_ID, EngineDep, FileId
 from app.api.responses import (
     ADMIN,
@@ -266,7 +267,8 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     chunks = content.iter_range(start, end)
     first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
     body = chunks if first is None else itertools.chain((first,), chunks)
-    return StreamingResponse(body, status_code=status, headers=headers)
+    # Damage in a later chunk cuts the connection (app.aborts): no 200 ends short and clean.
+    return StreamingResponse(guard_body(body), status_code=status, headers=headers)
 
 
 @router.delete(

@@ -5,7 +5,8 @@ dependency is down but this host still serves loads, so a load balancer must kee
 the catalog's database (PostgreSQL) unreachable, where loads of files on this host's tiers and
 the shared tier answer from the last records read and moves and fleet jobs pause; or an
 object-store tier unreachable, where loads from the other tiers go on and moves to or from it
-fail and are retried. ``not_ready`` (503): tierd cannot serve, because the catalog failed
+fail and are retried; or files found damaged (``checks.integrity``), quarantined while every
+other file is served. ``not_ready`` (503): tierd cannot serve, because the catalog failed
 otherwise (a SQLite file it cannot read), a directory tier's root, this host's own disk, is
 unusable, or another tierd with this host id took the host's lock while PostgreSQL restarted
 (``checks.host_lock``: this process writes nothing any more).
@@ -23,13 +24,18 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import EngineDep
 from app.schemas import iso
+from tiering.catalog import FileState
 from tiering.engine import Engine
-from tiering.errors import CatalogUnreachable
+from tiering.errors import CatalogUnreachable, FileNotFound
+from tiering.integrity import Damage
 
 router = APIRouter(tags=["health"])
 
 CATALOG_DEGRADED = (
     "serving loads of local files from last known records; moves and fleet jobs paused"
+)
+DAMAGE_DEGRADED = (
+    "serving every other file; the damaged ones are quarantined until uploaded again or deleted"
 )
 OBJECT_TIER_DEGRADED = (
     "serving loads from the other tiers; moves to or from this tier fail and are retried later"
@@ -39,7 +45,7 @@ OBJECT_TIER_DEGRADED = (
 class Degradation(BaseModel):
     """One part that does not answer, and what tierd still does without it."""
 
-    component: str = Field(description="`catalog`, or `tier:<name>`")
+    component: str = Field(description="`catalog`, `tier:<name>`, or `integrity`")
     reason: str = Field(description="Why it does not answer")
     since: datetime | None = Field(description="When this host first saw it fail, if known")
     still_works: str = Field(description="What this host still serves meanwhile")
@@ -51,7 +57,8 @@ class ReadyOut(BaseModel):
     )
     started_at: datetime | None
     checks: dict[str, Any] = Field(
-        description="catalog, tiers, watcher, last_scan; host_lock once another took the lock"
+        description="catalog, tiers, watcher, last_scan, integrity (files found damaged); "
+        "host_lock once another took the lock"
     )
     degraded: list[Degradation] = Field(
         default_factory=list, description="What is down while the status is `degraded`"
@@ -114,6 +121,25 @@ def readyz(engine: EngineDep) -> JSONResponse:
     )
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
+    damaged = _still_damaged(engine)
+    checks["integrity"] = {
+        "ok": not damaged,
+        "failures": engine.damage.failures,
+        "damaged": [
+            {"tier": d.tier, "path": d.relpath, "reason": d.reason, "file_id": d.file_id}
+            for d in damaged[:20]
+        ],
+    }
+    if damaged:
+        degraded.append(
+            Degradation(
+                component="integrity",
+                reason=f"{len(damaged)} file(s) found damaged and quarantined, such as "
+                f"{damaged[0].relpath!r} on tier {damaged[0].tier}: {damaged[0].reason}",
+                since=iso(min(d.found_at for d in damaged)),
+                still_works=DAMAGE_DEGRADED,
+            )
+        )
     status: Literal["ready", "degraded", "not_ready"] = (
         "not_ready" if not ok else "degraded" if degraded else "ready"
     )
@@ -124,6 +150,27 @@ def readyz(engine: EngineDep) -> JSONResponse:
         degraded=degraded,
     )
     return JSONResponse(jsonable_encoder(body), status_code=200 if ok else 503)
+
+
+def _still_damaged(engine: Engine) -> list[Damage]:
+    """The damage this process found that still stands: a record uploaded again, deleted or
+    released from quarantine since is dropped (a file without a record stays until a scan
+    finds it gone or sound)."""
+    out = []
+    for d in engine.damage.items():
+        if d.file_id is not None:
+            try:
+                rec = engine.catalog.get(d.file_id)
+            except FileNotFound:
+                rec = None
+            except CatalogUnreachable:
+                out.append(d)  # cannot tell now
+                continue
+            if rec is None or rec.state != FileState.QUARANTINED or rec.relpath != d.relpath:
+                engine.damage.clear(d.tier, d.relpath)
+                continue
+        out.append(d)
+    return out
 
 
 def _catalog_down(engine: Engine, message: str) -> Degradation:

@@ -30,6 +30,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from app.aborts import guard_body
 from app.api.deps import EngineDep
 from app.api.responses import MAX_ID, NOT_FOUND, RANGE, TOO_MANY, Responses, _err
 from app.auth import require_fleet
@@ -126,7 +127,7 @@ def peer_content(
         if rec.checksum:
             headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
         counter = request.app.state.metrics.peer_bytes_served.labels(body.source)
-        stream = body.stream(counter.inc)
+        stream = guard_body(body.stream(counter.inc))  # damage: the connection is cut
     except BaseException:
         body.release()  # the body never started: its source and upload slot go now
         raise

@@ -14,12 +14,23 @@ import logging
 import time
 from types import TracebackType
 
-from tiering.catalog import Catalog, CatalogLock, Copies, Database, FileRecord, decay, upgrade
+from tiering.catalog import (
+    Catalog,
+    CatalogLock,
+    Copies,
+    Database,
+    FileRecord,
+    FileState,
+    decay,
+    upgrade,
+)
 from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.copies import HostCopies, MemoryCache
+from tiering.errors import IntegrityError
 from tiering.fleet import Heartbeat, PeerUploads, adopt_local_records, host_database
+from tiering.integrity import DamageLog
 from tiering.moves import (
     Content,
     FileGuards,
@@ -72,6 +83,9 @@ class Engine(Steering):
         self.started_at: float | None = None
         self.last_scan: ScanReport | None = None
         self.last_recovery: RecoveryReport | None = None
+        # What this process found damaged (reads, scans): /readyz, /metrics, and the scans'
+        # memory of what not to hash again (tiering.integrity).
+        self.damage = DamageLog()
         # Shared by the mover, uploads and deletes (see FileGuards), and by every migration.
         self.guards = FileGuards()
         self.limiter = RateLimiter()
@@ -187,10 +201,11 @@ class Engine(Steering):
                     poll_interval_s=self.config.watch_poll_interval_s,
                     reconcile_files_per_s=self.config.reconcile_files_per_s,
                     remote_reconcile_s=self.config.remote_reconcile_s,
+                    damage=self.damage,
                 )
                 self.watcher.start()
             if self.config.scan_on_start:
-                self.last_scan = scan(self.catalog, self.tiers)
+                self.last_scan = scan(self.catalog, self.tiers, damage=self.damage)
             assert self.access is not None
             self.access.start()
             self.heartbeat = Heartbeat.start_for(self.catalog.db, self.tiers, self.config)  # fleet
@@ -257,7 +272,7 @@ class Engine(Steering):
         return self.catalog.lookup(validate_relpath(relpath), cached=cached)
 
     def scan(self, *, check: bool = False) -> ScanReport:
-        report = scan(self.catalog, self.tiers, check=check)
+        report = scan(self.catalog, self.tiers, check=check, damage=self.damage)
         if not check:
             self.last_scan = report
         return report
@@ -280,7 +295,22 @@ class Engine(Steering):
         )
         assert self.access is not None
         self.access.record(content.record.id)
+        content.on_damage = self._damaged
         return content
+
+    def _damaged(self, content: Content, exc: IntegrityError) -> None:
+        """A read found the file's stored bytes damaged: quarantined once, logged once."""
+        rec = content.record
+        self.damage.note(
+            rec.tier,
+            rec.relpath,
+            content.source.version_on_disk(),
+            exc,
+            file_id=rec.id,
+            quarantine=lambda fid, detail: self.catalog.set_state(
+                [fid], FileState.QUARANTINED, detail
+            ),
+        )
 
     def begin_upload(
         self,

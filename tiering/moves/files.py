@@ -20,6 +20,7 @@ from tiering.errors import (
     FileBusy,
     FileNotFound,
     InsufficientSpace,
+    IntegrityError,
     InvalidInput,
     PathConflict,
     TooLarge,
@@ -38,11 +39,16 @@ Room = Callable[[Tier, FileRecord | None], int]
 
 class Content:
     """An open file being served: bytes come from this source, whatever happens to the path
-    (a local fd, or an object read at the ETag it was opened with)."""
+    (a local fd, or an object read at the ETag it was opened with).
+
+    ``on_damage(content, exc)`` is told when a read finds the stored bytes damaged (a
+    container's chunk that fails its digest) before the error goes on to the reader: the
+    engine quarantines the file (see :mod:`tiering.integrity`)."""
 
     def __init__(self, record: FileRecord, source: Source) -> None:
         self.record = record
         self.source = source
+        self.on_damage: Callable[[Content, IntegrityError], None] | None = None
 
     @property
     def size(self) -> int:
@@ -54,13 +60,23 @@ class Content:
             pos = start
             while pos < end:
                 buf = bytearray(min(chunk, end - pos))
-                n = self.source.readinto(memoryview(buf), pos)
+                n = self.readinto(memoryview(buf), pos)
                 if not n:
                     break
                 yield bytes(buf) if n == len(buf) else bytes(buf[:n])
                 pos += n
         finally:
             self.close()
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        """The source's bytes at ``offset``; damage found is told to ``on_damage``, then
+        raised."""
+        try:
+            return self.source.readinto(view, offset)
+        except IntegrityError as exc:
+            if self.on_damage is not None:
+                self.on_damage(self, exc)
+            raise
 
     def close(self) -> None:
         self.source.close()

@@ -39,6 +39,7 @@ import time
 
 from tiering.catalog import Catalog, FileRecord, FileState, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
+from tiering.codec import CorruptContainer
 from tiering.errors import (
     AlreadyExists,
     FileBusy,
@@ -50,6 +51,7 @@ from tiering.errors import (
     TierdError,
     Unavailable,
 )
+from tiering.integrity import DAMAGED
 from tiering.moves.concurrency import (
     Claim,
     Progress,
@@ -171,6 +173,8 @@ class MoveRunner:
         """2. Open the source and check it is the file the catalog recorded."""
         try:
             source = src.open(rec.relpath, etag=rec.etag)
+        except CorruptContainer as exc:
+            raise _damaged(src, rec, exc) from exc
         except (FileNotFound, InvalidPath) as exc:
             raise Abort(
                 FileNotFound(f"{rec.relpath!r} vanished from tier {src.name}: {exc}"),
@@ -244,7 +248,10 @@ class MoveRunner:
         """4. Copy and hash in one pass; 5. sync (with the source's mode and times, so scan
         sees it unchanged); 6. verify. Returns the copy's checksum."""
         rec, st0 = claim.record, source.stat
-        copied = self.copier.copy(claim, source, writer, st0.size, progress, pace)
+        try:
+            copied = self.copier.copy(claim, source, writer, st0.size, progress, pace)
+        except CorruptContainer as exc:
+            raise _damaged(src, rec, exc) from exc
         self.settings.at("copied")
         writer.sync(mode=st0.mode, times_ns=(st0.atime_ns or st0.mtime_ns, st0.mtime_ns))
         self.settings.at("fsynced")
@@ -352,3 +359,14 @@ class MoveRunner:
 def temp_stem(temp_name: str) -> str:
     """The stem of an intent's temp name (``.<stem>.tierd-tmp``), which names its writer."""
     return temp_name.removeprefix(".").removesuffix(".tierd-tmp")
+
+
+def _damaged(src: Tier, rec: FileRecord, exc: CorruptContainer) -> Abort:
+    """The source's stored bytes fail their check: damage, not a change. The file is
+    quarantined with the reason (``damaged: ...``, see :mod:`tiering.integrity`), the move
+    fails, and nothing is retried until a person uploads it again or deletes it."""
+    return Abort(
+        IntegrityError(f"{DAMAGED}{exc.message} (on tier {src.name}; left alone)"),
+        FileState.QUARANTINED,
+        MigrationPhase.FAILED,
+    )

@@ -28,63 +28,19 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
 from tiering.checksum import CHUNK, Hasher
-from tiering.errors import TierdError
+from tiering.errors import IntegrityError, TierdError
+from tiering.integrity import DAMAGED, DamageLog, version_of
+from tiering.sync.report import ScanReport
 from tiering.tiers import Source, Tier, WalkEntry
 
 __all__ = ["ScanReport", "owned_by_this_host", "reconcile_paths", "scan"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ScanReport:
-    adopted: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    moved: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    conflicts: dict[str, list[str]] = field(default_factory=dict)
-    unchanged: int = 0
-    skipped: list[str] = field(default_factory=list)
-    renamed: list[tuple[str, str]] = field(default_factory=list)
-    check_only: bool = False
-    finished_at: float = 0.0
-
-    @property
-    def drift(self) -> int:
-        return len(self.adopted) + len(self.changed) + len(self.moved) + len(self.missing)
-
-    def summary(self) -> dict[str, object]:
-        """Counts only: safe to show for a scan of millions of files."""
-        return {
-            "adopted": len(self.adopted),
-            "changed": len(self.changed),
-            "moved": len(self.moved),
-            "missing": len(self.missing),
-            "conflicts": len(self.conflicts),
-            "renamed": len(self.renamed),
-            "unchanged": self.unchanged,
-            "finished_at": self.finished_at,
-        }
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "adopted": self.adopted,
-            "changed": self.changed,
-            "moved": self.moved,
-            "missing": self.missing,
-            "conflicts": self.conflicts,
-            "unchanged": self.unchanged,
-            "skipped": self.skipped,
-            "renamed": self.renamed,
-            "check_only": self.check_only,
-            "finished_at": self.finished_at,
-        }
 
 
 Place = tuple[Tier, WalkEntry]
@@ -107,6 +63,11 @@ def _hash(tier: Tier, relpath: str) -> NewFile:
     return NewFile(
         relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, st.codec, st.stored_size
     )
+
+
+def entry_version(entry: WalkEntry) -> str:
+    """Which version of a file an entry is, as the damage log tells them apart."""
+    return version_of(entry.size, entry.mtime_ns, entry.etag)
 
 
 def _checksum(src: Source) -> str:
@@ -173,8 +134,11 @@ class _Reconciler:
         *,
         check: bool,
         batch: int = BATCH,
+        damage: DamageLog | None = None,
     ) -> None:
         self.catalog = catalog
+        self.damage = damage or DamageLog()
+        self.damaged: set[tuple[str, str]] = set()  # (tier, relpath) found damaged this pass
         self.ours = owned_by_this_host(catalog)
         self.tiers = {t.name: t for t in tiers}
         self.report = report
@@ -192,9 +156,17 @@ class _Reconciler:
                 self._foreign(relpath, places, rec)
             return  # its bytes are on another host's disks: not ours to judge
         if rec is not None and (rec.state == FileState.MIGRATING or rec.id in self.busy):
-            report.skipped.append(relpath)  # the mover owns it until its intent closes
+            self._skip(relpath, "moving")  # the mover owns it until its intent closes
             return
+        for tier, entry in places:
+            found = self.damage.known(tier.name, relpath, entry_version(entry))
+            if found is not None:  # this version was found damaged: hashing it again finds so
+                self.damaged.add((tier.name, relpath))
+                self._skip(relpath, f"{DAMAGED}{found.reason} (not read again until it changes)")
+                return
         if not places:
+            for tier in self.tiers.values():
+                self.damage.clear(tier.name, relpath)
             if rec is not None and rec.state != FileState.MISSING:
                 report.missing.append(relpath)
                 if not self.check:
@@ -261,8 +233,33 @@ class _Reconciler:
             rec.tier,
         )
 
-    @staticmethod
-    def _hash_all(places: list[Place]) -> list[NewFile]:
+    def _skip(self, relpath: str, why: str) -> None:
+        self.report.skipped.append(relpath)
+        self.report.reasons[relpath] = why
+
+    def _damaged(self, tier: Tier, entry: WalkEntry, exc: IntegrityError) -> None:
+        """Damage found hashing a file: skipped (never ``changed`` or ``adopted``), its record
+        quarantined once; the same version is not hashed again (see tiering.integrity)."""
+        relpath = entry.relpath
+        for decided in (self.report.adopted, self.report.changed, self.report.moved):
+            if relpath in decided[-self.batch * 2 :]:
+                decided.remove(relpath)
+        self._skip(relpath, DAMAGED + exc.message)
+        self.damaged.add((tier.name, relpath))
+        rec = self.catalog.find(relpath)
+        self.damage.note(
+            tier.name,
+            relpath,
+            entry_version(entry),
+            exc,
+            file_id=rec.id if rec is not None and self.ours(rec) else None,
+            quarantine=self._quarantine,
+        )
+
+    def _quarantine(self, file_id: int, detail: str) -> None:
+        self.catalog.set_state([file_id], FileState.QUARANTINED, detail)
+
+    def _hash_all(self, places: list[Place]) -> list[NewFile]:
         news = []
         for tier, entry in places:
             listed = _listed(tier, entry)
@@ -271,6 +268,9 @@ class _Reconciler:
                 continue
             try:
                 news.append(_hash(tier, entry.relpath))
+                self.damage.clear(tier.name, entry.relpath)
+            except IntegrityError as exc:
+                self._damaged(tier, entry, exc)
             except (TierdError, OSError) as exc:
                 # Vanished or became a symlink since we looked: the next pass decides.
                 log.warning("could not adopt %r from tier %s: %s", entry.relpath, tier.name, exc)
@@ -384,6 +384,7 @@ def scan(
     check: bool = False,
     max_files_per_s: float | None = None,
     batch: int = BATCH,
+    damage: DamageLog | None = None,
 ) -> ScanReport:
     """Walk every tier and bring the catalog in line with it (or, with ``check``, report).
 
@@ -393,12 +394,16 @@ def scan(
     decisions applied ``batch`` files at a time (see the module's docstring).
     """
     tiers = list(tiers)
-    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check, batch=batch)
+    report = ScanReport(check_only=check)
+    reconcile = _Reconciler(catalog, tiers, report, check=check, batch=batch, damage=damage)
     pace = _Pacer(max_files_per_s)
     for relpath, places, rec in _merged(catalog, tiers, batch):
         reconcile(relpath, places, rec)
         pace()
-    return reconcile.finish()
+    report = reconcile.finish()
+    if damage is not None and not check:
+        damage.keep_only(reconcile.damaged)  # the rest is gone, or changed and read sound
+    return report
 
 
 def _merged(
@@ -440,19 +445,35 @@ def _in_order(
 
 
 def reconcile_paths(
-    catalog: Catalog, tiers: Iterable[Tier], relpaths: Iterable[str], *, check: bool = False
+    catalog: Catalog,
+    tiers: Iterable[Tier],
+    relpaths: Iterable[str],
+    *,
+    check: bool = False,
+    damage: DamageLog | None = None,
 ) -> ScanReport:
     """Reconcile just these relpaths (what the watcher calls for the paths events named)."""
     tiers = list(tiers)
     wanted = sorted(set(relpaths))
     records = catalog.find_many(wanted)
-    reconcile = _Reconciler(catalog, tiers, ScanReport(check_only=check), check=check)
+    report = ScanReport(check_only=check)
+    reconcile = _Reconciler(catalog, tiers, report, check=check, damage=damage)
     for relpath in wanted:
         places: list[Place] = []
         for tier in tiers:
-            st = tier.stat(relpath)
+            try:
+                st = tier.stat(relpath)
+            except IntegrityError as exc:  # a container whose footer is damaged
+                if not check:
+                    reconcile._damaged(tier, WalkEntry(relpath, -1, 0), exc)
+                else:
+                    reconcile._skip(relpath, DAMAGED + exc.message)
+                break
             if st is not None:
-                entry = WalkEntry(relpath, st.size, st.mtime_ns, etag=st.etag)
+                # As the walk lists it: a container by its stored size (entry_version).
+                size = st.stored_size if st.codec and st.stored_size is not None else st.size
+                entry = WalkEntry(relpath, size, st.mtime_ns, etag=st.etag, codec=st.codec)
                 places.append((tier, entry))
-        reconcile(relpath, places, records.get(relpath))
+        else:
+            reconcile(relpath, places, records.get(relpath))
     return reconcile.finish()

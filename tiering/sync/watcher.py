@@ -39,7 +39,8 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from tiering.catalog import Catalog, FileState
-from tiering.errors import TierdError
+from tiering.errors import IntegrityError, TierdError
+from tiering.integrity import DamageLog
 from tiering.sync.scan import ScanReport, owned_by_this_host, reconcile_paths, scan
 from tiering.tiers import Tier, Tiers
 from tiering.tiers.paths import is_reserved, is_temp_name, packed_relpath
@@ -134,11 +135,13 @@ class TierWatcher:
         poll_interval_s: float = 1.0,
         reconcile_files_per_s: float | None = 20_000,
         remote_reconcile_s: float = 300.0,
+        damage: DamageLog | None = None,
     ) -> None:
         if backend not in ("auto", "inotify", "polling"):
             raise ValueError(f"unknown watch backend {backend!r}")
         self.catalog = catalog
         self.tiers = tiers
+        self.damage = damage or DamageLog()
         self.settle_s = settle_s
         self.backend = backend
         self.poll_interval_s = poll_interval_s
@@ -383,25 +386,38 @@ class TierWatcher:
                 due = time.monotonic() + self.settle_s
                 for p in young:
                     self._dirty.setdefault(p, due)
-        report = reconcile_paths(self.catalog, self.tiers, sorted(wanted - young))
+        report = reconcile_paths(
+            self.catalog, self.tiers, sorted(wanted - young), damage=self.damage
+        )
         self._count(report)
-        if report.skipped:
+        # A moving file is looked at again once its move is over; a damaged one is not (it
+        # stays quarantined until it changes, and a change is an event of its own).
+        moving = [p for p in report.skipped if report.reasons.get(p) == "moving"]
+        if moving:
             with self._cond:
                 due = time.monotonic() + self.settle_s
-                for p in report.skipped:
+                for p in moving:
                     self._dirty.setdefault(p, due)
         self._status.last_reconcile_at = time.time()
 
     def _mtime_after(self, relpath: str, when: float) -> bool:
         for tier in self.tiers:
-            st = tier.stat(relpath) if relpath else None
+            try:
+                st = tier.stat(relpath) if relpath else None
+            except IntegrityError:
+                continue  # damaged: the reconcile says so
             if st is not None and st.mtime_ns / 1e9 > when:
                 return True
         return False
 
     def _full_reconcile(self, reason: str) -> None:
         t0 = time.monotonic()
-        report = scan(self.catalog, self.tiers, max_files_per_s=self.reconcile_files_per_s)
+        report = scan(
+            self.catalog,
+            self.tiers,
+            max_files_per_s=self.reconcile_files_per_s,
+            damage=self.damage,
+        )
         self._count(report)
         self._status.last_full_reconcile_at = self._status.last_reconcile_at = time.time()
         self._status.last_full_reconcile_reason = reason

@@ -35,6 +35,7 @@ from typing import ClassVar, Self
 from tiering.closing import Closing
 from tiering.config import TierConfig
 from tiering.errors import FileNotFound, IntegrityError, InvalidPath, TierdError
+from tiering.integrity import version_of
 from tiering.ranges import RangeReader
 
 __all__ = [
@@ -180,6 +181,12 @@ class Source(Closing, abc.ABC):
     @property
     def size(self) -> int:
         return self.stat.size
+
+    def version_on_disk(self) -> str:
+        """Which version of the stored file this is, as a walk would list it (see
+        :func:`tiering.integrity.version_of`): the ETag, or the stored size and mtime."""
+        st = self.stat
+        return version_of(st.stored_size or st.size, st.mtime_ns, st.etag)
 
     # A source gives its own fast path: a local file, or a range reader of remote bytes.
     def local_file(self) -> LocalFile | None:
