@@ -78,3 +78,18 @@ def _tensor(data: bytes, name: str) -> bytes:
     n = int.from_bytes(data[:8], "little")
     begin, end = json.loads(data[8 : 8 + n])[name]["data_offsets"]
     return data[8 + n + begin : 8 + n + end]
+
+
+def test_page_cache_prefetch_warms_a_compressed_files_container(
+    server: LiveServer, bf16: bytes
+) -> None:
+    """It used to fail on every compressed file (no local file to read): the container is
+    what a compressed file's reads go through the page cache for."""
+    path = "llm/warm.safetensors"
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        r = http.put("/v1/files/content", params={"path": path, "tier": "hdd"}, content=bf16)
+        assert r.status_code == 201 and r.json()["codec"] == CODEC, r.text
+        with Client(server.url) as api:
+            job = api.prefetch([r.json()["id"]], target="page_cache", wait=True, progress=False)
+    assert job["state"] == "done" and not job.get("errors"), job
+    assert job["files_done"] == 1 and 0 < job["bytes_done"] <= len(bf16)

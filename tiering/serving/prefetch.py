@@ -266,18 +266,19 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
             _file_error(job, rec, exc)
             continue
         try:
-            local = content.source.local_file()
+            # A compressed file's container is what its reads go through the page cache for.
+            local = content.source.stored_file()
             assert local is not None  # a tier of local files opens them as such
             with contextlib.suppress(OSError, AttributeError):
                 os.posix_fadvise(local.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            pos = 0
-            while pos < content.size:
+            stored, pos = os.fstat(local.fd).st_size, 0
+            while pos < stored:
                 job.check()
-                got = os.preadv(local.fd, [view[: min(chunk, content.size - pos)]], pos)
+                got = os.preadv(local.fd, [view[: min(chunk, stored - pos)]], pos)
                 if got <= 0:
                     break
                 pos += got
-                job.add(nbytes=got)
+                job.add(nbytes=got * content.size // max(stored, 1))  # the file's bytes warmed
         finally:
             content.close()
         job.add(files=1)

@@ -194,6 +194,11 @@ class Source(Closing, abc.ABC):
         or None when they are not in one; reads then go through :meth:`readinto`."""
         return None
 
+    def stored_file(self) -> LocalFile | None:
+        """The local file holding the stored bytes: the file itself, or a compressed file's
+        container (what warming the page cache reads), or None when they are not local."""
+        return self.local_file()
+
     @property
     def ranges(self) -> RangeReader | None:
         """The bytes as a :class:`~tiering.ranges.RangeReader` (what ``tiering.io`` reads a

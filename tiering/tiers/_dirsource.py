@@ -113,6 +113,9 @@ class CompressedSource(DirectorySource):
     def local_file(self) -> LocalFile | None:
         return None
 
+    def stored_file(self) -> LocalFile | None:
+        return LocalFile(self.fd, self.place.root / self.relpath) if self.fd >= 0 else None
+
     @property
     def ranges(self) -> RangeReader | None:
         return self._ranges
