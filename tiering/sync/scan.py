@@ -158,6 +158,10 @@ class _Reconciler:
         if rec is not None and (rec.state == FileState.MIGRATING or rec.id in self.busy):
             self._skip(relpath, "moving")  # the mover owns it until its intent closes
             return
+        unusable = [(t, e) for t, e in places if e.skipped is not None]
+        if unusable:
+            self._skip(relpath, f"{unusable[0][1].skipped} (tier {unusable[0][0].name})")
+            places = [(t, e) for t, e in places if e.skipped is None]
         for tier, entry in places:
             found = self.damage.known(tier.name, relpath, entry_version(entry))
             if found is not None:  # this version was found damaged: hashing it again finds so

@@ -146,6 +146,9 @@ class WalkEntry:
     ino: int = 0
     etag: str | None = None
     codec: str | None = None
+    #: Set where the walk found a name it lists but no file tierd takes (a symbolic link in a
+    #: directory tier): why, for the scan's report. Such an entry is never adopted.
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)

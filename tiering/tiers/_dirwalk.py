@@ -3,6 +3,7 @@ its files in relpath order, and tierd's temp files in it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -16,6 +17,14 @@ __all__ = ["temps_under", "walk_dir"]
 
 log = logging.getLogger(__name__)
 
+#: Why a symbolic link in a tier root is not adopted. tierd opens every path beneath a root
+#: without following links (a link could lead outside the tier, or be swapped mid-read), and a
+#: link is no file whose bytes a move could carry: copy the files in instead.
+SYMLINK = (
+    "a symbolic link: tierd takes only regular files (copy the files in, e.g. `cp -L`, or "
+    "download a Hugging Face model with `--local-dir` rather than into its cache)"
+)
+
 
 def _sort_key(entry: os.DirEntry[str]) -> str:
     """A directory sorts as its name and ``/``, where the relpaths of its files do."""
@@ -24,7 +33,8 @@ def _sort_key(entry: os.DirEntry[str]) -> str:
 
 def walk_dir(root: Path, tier: str, prefix: str, codec: str | None) -> Iterator[WalkEntry]:
     """The regular files under ``root/prefix`` in relpath order (each entry's ``codec`` is
-    ``codec``: the place's), skipping symlinks, temps and the reserved top-level directories.
+    ``codec``: the place's), skipping temps and the reserved top-level directories; a symbolic
+    link is listed with ``skipped`` saying why it is not taken (the scan reports it).
 
     One directory's entries are listed and sorted at a time (a directory sorts by its name and
     ``/``, so its files come where their relpaths do); the walk holds only those of the
@@ -45,6 +55,10 @@ def walk_dir(root: Path, tier: str, prefix: str, codec: str | None) -> Iterator[
         if key.endswith("/"):
             if not is_reserved(rel):
                 yield from walk_dir(root, tier, rel, codec)
+            continue
+        if entry.is_symlink() and not is_reserved(rel):
+            with contextlib.suppress(InvalidPath):
+                yield WalkEntry(validate_relpath(rel), 0, 0, skipped=SYMLINK)
             continue
         if not entry.is_file(follow_symlinks=False) or is_temp_name(entry.name):
             continue
