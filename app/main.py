@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             # The loader's reaper and jobs stop, and every lease is freed, before the engine.
             await run_in_threadpool(loader.start)
+            await run_in_threadpool(loader.warm)  # a GPU's first-load costs, paid here
             fleet.publish_leases(engine, loader)
             worker = FleetWorker(loader, settings.fleet_worker_config()).start()
             try:

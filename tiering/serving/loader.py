@@ -45,6 +45,7 @@ from tiering.serving.replicas import Replica, gather_to, replicate_range
 from tiering.serving.residency import Residency
 from tiering.serving.safetensors import TensorsLoaded
 from tiering.serving.sharded import DeviceLoaded, load_devices
+from tiering.serving.warmup import warm_devices
 
 __all__ = ["Loader"]
 
@@ -110,6 +111,11 @@ class Loader:
     def start(self) -> Loader:
         self.leases.start()
         return self
+
+    def warm(self) -> dict[str, float]:
+        """Pay each GPU's one-time costs now rather than in the first load (see
+        :mod:`tiering.serving.warmup`); seconds per device warmed."""
+        return warm_devices(self._ctx)
 
     def stop(self) -> None:
         # Jobs first (they read and lease), then the batch pool, then leases and storages.
