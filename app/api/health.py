@@ -121,6 +121,18 @@ def readyz(engine: EngineDep) -> JSONResponse:
     )
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
+    down = {d.component for d in degraded}
+    for name, why in (scan.failed if scan else {}).items():
+        if f"tier:{name}" in down:
+            continue  # it does not answer now: said above
+        degraded.append(
+            Degradation(
+                component=f"tier:{name}",
+                reason=f"tier {name} could not be listed at its last scan: {why}",
+                since=iso(scan.finished_at) if scan else None,
+                still_works=OBJECT_TIER_DEGRADED,
+            )
+        )
     damaged = _still_damaged(engine)
     checks["integrity"] = {
         "ok": not damaged,

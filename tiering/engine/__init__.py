@@ -28,7 +28,7 @@ from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.copies import HostCopies, MemoryCache
-from tiering.errors import IntegrityError
+from tiering.errors import IntegrityError, TierUnavailable
 from tiering.fleet import Heartbeat, PeerUploads, adopt_local_records, host_database
 from tiering.integrity import DamageLog
 from tiering.moves import (
@@ -62,6 +62,10 @@ from .steering import Steering, _opened
 __all__ = ["Content", "Engine", "MigrationInfo", "PolicyInfo", "TierInfo", "Upload"]
 
 log = logging.getLogger(__name__)
+
+#: Reasons of an object store's unavailability that are outages (it does not answer, or keeps
+#: failing), not a configuration to fix: start-up goes on without it.
+OUTAGES = ("unreachable", "unavailable")
 
 
 class Engine(Steering):
@@ -119,7 +123,14 @@ class Engine(Steering):
         Raises :class:`~tiering.errors.TierUnavailable` naming the tier and why it is unusable.
         """
         for tier in self.tiers:
-            tier.check()
+            try:
+                tier.check()
+            except TierUnavailable as exc:
+                # A store that is down (not misconfigured) must not keep the local tiers from
+                # serving: it is degraded (/readyz), its moves fail and are retried.
+                if tier.capabilities.local_files or exc.details.get("reason") not in OUTAGES:
+                    raise
+                log.warning("%s; serving the other tiers meanwhile", exc.message)
         if self.memory is not None:
             self.memory.tier.check()  # its quota against RLIMIT_MEMLOCK and the host's RAM
         if upgrade_schema:

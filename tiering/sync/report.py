@@ -18,6 +18,9 @@ class ScanReport:
     skipped: list[str] = field(default_factory=list)
     #: Why each skipped file was: moving, or damaged (and quarantined) with the reason.
     reasons: dict[str, str] = field(default_factory=dict)
+    #: Tiers that could not be listed (a bucket that failed or refused): why. Their files
+    #: were left as they are.
+    failed: dict[str, str] = field(default_factory=dict)
     renamed: list[tuple[str, str]] = field(default_factory=list)
     check_only: bool = False
     finished_at: float = 0.0
@@ -34,6 +37,7 @@ class ScanReport:
             "moved": len(self.moved),
             "missing": len(self.missing),
             "conflicts": len(self.conflicts),
+            "failed": len(self.failed),
             "renamed": len(self.renamed),
             "unchanged": self.unchanged,
             "finished_at": self.finished_at,
@@ -49,6 +53,7 @@ class ScanReport:
             "unchanged": self.unchanged,
             "skipped": self.skipped,
             "reasons": self.reasons,
+            "failed": self.failed,
             "renamed": self.renamed,
             "check_only": self.check_only,
             "finished_at": self.finished_at,

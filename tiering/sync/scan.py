@@ -25,6 +25,7 @@ share the cursor and the report.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,11 +33,11 @@ from itertools import groupby
 from operator import itemgetter
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
-from tiering.checksum import CHUNK, Hasher
 from tiering.errors import IntegrityError, TierdError
-from tiering.integrity import DAMAGED, DamageLog, version_of
+from tiering.integrity import DAMAGED, DamageLog
+from tiering.sync.found import entry_version, listed_record, record_of
 from tiering.sync.report import ScanReport
-from tiering.tiers import Source, Tier, WalkEntry
+from tiering.tiers import Tier, WalkEntry
 
 __all__ = ["ScanReport", "owned_by_this_host", "reconcile_paths", "scan"]
 
@@ -48,47 +49,6 @@ BATCH = 256  # files hashed, then recorded in one catalog transaction; records r
 # A record adopted this recently, never read, is taken for the new name of a file that vanished
 # with the same content (the events of one rename can arrive in two passes).
 RENAME_WINDOW_S = 120.0
-
-
-def _hash(tier: Tier, relpath: str) -> NewFile:
-    """What the catalog records of a file found in ``tier``.
-
-    A local file is hashed. An object is not read: its ETag names the version, a checksum
-    stored by tierd in its metadata is taken as is, and otherwise the first move that reads
-    its bytes records their checksum (the move hashes as it copies).
-    """
-    with tier.open(relpath) as src:
-        st = src.stat
-        checksum = _checksum(src) if tier.capabilities.local_files else st.checksum
-    return NewFile(
-        relpath, tier.name, st.size, st.mtime_ns, checksum, st.etag, st.codec, st.stored_size
-    )
-
-
-def entry_version(entry: WalkEntry) -> str:
-    """Which version of a file an entry is, as the damage log tells them apart."""
-    return version_of(entry.size, entry.mtime_ns, entry.etag)
-
-
-def _checksum(src: Source) -> str:
-    """Checksum of the source's first ``size`` bytes: those its stat (the record) describes."""
-    h = Hasher()
-    buf = memoryview(bytearray(min(CHUNK, src.size)))
-    offset = 0
-    while offset < src.size:
-        n = src.readinto(buf[: min(CHUNK, src.size - offset)], offset)
-        if n == 0:
-            break
-        h.update(buf[:n])
-        offset += n
-    return h.value()
-
-
-def _listed(tier: Tier, entry: WalkEntry) -> NewFile | None:
-    """The record of an object adopted straight from its listing (no request per object)."""
-    if entry.etag is None or entry.codec is not None:
-        return None  # no version to pin, or a compressed object: its logical size is inside
-    return NewFile(entry.relpath, tier.name, entry.size, entry.mtime_ns, None, entry.etag)
 
 
 class _Pacer:
@@ -155,6 +115,8 @@ class _Reconciler:
             if places:
                 self._foreign(relpath, places, rec)
             return  # its bytes are on another host's disks: not ours to judge
+        if rec is not None and rec.tier in self.report.failed:
+            return  # its tier could not be listed: nothing is known of its files this pass
         if rec is not None and (rec.state == FileState.MIGRATING or rec.id in self.busy):
             self._skip(relpath, "moving")  # the mover owns it until its intent closes
             return
@@ -218,7 +180,7 @@ class _Reconciler:
         try:
             if rec is None:
                 # Adopt the copy on the fastest tier so the file is known; flag the rest.
-                rec = self.catalog.upsert(_hash(places[0][0], relpath))
+                rec = self.catalog.upsert(record_of(places[0][0], relpath))
             detail = "present in tiers " + ", ".join(names)
             if rec is not None and (rec.state != FileState.CONFLICT or rec.detail != detail):
                 self.catalog.set_state([rec.id], FileState.CONFLICT, detail)
@@ -266,12 +228,12 @@ class _Reconciler:
     def _hash_all(self, places: list[Place]) -> list[NewFile]:
         news = []
         for tier, entry in places:
-            listed = _listed(tier, entry)
+            listed = listed_record(tier, entry)
             if listed is not None:
                 news.append(listed)
                 continue
             try:
-                news.append(_hash(tier, entry.relpath))
+                news.append(record_of(tier, entry.relpath))
                 self.damage.clear(tier.name, entry.relpath)
             except IntegrityError as exc:
                 self._damaged(tier, entry, exc)
@@ -401,7 +363,7 @@ def scan(
     report = ScanReport(check_only=check)
     reconcile = _Reconciler(catalog, tiers, report, check=check, batch=batch, damage=damage)
     pace = _Pacer(max_files_per_s)
-    for relpath, places, rec in _merged(catalog, tiers, batch):
+    for relpath, places, rec in _merged(catalog, tiers, batch, report.failed):
         reconcile(relpath, places, rec)
         pace()
     report = reconcile.finish()
@@ -411,11 +373,25 @@ def scan(
 
 
 def _merged(
-    catalog: Catalog, tiers: Iterable[Tier], batch: int
+    catalog: Catalog, tiers: Iterable[Tier], batch: int, failed: dict[str, str]
 ) -> Iterator[tuple[str, list[Place], FileRecord | None]]:
     """Every relpath on a tier or in the catalog, once and in order, with where it is and its
-    record: the tiers' walks and the catalog's pages merged as they stream."""
-    streams = [_in_order(f"tier {t.name}", _places(t)) for t in tiers]
+    record: the tiers' walks and the catalog's pages merged as they stream. A tier whose walk
+    fails before its first entry (a bucket's listing: it is read whole first) is left out,
+    named in ``failed`` with why."""
+    streams = []
+    for t in tiers:
+        walk = _places(t)
+        try:
+            first = next(walk, None)
+        except (TierdError, OSError) as exc:
+            failed[t.name] = str(exc)
+            log.warning(
+                "tier %s could not be listed (its files are left as they are): %s", t.name, exc
+            )
+            continue
+        if first is not None:
+            streams.append(_in_order(f"tier {t.name}", itertools.chain((first,), walk)))
     streams.append(_in_order("the catalog", ((r.relpath, r) for r in catalog.by_relpath(batch))))
     for relpath, group in groupby(heapq.merge(*streams, key=itemgetter(0)), key=itemgetter(0)):
         places: list[Place] = []

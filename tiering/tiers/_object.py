@@ -33,6 +33,7 @@ from tiering.config import TierConfig
 from tiering.errors import FileChanged, FileNotFound, InvalidPath, TierdError
 from tiering.tiers._base import UNBOUNDED, Capabilities, Space, Stat, Tier, WalkEntry, Writer
 from tiering.tiers._compressed import CompressingWriter, merged_walk
+from tiering.tiers._listing import in_relpath_order
 from tiering.tiers._object_io import ObjectSource, ObjectWriter, refuse_over_limit
 from tiering.tiers._object_z import CompressedObjectSource
 from tiering.tiers._s3 import mtime_ns, strip_etag, translate, unavailable
@@ -253,12 +254,16 @@ class ObjectTier(Tier):
 
     def walk(self) -> Iterator[WalkEntry]:
         """Every object under the prefix, skipping directory markers, tierd's temp and probe
-        names, and keys that are not valid relpaths (with a warning). A listing comes in UTF-8
-        byte order of the keys, a page at a time: relpath order, lazily, as walk promises.
+        names, and keys that are not valid relpaths or not under the prefix (with a warning).
+        In relpath order whatever order the store lists in (:mod:`tiering.tiers._listing`:
+        sorted in bounded memory; the whole listing is read before the first entry comes).
         Compressed objects are listed from their own directory, merged into that order (their
         entries' ``size`` is the stored size, ``codec`` says so)."""
         pfx = self.store.key_prefix()
-        return merged_walk(self._list(pfx, None), self._list(f"{pfx}{COMPRESSED_DIR}/", CODEC))
+        return merged_walk(
+            in_relpath_order(self._list(pfx, None)),
+            in_relpath_order(self._list(f"{pfx}{COMPRESSED_DIR}/", CODEC)),
+        )
 
     def _list(self, pfx: str, codec: str | None) -> Iterator[WalkEntry]:
         packed = f"{COMPRESSED_DIR}/"
@@ -268,6 +273,14 @@ class ObjectTier(Tier):
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
+                    if not obj["Key"].startswith(pfx):  # a store that ignored Prefix
+                        log.warning(
+                            "skipping %r in tier %s: not under its prefix %r",
+                            obj["Key"],
+                            self.name,
+                            pfx,
+                        )
+                        continue
                     rel = obj["Key"][len(pfx) :]
                     if not rel or rel.endswith("/") or rel.endswith(TEMP_SUFFIX):
                         continue
