@@ -143,6 +143,12 @@ class _StateCollector(Collector):
         yield from self._fleet()
         yield from self._catalog()
         yield from self._tier_limits()
+        yield GaugeMetricFamily(
+            "tierd_fleet_peers_off",
+            "1 where hosts share the catalog and a bucket but no fleet_token is set: every "
+            "host reads the bucket itself (GET /readyz says why)",
+            value=0 if self.engine.peers_off is None else 1,
+        )
         damage = self.engine.damage
         yield CounterMetricFamily(
             "tierd_integrity_failures",

@@ -6,7 +6,8 @@ the catalog's database (PostgreSQL) unreachable, where loads of files on this ho
 the shared tier answer from the last records read and moves and fleet jobs pause; or an
 object-store tier unreachable, where loads from the other tiers go on and moves to or from it
 fail and are retried; or files found damaged (``checks.integrity``), quarantined while every
-other file is served. ``not_ready`` (503): tierd cannot serve, because the catalog failed
+other file is served; or a fleet without ``fleet_token`` (``checks.fleet``), whose hosts each
+read the shared bucket. ``not_ready`` (503): tierd cannot serve, because the catalog failed
 otherwise (a SQLite file it cannot read), a directory tier's root, this host's own disk, is
 unusable, or another tierd with this host id took the host's lock while PostgreSQL restarted
 (``checks.host_lock``: this process writes nothing any more).
@@ -34,6 +35,7 @@ router = APIRouter(tags=["health"])
 CATALOG_DEGRADED = (
     "serving loads of local files from last known records; moves and fleet jobs paused"
 )
+PEERS_OFF = "serving as one host: every shared file is read from the bucket by every host"
 DAMAGE_DEGRADED = (
     "serving every other file; the damaged ones are quarantined until uploaded again or deleted"
 )
@@ -45,7 +47,7 @@ OBJECT_TIER_DEGRADED = (
 class Degradation(BaseModel):
     """One part that does not answer, and what tierd still does without it."""
 
-    component: str = Field(description="`catalog`, `tier:<name>`, or `integrity`")
+    component: str = Field(description="`catalog`, `tier:<name>`, `integrity` or `fleet`")
     reason: str = Field(description="Why it does not answer")
     since: datetime | None = Field(description="When this host first saw it fail, if known")
     still_works: str = Field(description="What this host still serves meanwhile")
@@ -57,8 +59,8 @@ class ReadyOut(BaseModel):
     )
     started_at: datetime | None
     checks: dict[str, Any] = Field(
-        description="catalog, tiers, watcher, last_scan, integrity (files found damaged); "
-        "host_lock once another took the lock"
+        description="catalog, tiers, watcher, last_scan, integrity (files found damaged), "
+        "fleet (whether peers are on); host_lock once another took the lock"
     )
     degraded: list[Degradation] = Field(
         default_factory=list, description="What is down while the status is `degraded`"
@@ -131,6 +133,16 @@ def readyz(engine: EngineDep) -> JSONResponse:
                 reason=f"tier {name} could not be listed at its last scan: {why}",
                 since=iso(scan.finished_at) if scan else None,
                 still_works=OBJECT_TIER_DEGRADED,
+            )
+        )
+    checks["fleet"] = {"peers": engine.peers_off is None, "reason": engine.peers_off}
+    if engine.peers_off is not None:
+        degraded.append(
+            Degradation(
+                component="fleet",
+                reason=engine.peers_off,
+                since=iso(engine.started_at),
+                still_works=PEERS_OFF,
             )
         )
     damaged = _still_damaged(engine)

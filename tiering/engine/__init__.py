@@ -29,7 +29,7 @@ from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
 from tiering.copies import HostCopies, MemoryCache
 from tiering.errors import IntegrityError, TierUnavailable
-from tiering.fleet import Heartbeat, PeerUploads, adopt_local_records, host_database
+from tiering.fleet import Heartbeat, PeerUploads, adopt_local_records, host_database, peers_off
 from tiering.integrity import DamageLog
 from tiering.moves import (
     Content,
@@ -90,6 +90,8 @@ class Engine(Steering):
         # What this process found damaged (reads, scans): /readyz, /metrics, and the scans'
         # memory of what not to hash again (tiering.integrity).
         self.damage = DamageLog()
+        #: Why this host reads shared files without its peers, or None (tiering.fleet.peers_off).
+        self.peers_off: str | None = None
         # Shared by the mover, uploads and deletes (see FileGuards), and by every migration.
         self.guards = FileGuards()
         self.limiter = RateLimiter()
@@ -195,6 +197,9 @@ class Engine(Steering):
         try:
             self.open().catalog.db.serve_under(self._lock)  # verified after each outage
             adopt_local_records(self.catalog.db, self.tiers, self.config.host_id)  # before recovery
+            self.peers_off = peers_off(self.catalog.db, self.tiers, self.config.fleet_token)
+            if self.peers_off is not None:
+                log.warning("%s", self.peers_off)
             relocate_containers(self.catalog, self.tiers)  # an earlier tierd's layout, once
             self.last_recovery = self.mover.recover()
             remove_orphan_temps(self.journal, self.tiers)

@@ -6,6 +6,7 @@ from tiering.fleet.heartbeat import (
     adopt_local_records,
     default_address,
     host_database,
+    peers_off,
 )
 from tiering.fleet.uploads import MAX_UPLOADS, PeerBody, PeerUploads
 from tiering.fleet.view import (
@@ -33,4 +34,5 @@ __all__ = [
     "host_database",
     "fleet_hosts",
     "locate",
+    "peers_off",
 ]

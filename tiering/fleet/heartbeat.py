@@ -63,6 +63,21 @@ def host_database(config: EngineConfig, tiers: Tiers) -> Database:
     )
 
 
+def peers_off(db: Database, tiers: Tiers, fleet_token: str | None) -> str | None:
+    """Why this host reads a fleet's shared files without its peers, or None: hosts share the
+    catalog (PostgreSQL) and a bucket tier, but no ``fleet_token`` is set, so no host serves
+    or asks its peers and each one reads every file from the bucket itself. Said at start, in
+    ``/readyz`` and ``/metrics``, since nothing else would show it but the bucket's bill."""
+    shared = [t.name for t in tiers if t.capabilities.shared]
+    if db.single_writer or not shared or fleet_token:
+        return None
+    return (
+        f"peers are off: this host shares its catalog and tier(s) {', '.join(shared)} with "
+        "other hosts but has no fleet_token, so every host reads the bucket itself; set the "
+        "same TIERD_FLEET_TOKEN on every host to exchange pieces between hosts"
+    )
+
+
 def adopt_local_records(db: Database, tiers: Tiers, host_id: str) -> None:
     """On SQLite, where one tierd ever writes the catalog (its lock), every record on a local
     tier is this host's: those from before hosts were recorded, and those written under an

@@ -310,12 +310,17 @@
       return;
     }
     const ok = body.status === "ready";
-    pill.className = ok ? "pill ok" : "pill bad";
-    pill.textContent = ok ? "ready" : "not ready";
+    const degraded = body.status === "degraded";
+    pill.className = ok ? "pill ok" : degraded ? "pill warn" : "pill bad";
+    pill.textContent = ok ? "ready" : degraded ? "degraded" : "not ready";
     const checks = body.checks || {};
     const bad = Object.entries(checks.tiers || {}).filter(([, c]) => !c.ok).map(([n]) => `tier ${n}`);
     if (checks.catalog && !checks.catalog.ok) bad.unshift(`catalog: ${checks.catalog.error}`);
-    pill.title = ok ? `ready since ${body.started_at}` : `not ready: ${bad.join(", ")}`;
+    // Degraded still serves: say what is down and what still works (fleet peers off, damaged
+    // files, a bucket that does not answer).
+    const why = (body.degraded || []).map((d) => `${d.component}: ${d.reason} (${d.still_works})`);
+    pill.title = ok ? `ready since ${body.started_at}`
+      : degraded ? `degraded:\n${why.join("\n")}` : `not ready: ${bad.join(", ")}`;
 
     const w = checks.watcher || {};
     const wp = $("watcher");
