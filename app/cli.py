@@ -23,6 +23,7 @@ from app.cli_base import (
     load_settings,
     open_engine,
     out,
+    print_config_error,
     print_json,
 )
 from app.cli_models import register as register_models
@@ -110,7 +111,7 @@ def serve(
     try:
         configure_logging(settings.log_level, settings.log_format)
     except ValueError as exc:
-        err.print(f"[red]invalid configuration:[/red] {exc}")
+        print_config_error(exc)
         raise typer.Exit(2) from None
     _check_lock(settings)
     try:
@@ -150,7 +151,7 @@ def _check_tiers(settings: Settings) -> None:
         config = settings.engine_config()
         tiers = Tiers(config.tiers)
     except ValueError as exc:
-        err.print(f"[red]invalid configuration:[/red] {exc}")
+        print_config_error(exc)
         raise typer.Exit(2) from None
     try:
         for tier in tiers:

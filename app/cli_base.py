@@ -19,8 +19,10 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from app.settings import Settings, get_settings
+from tiering.catalog.backends import sqlite_file
 from tiering.engine import Engine
 from tiering.errors import TierdError, Unavailable
 
@@ -28,12 +30,14 @@ __all__ = [
     "ConfigOpt",
     "DataDirOpt",
     "JsonOpt",
+    "config_error",
     "err",
     "exclusive_engine",
     "human_size",
     "load_settings",
     "open_engine",
     "out",
+    "print_config_error",
     "print_json",
 ]
 
@@ -49,18 +53,53 @@ DataDirOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
 
 
+def config_error(exc: BaseException) -> str:
+    """A configuration error as one plain line: each of pydantic's errors as
+    ``where: what`` (``tiers.1.path: ...``), joined by ``; ``, without its input echo and
+    documentation link."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for e in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(x) for x in e["loc"])
+            what = str(e["msg"]).removeprefix("Value error, ")
+            parts.append(f"{where}: {what}" if where else what)
+        return "; ".join(parts)
+    return " ".join(str(exc).split())
+
+
+def print_config_error(exc: BaseException) -> None:
+    """``invalid configuration: <the error>`` on stderr, one line, never read as markup (a
+    pattern like ``^{0,63}$`` or ``[a-z]`` is printed as written)."""
+    line = Text("invalid configuration: ", style="red") + Text(config_error(exc))
+    err.print(line, soft_wrap=True, highlight=False)
+
+
 def load_settings(config: Path | None, **overrides: Any) -> Settings:
     """The settings, or exit 2 with the configuration's error."""
     try:
         return get_settings(config, **overrides)
     except (ValidationError, FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]invalid configuration:[/red] {exc}")
+        print_config_error(exc)
         raise typer.Exit(2) from None
 
 
 @contextmanager
 def open_engine(settings: Settings) -> Iterator[Engine]:
-    """The engine opened for reading; a tierd error exits 1 with its message."""
+    """The engine opened for reading; a tierd error exits 1 with its message. A command that
+    only reads makes nothing: where the SQLite catalog does not exist (a mistyped
+    ``--data-dir``), it exits 2 saying so instead of creating an empty one and its tiers."""
+    catalog = sqlite_file(settings.catalog_url)
+    if catalog is not None and not catalog.exists():
+        err.print(
+            Text("error: ", style="red")
+            + Text(
+                f"no catalog at {catalog}: nothing to read (is --data-dir right? "
+                "`tierd serve` or `tierd db upgrade` creates it)"
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(2)
     engine = Engine(settings.engine_config())
     try:
         yield engine.open()

@@ -23,11 +23,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tiering.catalog.backends import normalize_url
+from tiering.catalog.backends import normalize_url, sqlite_file
 from tiering.config import EngineConfig, TierConfig
 from tiering.io import GdsConfig
 from tiering.serving import LoaderConfig
 from tiering.serving.fleetjobs import FleetWorkerConfig
+from tiering.tiers import overlap
 
 __all__ = ["BufferSettings", "Settings", "TierSettings", "get_settings"]
 
@@ -390,6 +391,13 @@ class Settings(BaseSettings):
             self.tiers = [TierSettings(name=n, path=self.data_dir / n) for n in DEFAULT_TIER_NAMES]
         if not self.catalog_url:
             self.catalog_url = f"sqlite:///{self.data_dir / 'catalog.db'}"
+        # Refused here, naming both tiers, rather than when the engine builds them.
+        why = overlap(
+            [t.config() for t in self.tiers if t.kind != "memory"],
+            catalog=sqlite_file(self.catalog_url),
+        )
+        if why is not None:
+            raise ValueError(why)
         storage = {t.name for t in self.tiers if t.kind != "memory"}
         if self.default_tier is not None and self.default_tier not in storage:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of the storage tiers")

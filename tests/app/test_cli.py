@@ -53,6 +53,7 @@ def test_scan_tiers_ls_stat(tmp_path: Path) -> None:
 
 def test_errors_are_plain(tmp_path: Path) -> None:
     d = str(tmp_path / "d")
+    assert run("db", "upgrade", "--data-dir", d)[0] == 0  # reading commands need a catalog
     code, out = run("stat", "nope.bin", "--data-dir", d)
     assert code == 1 and "no file at path" in out
     code, out = run("stat", "../x", "--data-dir", d)

@@ -43,6 +43,7 @@ from sqlalchemy.pool import NullPool
 from tiering.errors import InvalidInput
 
 __all__ = [
+    "sqlite_file",
     "FOR_DELETE",
     "FOR_KEY_SHARE",
     "FOR_WRITE",
@@ -136,6 +137,17 @@ def normalize_url(url: str) -> str:
             )
         return u.render_as_string(hide_password=False)
     raise InvalidInput(f"unsupported catalog URL {redact(url)!r}: use {_EXAMPLES}")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite catalog URL; None for another database."""
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        return None
+    if u.get_backend_name() != SQLITE or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
 
 
 def backend_of(url: str) -> str:

@@ -24,6 +24,7 @@ from tiering.catalog import (
     decay,
     upgrade,
 )
+from tiering.catalog.backends import sqlite_file
 from tiering.catalog.journal import Journal
 from tiering.catalog.policies import PolicyStore
 from tiering.config import EngineConfig
@@ -76,7 +77,11 @@ class Engine(Steering):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         memory = config.memory
-        self.tiers = Tiers(config.tiers, caches=[memory.name] if memory is not None else [])
+        self.tiers = Tiers(
+            config.tiers,
+            caches=[memory.name] if memory is not None else [],
+            catalog=sqlite_file(config.catalog_url),  # never inside a tier root
+        )
         if config.default_tier is not None:
             self.tiers.get(config.default_tier)
         self.db: Database | None = None

@@ -27,7 +27,7 @@ from tiering.tiers._base import (
 from tiering.tiers._directory import DirectorySource, DirectoryTier
 from tiering.tiers._dirwriter import DirectoryWriter, pread_exact, write_all
 from tiering.tiers._memory import FillCancelled, MemoryEntry, MemoryTier
-from tiering.tiers._tiers import KINDS, Tiers, make_tier
+from tiering.tiers._tiers import KINDS, Tiers, make_tier, overlap
 from tiering.tiers._writeback import start_writeback
 
 __all__ = [
@@ -53,5 +53,6 @@ __all__ = [
     "WalkEntry",
     "Writer",
     "make_tier",
+    "overlap",
     "write_all",
 ]

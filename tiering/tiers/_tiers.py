@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+import os
+from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from tiering.config import STORAGE_KINDS, TierConfig
@@ -10,10 +12,55 @@ from tiering.errors import CacheOnlyTier, TierNotFound
 from tiering.tiers._base import Tier
 from tiering.tiers._directory import DirectoryTier
 
-__all__ = ["KINDS", "Tiers", "make_tier"]
+__all__ = ["KINDS", "Tiers", "make_tier", "overlap"]
 
 #: The backends a storage tier's ``kind`` can name (``"memory"`` is a cache, not a Tier).
 KINDS = STORAGE_KINDS
+
+
+def _place(config: TierConfig) -> tuple[str, tuple[str, ...]] | None:
+    """Where a tier keeps its files, as (a store, the path's components): a directory's real
+    path (symlinks resolved, as far as it exists), or a bucket's prefix at its endpoint."""
+    if config.kind == "directory" and config.path is not None:
+        return "", tuple(Path(os.path.realpath(config.path)).parts)
+    if config.kind == "object" and config.url is not None:
+        bucket, _, prefix = config.url.removeprefix("s3://").partition("/")
+        store = f"{config.endpoint_url or 'aws'} {bucket}"
+        return store, tuple(p for p in prefix.split("/") if p)
+    return None
+
+
+def overlap(configs: Sequence[TierConfig], *, catalog: Path | None = None) -> str | None:
+    """Why these tiers cannot be served together, or None: two whose roots (or a bucket's
+    prefixes) are equal or nested would each take the other's files for its own (adopted
+    twice; a delete through one name removes the other's file), and a directory tier whose
+    root holds the SQLite ``catalog`` would adopt the catalog itself."""
+    places = [(c, p) for c in configs if (p := _place(c)) is not None]
+    for i, (a, (sa, pa)) in enumerate(places):
+        for b, (sb, pb) in places[i + 1 :]:
+            if sa != sb:
+                continue
+            if pa == pb:
+                return f"tiers {a.name!r} and {b.name!r} have the same root ({_shown(a)})"
+            inner, outer = (a, b) if pa[: len(pb)] == pb else (b, a)
+            if pa[: len(pb)] == pb or pb[: len(pa)] == pa:
+                return (
+                    f"tier {inner.name!r} ({_shown(inner)}) is inside tier {outer.name!r} "
+                    f"({_shown(outer)}): tier roots must not nest"
+                )
+    if catalog is not None:
+        at = Path(os.path.realpath(catalog)).parts
+        for c, (store, parts) in places:
+            if store == "" and at[: len(parts)] == parts:
+                return (
+                    f"the catalog {catalog} is inside tier {c.name!r} ({_shown(c)}): it would "
+                    "be taken for a file of the tier; keep it beside the tiers"
+                )
+    return None
+
+
+def _shown(c: TierConfig) -> str:
+    return str(c.path) if c.kind == "directory" else str(c.url)
 
 
 def make_tier(config: TierConfig, rank: int) -> Tier:
@@ -42,17 +89,25 @@ class Tiers:
 
     ``caches`` names the memory tier (if any): it is no member (iteration, ``in``), and
     :meth:`get` refuses it with :class:`~tiering.errors.CacheOnlyTier`, so an upload, move or
-    pin that names it is a clear error, never "no such tier".
+    pin that names it is a clear error, never "no such tier". Tiers whose roots overlap, or a
+    directory tier holding the SQLite ``catalog``, are refused (:func:`overlap`).
     """
 
     def __init__(
-        self, configs: tuple[TierConfig, ...] | list[TierConfig], *, caches: Collection[str] = ()
+        self,
+        configs: tuple[TierConfig, ...] | list[TierConfig],
+        *,
+        caches: Collection[str] = (),
+        catalog: Path | None = None,
     ) -> None:
         names = [c.name for c in configs]
         if not configs:
             raise ValueError("at least one tier is required")
         if len(set(names)) != len(names) or set(names) & set(caches):
             raise ValueError(f"tier names must be unique: {[*caches, *names]}")
+        why = overlap(configs, catalog=catalog)
+        if why is not None:
+            raise ValueError(why)
         self._tiers = [make_tier(c, rank) for rank, c in enumerate(configs)]
         self._by_name = {t.name: t for t in self._tiers}
         self.caches = tuple(caches)

@@ -1,0 +1,68 @@
+"""Tier roots never overlap (RELIABILITY.md row 31): equal or nested roots, a root reached
+through a symlink, nested bucket prefixes and a catalog inside a tier root are refused at
+start-up, naming both; nothing is adopted twice and nothing deleted through an alias."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import cli
+from tests.helpers import cli_text
+from tiering.config import TierConfig
+from tiering.tiers import Tiers, overlap
+
+
+def _dirs(**roots: Path) -> list[TierConfig]:
+    return [TierConfig(name, path=root) for name, root in roots.items()]
+
+
+def test_nested_and_equal_roots_are_refused_naming_both(tmp_path: Path) -> None:
+    outer, inner = tmp_path / "outer", tmp_path / "outer" / "inner"
+    why = overlap(_dirs(a=outer, b=inner))
+    assert why is not None and "'b'" in why and "'a'" in why and "nest" in why
+    why = overlap(_dirs(a=outer, b=outer))
+    assert why is not None and "same root" in why
+    with pytest.raises(ValueError, match="must not nest"):
+        Tiers(_dirs(a=inner, b=outer))
+    assert overlap(_dirs(a=tmp_path / "ab", b=tmp_path / "a")) is None  # a prefix, not a parent
+
+
+def test_a_root_reached_through_a_symlink_is_the_same_root(tmp_path: Path) -> None:
+    real = tmp_path / "disk"
+    real.mkdir()
+    os.symlink(real, tmp_path / "alias")
+    why = overlap(_dirs(a=real, b=tmp_path / "alias" / "sub"))
+    assert why is not None and "inside tier 'a'" in why
+
+
+def test_bucket_prefixes_overlap_only_in_one_bucket_at_one_endpoint() -> None:
+    def s3(name: str, url: str, endpoint: str = "http://s3") -> TierConfig:
+        return TierConfig(name, kind="object", url=url, endpoint_url=endpoint)
+
+    assert overlap([s3("x", "s3://b/models"), s3("y", "s3://b/models/llm")]) is not None
+    assert overlap([s3("x", "s3://b"), s3("y", "s3://b/anything")]) is not None
+    assert overlap([s3("x", "s3://b/models"), s3("y", "s3://c/models")]) is None
+    assert overlap([s3("x", "s3://b/m", "http://one"), s3("y", "s3://b/m", "http://two")]) is None
+
+
+def test_the_catalog_inside_a_tier_root_is_refused(tmp_path: Path) -> None:
+    why = overlap(_dirs(a=tmp_path), catalog=tmp_path / "catalog.db")
+    assert why is not None and "catalog" in why
+    assert overlap(_dirs(a=tmp_path / "nvme"), catalog=tmp_path / "catalog.db") is None
+
+
+def test_start_up_refuses_nested_roots_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = tmp_path / "tierd.toml"
+    cfg.write_text(
+        f'[[tiers]]\nname = "a"\npath = "{tmp_path / "x"}"\n'
+        f'[[tiers]]\nname = "b"\npath = "{tmp_path / "x" / "inner"}"\n'
+    )
+    args = ["tiers", "--config", str(cfg), "--data-dir", str(tmp_path / "d")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0
+    assert "tier 'b'" in cli_text(result.output) and "tier 'a'" in cli_text(result.output)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "d" / "catalog.db").exists()
