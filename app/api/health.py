@@ -123,47 +123,8 @@ def readyz(engine: EngineDep) -> JSONResponse:
     )
     scan = engine.last_scan
     checks["last_scan"] = scan.summary() if scan else None
-    down = {d.component for d in degraded}
-    for name, why in (scan.failed if scan else {}).items():
-        if f"tier:{name}" in down:
-            continue  # it does not answer now: said above
-        degraded.append(
-            Degradation(
-                component=f"tier:{name}",
-                reason=f"tier {name} could not be listed at its last scan: {why}",
-                since=iso(scan.finished_at) if scan else None,
-                still_works=OBJECT_TIER_DEGRADED,
-            )
-        )
-    checks["fleet"] = {"peers": engine.peers_off is None, "reason": engine.peers_off}
-    if engine.peers_off is not None:
-        degraded.append(
-            Degradation(
-                component="fleet",
-                reason=engine.peers_off,
-                since=iso(engine.started_at),
-                still_works=PEERS_OFF,
-            )
-        )
-    damaged = _still_damaged(engine)
-    checks["integrity"] = {
-        "ok": not damaged,
-        "failures": engine.damage.failures,
-        "damaged": [
-            {"tier": d.tier, "path": d.relpath, "reason": d.reason, "file_id": d.file_id}
-            for d in damaged[:20]
-        ],
-    }
-    if damaged:
-        degraded.append(
-            Degradation(
-                component="integrity",
-                reason=f"{len(damaged)} file(s) found damaged and quarantined, such as "
-                f"{damaged[0].relpath!r} on tier {damaged[0].tier}: {damaged[0].reason}",
-                since=iso(min(d.found_at for d in damaged)),
-                still_works=DAMAGE_DEGRADED,
-            )
-        )
+    degraded += _unlisted(engine, {d.component for d in degraded})
+    checks["fleet"], checks["integrity"] = _fleet(engine, degraded), _integrity(engine, degraded)
     status: Literal["ready", "degraded", "not_ready"] = (
         "not_ready" if not ok else "degraded" if degraded else "ready"
     )
@@ -174,6 +135,63 @@ def readyz(engine: EngineDep) -> JSONResponse:
         degraded=degraded,
     )
     return JSONResponse(jsonable_encoder(body), status_code=200 if ok else 503)
+
+
+def _unlisted(engine: Engine, down: set[str]) -> list[Degradation]:
+    """The tiers the last scan could not list (and that answer now: those that do not are
+    said already)."""
+    scan = engine.last_scan
+    if scan is None:
+        return []
+    return [
+        Degradation(
+            component=f"tier:{name}",
+            reason=f"tier {name} could not be listed at its last scan: {why}",
+            since=iso(scan.finished_at),
+            still_works=OBJECT_TIER_DEGRADED,
+        )
+        for name, why in scan.failed.items()
+        if f"tier:{name}" not in down
+    ]
+
+
+def _fleet(engine: Engine, degraded: list[Degradation]) -> dict[str, object]:
+    """Whether this host uses its peers: a shared catalog and bucket without ``fleet_token``
+    is degraded (every host reads the bucket itself)."""
+    if engine.peers_off is not None:
+        degraded.append(
+            Degradation(
+                component="fleet",
+                reason=engine.peers_off,
+                since=iso(engine.started_at),
+                still_works=PEERS_OFF,
+            )
+        )
+    return {"peers": engine.peers_off is None, "reason": engine.peers_off}
+
+
+def _integrity(engine: Engine, degraded: list[Degradation]) -> dict[str, object]:
+    """The files found damaged and still quarantined (degraded while there are any)."""
+    damaged = _still_damaged(engine)
+    if damaged:
+        first = damaged[0]
+        degraded.append(
+            Degradation(
+                component="integrity",
+                reason=f"{len(damaged)} file(s) found damaged and quarantined, such as "
+                f"{first.relpath!r} on tier {first.tier}: {first.reason}",
+                since=iso(min(d.found_at for d in damaged)),
+                still_works=DAMAGE_DEGRADED,
+            )
+        )
+    return {
+        "ok": not damaged,
+        "failures": engine.damage.failures,
+        "damaged": [
+            {"tier": d.tier, "path": d.relpath, "reason": d.reason, "file_id": d.file_id}
+            for d in damaged[:20]
+        ],
+    }
 
 
 def _still_damaged(engine: Engine) -> list[Damage]:
