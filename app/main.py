@@ -34,6 +34,7 @@ from app.api.allow import HeadAsGet
 from app.api.deps import json_bodies
 from app.api.docs import install_docs
 from app.api.openapi import install_openapi
+from app.browsers import BrowserGuard
 from app.errors import install_error_handlers
 from app.limits import InflightLimit
 from app.logs import RequestId
@@ -114,7 +115,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)  # innermost: the routes see a GET
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
     app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
-    app.add_middleware(RequestId)  # every response gets X-Request-ID, 429s too
+    names = settings.host_names()
+    if names is not None:  # a tierd without tokens: safe from web pages (app.browsers)
+        app.add_middleware(BrowserGuard, names=names, port=settings.port)
+    app.add_middleware(RequestId)  # every response gets X-Request-ID, 429s and 421s too
     app.add_middleware(AbortedStreams)  # outermost: a body cut by damage ends the request
     QuietAborts.install()
     app.include_router(health.router)

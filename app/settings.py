@@ -14,6 +14,7 @@ import os
 import socket
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -272,6 +273,12 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names a tierd without tokens answers to besides loopback names, the "
+        "address it listens on and its advertise_url's host (a request naming any other is "
+        "refused: DNS rebinding); with tokens, set it to check Host there too",
+    )
     advertise_url: str = Field(
         default="",
         max_length=1024,
@@ -418,6 +425,14 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.admin_token or self.data_token)
+
+    def host_names(self) -> list[str] | None:
+        """The names a request's ``Host`` may give (see :mod:`app.browsers`), or None where
+        any name is taken (tokens configured, no ``allowed_hosts``)."""
+        if self.auth_enabled and not self.allowed_hosts:
+            return None
+        advertised = urlsplit(self.advertise_url).hostname if self.advertise_url else None
+        return [self.host, *(self.allowed_hosts), *([advertised] if advertised else [])]
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":

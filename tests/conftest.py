@@ -174,7 +174,7 @@ def client(settings: Settings) -> Iterator[Any]:
     """The real app, in-process, with its lifespan run."""
     from fastapi.testclient import TestClient
 
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         yield c
 
 

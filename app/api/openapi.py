@@ -15,7 +15,9 @@ document). The document is built once, from FastAPI's, and then:
   ``9.223372036854776e18``, which is 2**63, one past SQLite's largest id;
 - ``X-Request-ID`` on every response, and the bearer scheme on every route that takes a token;
 - **415 on every route with a JSON body**: a body not sent as ``application/json`` is refused
-  (``app.api.deps.json_bodies`` says why), whichever route it was sent to.
+  (``app.api.deps.json_bodies`` says why), whichever route it was sent to;
+- **421 and 403 of a tierd without tokens** (``app.browsers``): a foreign ``Host``, and a
+  state-changing request from another site.
 """
 
 from __future__ import annotations
@@ -276,6 +278,27 @@ def _json_bodies_may_be_415(doc: Doc) -> None:
             )
 
 
+def _browser_guard(doc: Doc, settings: Settings) -> None:
+    """A tierd without tokens answers a foreign ``Host`` with 421 on every route, and a
+    state-changing request from another site with 403 (:mod:`app.browsers`)."""
+    if settings.host_names() is None:
+        return
+    schema = {"$ref": "#/components/schemas/ErrorBody"}
+    error_body = {"content": {"application/json": {"schema": schema}}}
+    for method, _, op in _operations(doc):
+        op["responses"].setdefault(
+            "421",
+            {"description": "The Host header names no host this tierd answers to (DNS rebinding)"}
+            | error_body,
+        )
+        if method not in ("get", "head", "options"):
+            op["responses"].setdefault(
+                "403",
+                {"description": "Refused: a cross-site request from a web page (no tokens)"}
+                | error_body,
+            )
+
+
 def _settings_bounds(doc: Doc, settings: Settings) -> None:
     schemas = doc["components"]["schemas"]
     limits = settings.buffers
@@ -342,6 +365,7 @@ def complete_openapi(doc: Doc, settings: Settings) -> Doc:
     _exact_integer_bounds(doc)
     _validation_errors_are_error_bodies(doc)
     _json_bodies_may_be_415(doc)
+    _browser_guard(doc, settings)
     _settings_bounds(doc, settings)
     _request_id_and_auth(doc, settings)
     _add_links(doc)

@@ -20,7 +20,7 @@ ADMIN, DATA = "admin-secret", "data-secret"
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     settings = engine_settings(tmp_path / "data", admin_token=ADMIN, data_token=DATA)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         c.headers["Authorization"] = f"Bearer {ADMIN}"
         yield c
 
@@ -188,7 +188,7 @@ def test_pins(api: TestClient, tmp_path: Path) -> None:
 def test_hot_files_move_up_and_cold_files_drift_down(tmp_path: Path) -> None:
     """The done-when: low thresholds, a short interval and half-life, the real app."""
     settings = engine_settings(tmp_path / "data")
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         policy = {
             "tiers": {"nvme": {"min_heat": 4}, "ssd": {"min_heat": 1}, "hdd": {"min_heat": 0}},
             # Long enough that 20 reads on a loaded 2-core CI box stay above nvme's threshold.

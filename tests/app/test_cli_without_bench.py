@@ -43,6 +43,8 @@ def test_bench_without_the_package_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_catalog_command_runs_without_the_package(tmp_path: Path) -> None:
+    made = _tierd("db", "upgrade", "--data-dir", str(tmp_path), tmp_path=tmp_path)
+    assert made.returncode == 0, made.stderr
     done = _tierd("ls", "--data-dir", str(tmp_path), "--json", tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -23,7 +23,9 @@ HUGE = "1198896185996967501889536"
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     settings = engine_settings(tmp_path / "data", admin_token=ADMIN, data_token=DATA)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(settings), raise_server_exceptions=False, base_url="http://127.0.0.1"
+    ) as c:
         c.headers["Authorization"] = f"Bearer {ADMIN}"
         yield c
 

@@ -94,7 +94,7 @@ def test_openapi_has_the_new_endpoints_and_not_the_page(client: TestClient) -> N
 @pytest.fixture
 def token_client(data_dir: Path) -> Iterator[TestClient]:
     settings = make_settings(data_dir, watch=False, admin_token=ADMIN, data_token=DATA)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         yield c
 
 
@@ -197,7 +197,7 @@ def test_history_shows_a_load_at_once_and_stops_its_thread(data_dir: Path) -> No
         new = set(threading.enumerate()) - before
         return [t for t in new if t.name == "tierd-stats-history" and t.is_alive()]
 
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         assert samplers()
         fid = _put(c, "a/b.bin", os.urandom(3 * MiB + 5), "ssd")
         lease = c.post("/v1/load", json={"file_id": fid, "device": "cpu"})

@@ -43,7 +43,7 @@ def _cut_upload(server: LiveServer, query: str, sent: int, declared: int) -> Non
     """PUT with a ``declared`` Content-Length, send ``sent`` bytes of it, and hang up."""
     with socket.create_connection(("127.0.0.1", server.settings.port)) as s:
         head = (
-            f"PUT /v1/files/content?{query} HTTP/1.1\r\nHost: tierd\r\n"
+            f"PUT /v1/files/content?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/octet-stream\r\nContent-Length: {declared}\r\n\r\n"
         )
         s.sendall(head.encode() + b"x" * sent)

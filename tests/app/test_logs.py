@@ -35,7 +35,7 @@ def boom_client(settings: Settings) -> Iterator[TestClient]:
         raise RuntimeError("kaboom")
 
     app.add_api_route("/boom", boom)
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as c:
         yield c
 
 

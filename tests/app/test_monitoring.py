@@ -542,7 +542,7 @@ def test_tier_limits_and_watcher_health_are_exported(tmp_path: Path) -> None:
         {"name": "hdd", "path": root / "hdd"},
     ]
     settings = get_settings(data_dir=root, tiers=tiers, watch=True)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         text = c.get("/metrics").text
     assert 'tierd_tier_quota_bytes{tier="nvme"} 1.073741824e+09' in text
     assert 'tierd_tier_high_watermark_ratio{tier="nvme"} 0.9' in text

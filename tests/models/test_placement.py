@@ -254,7 +254,7 @@ def test_models_move_whole(case: tuple[list[F], Policy, dict[str, TierState]]) -
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     s = engine_settings(tmp_path / "data", watch=False)
-    with TestClient(create_app(s)) as c:
+    with TestClient(create_app(s), base_url="http://127.0.0.1") as c:
         yield c
 
 

@@ -127,7 +127,7 @@ def test_plan_moves_what_decide_moves(rows, free, quota) -> None:  # type: ignor
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     s = engine_settings(tmp_path / "data", admin_token=ADMIN, data_token=DATA)
-    with TestClient(create_app(s)) as c:
+    with TestClient(create_app(s), base_url="http://127.0.0.1") as c:
         c.headers["Authorization"] = f"Bearer {ADMIN}"
         yield c
 

@@ -27,7 +27,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         buffers={"cpu_budget_bytes": 8 * MiB, "max_gather_indices": 100, "max_batch_items": 4},
     )
     before = shm_segments()
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         ids = {}
         for name, data in {
             "m.bin": np.arange(64 * 8, dtype=np.float32).tobytes(),  # 64 rows x 8

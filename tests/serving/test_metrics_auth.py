@@ -60,7 +60,7 @@ def test_metrics_parse_and_count(api, upload):
 
 def test_tokens(data_dir):
     settings = make_settings(data_dir, watch=False, admin_token="adm", data_token="dat")
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         fid = c.put(
             "/v1/files/content",
             params={"path": "a.bin"},

@@ -1,0 +1,105 @@
+"""A tierd without tokens is safe from web pages (issue 40, RELIABILITY.md row 34): a request
+with a foreign ``Host`` (DNS rebinding) reads nothing, a state-changing request a page of
+another site sends changes nothing; tierd's own dashboard, curl and its clients pass. Each
+case is a real HTTP request with the headers a browser sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, disk_snapshot, make_settings
+
+REBOUND = {"Host": "attacker.example:8470"}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("browsers")
+    with LiveServer(make_settings(root / "data", watch=False)) as s:
+        with httpx.Client(base_url=s.url) as http:
+            r = http.put("/v1/files/content", params={"path": "m/w.bin"}, content=b"weights")
+            assert r.status_code == 201
+        yield s
+
+
+def _page(srv: LiveServer, site: str = "cross-site", origin: str = "https://evil.example") -> Any:
+    """The headers a browser adds to a request a page at ``origin`` makes."""
+    return {"Origin": origin, "Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors"}
+
+
+def _state(srv: LiveServer) -> tuple[Any, dict[str, bytes]]:
+    with httpx.Client(base_url=srv.url) as http:
+        files = http.get("/v1/files").json()
+        policy = http.get("/v1/policy").json()
+    return (files, policy), disk_snapshot(srv.settings.data_dir / "nvme")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/files"),
+        ("GET", "/v1/files/1/content"),
+        ("GET", "/readyz"),
+        ("POST", "/v1/scan"),
+    ],
+)
+def test_a_foreign_host_reads_nothing(srv: LiveServer, method: str, path: str) -> None:
+    before = _state(srv)
+    with httpx.Client(base_url=srv.url) as http:
+        r = http.request(method, path, headers=REBOUND)
+    assert r.status_code == 421, r.text
+    assert r.json()["error"]["code"] == "unknown_host" and b"weights" not in r.content
+    assert _state(srv) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/v1/files/1/pin", {"Origin": "https://evil.example"}),  # a fetch() POST, no body
+        ("/v1/stats/reset", {"Origin": "null"}),  # a sandboxed or file:// page
+        ("/v1/scan", {"Sec-Fetch-Site": "cross-site"}),
+        ("/v1/migrations", {"Origin": "http://127.0.0.1:9", "Sec-Fetch-Site": "same-site"}),
+        ("/v1/files/1/pin", {"Origin": "http://localhost:3000"}),  # another local server's page
+    ],
+)
+def test_a_cross_site_post_without_a_body_changes_nothing(
+    srv: LiveServer, path: str, headers: dict[str, str]
+) -> None:
+    before = _state(srv)
+    with httpx.Client(base_url=srv.url) as http:
+        r = http.post(path, headers=headers)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["code"] == "cross_site_request"
+    assert _state(srv) == before
+
+
+def test_its_own_pages_curl_and_clients_pass(srv: LiveServer) -> None:
+    own = {"Origin": srv.url, "Sec-Fetch-Site": "same-origin"}
+    with httpx.Client(base_url=srv.url) as http:
+        fid = http.get("/v1/files/lookup", params={"path": "m/w.bin"}).json()["id"]
+        assert http.post(f"/v1/files/{fid}/pin", headers=own).status_code == 200
+        assert http.delete(f"/v1/files/{fid}/pin").status_code == 200  # no browser headers
+        for name in ("localhost", "[::1]", "127.0.0.1"):
+            host = {"Host": f"{name}:{srv.settings.port}"}
+            assert http.get("/healthz", headers=host).status_code == 200, name
+        # A cross-site GET is answered (the browser keeps the answer from the page).
+        assert http.get("/healthz", headers=_page(srv)).status_code == 200
+
+
+def test_the_refusals_are_declared(srv: LiveServer) -> None:
+    with httpx.Client(base_url=srv.url) as http:
+        doc = http.get("/openapi.json").json()
+    pin = doc["paths"]["/v1/files/{file_id}/pin"]["post"]["responses"]
+    assert {"421", "403"} <= set(pin)
+    assert "421" in doc["paths"]["/v1/files"]["get"]["responses"]
+
+
+def test_with_tokens_any_host_name_is_taken(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data", watch=False, admin_token="a" * 32)
+    with LiveServer(settings) as s, httpx.Client(base_url=s.url) as http:
+        assert http.get("/healthz", headers={"Host": "tierd.internal"}).status_code == 200
