@@ -21,6 +21,7 @@ it (:mod:`~tiering.serving.loads`, :mod:`~tiering.serving.gathers`,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -30,6 +31,7 @@ from tiering.catalog import FileRecord
 from tiering.engine import Engine
 from tiering.fleet.peerreader import PeerReads
 from tiering.io import Device, GpuDirectStorage, IoReport
+from tiering.io.shm import sweep_segments
 from tiering.io.target import LoadTarget
 from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.context import LoadContext
@@ -48,6 +50,9 @@ from tiering.serving.sharded import DeviceLoaded, load_devices
 from tiering.serving.warmup import warm_devices
 
 __all__ = ["Loader"]
+
+
+log = logging.getLogger(__name__)
 
 
 class Loader:
@@ -109,6 +114,9 @@ class Loader:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Loader:
+        swept = sweep_segments()  # a killed run's cpu leases: host memory until unlinked
+        if swept:
+            log.warning("removed %d shared-memory segments of tierd runs that are gone", len(swept))
         self.leases.start()
         return self
 
