@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 # Most specific first: the first class an error is an instance of decides its status.
 _STATUS: list[tuple[type[e.TierdError], int]] = [
     (e.InvalidRange, 416),
+    (e.ChecksumMismatch, 400),
     (e.InvalidInput, 422),
     (e.NotFound, 404),
+    (e.PreconditionFailed, 412),
     (e.Conflict, 409),
     (e.TooLarge, 413),
     (e.InsufficientSpace, 507),

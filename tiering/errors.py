@@ -17,8 +17,9 @@ these classes to status codes in exactly one place.
     │   ├── InvalidDtype              unknown dtype, or one that does not divide the length
     │   ├── MisalignedBuffer          a buffer or offset not on the required alignment
     │   ├── IndexOutOfRange           vector row indices outside the matrix
-    │   └── MalformedFile             a safetensors header that is truncated or wrong
-    │       └── InvalidModel          a model directory whose index or shards do not agree
+    │   ├── MalformedFile             a safetensors header that is truncated or wrong
+    │   │   └── InvalidModel          a model directory whose index or shards do not agree
+    │   └── ChecksumMismatch          uploaded bytes that do not hash to the checksum sent
     ├── NotFound
     │   ├── FileNotFound              no catalog record (or no bytes on disk) for that id/path
     │   ├── TierNotFound              no tier of that name
@@ -29,7 +30,8 @@ these classes to status codes in exactly one place.
     │   ├── AlreadyExists             relpath exists and overwrite was not asked for
     │   ├── FileBusy                  the file is migrating, pinned elsewhere, or changed under us
     │   ├── PathConflict              a file beneath a file, or over a directory of files
-    │   └── FileChanged               the bytes in storage are not the version the catalog has
+    │   ├── FileChanged               the bytes in storage are not the version the catalog has
+    │   └── PreconditionFailed        the file is not the version a conditional request named
     ├── TooLarge                      a body or request over a configured limit
     ├── InsufficientSpace             a tier or device is out of space, quota or budget
     ├── Unavailable                   temporarily unable to serve
@@ -52,6 +54,7 @@ __all__ = [
     "CacheOnlyTier",
     "CatalogBusy",
     "CatalogUnreachable",
+    "ChecksumMismatch",
     "ClosedFile",
     "Conflict",
     "FileBusy",
@@ -75,6 +78,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "PathConflict",
+    "PreconditionFailed",
     "StorageError",
     "TierNotFound",
     "TierUnavailable",
@@ -109,6 +113,13 @@ class InvalidInput(TierdError, ValueError):
 
 class InvalidPath(InvalidInput):
     code = "invalid_path"
+
+
+class ChecksumMismatch(InvalidInput):
+    """Uploaded bytes that do not hash to the checksum the caller sent with them: nothing was
+    published or recorded."""
+
+    code = "checksum_mismatch"
 
 
 class InvalidRange(InvalidInput):
@@ -185,6 +196,13 @@ class Conflict(TierdError):
 
 class AlreadyExists(Conflict):
     code = "already_exists"
+
+
+class PreconditionFailed(Conflict):
+    """A conditional request (``If-Match``, ``If-None-Match: *``) whose condition the file does
+    not meet: nothing was read or written."""
+
+    code = "precondition_failed"
 
 
 class FileBusy(Conflict):

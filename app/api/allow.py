@@ -60,6 +60,16 @@ def allow_headers(request: Request, exc: HTTPException) -> Mapping[str, str] | N
     return {**(exc.headers or {}), "Allow": ", ".join(methods)}
 
 
+#: The scope key that marks a GET run for a HEAD: a route whose GET counts an access of a
+#: file (its content) counts none for a HEAD, which reads nothing.
+HEAD = "tierd.head"
+
+
+def is_head(scope: Scope) -> bool:
+    """Whether this GET answers a HEAD (see :class:`HeadAsGet`)."""
+    return bool(scope.get(HEAD))
+
+
 class HeadAsGet:
     """ASGI middleware: a HEAD request runs as a GET; the outer scope keeps ``HEAD``, so the
     server sends no body and the metrics count a HEAD."""
@@ -71,7 +81,7 @@ class HeadAsGet:
         if scope["type"] != "http" or scope["method"] != "HEAD":
             await self.app(scope, receive, send)
             return
-        inner = {**scope, "method": "GET"}
+        inner = {**scope, "method": "GET", HEAD: True}
         try:
             await self.app(inner, receive, send)
         finally:

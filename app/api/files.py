@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import itertools
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.aborts import guard_body
+from app.api.allow import is_head
 from app.api.deps import BY_ID, EngineDep, FileId
 from app.api.responses import (
     ADMIN,
@@ -22,21 +24,24 @@ from app.api.responses import (
     INVALID,
     NO_SPACE,
     NOT_FOUND,
+    PRECONDITION,
     RANGE,
     TOO_LARGE,
 )
 from app.auth import require_admin, require_data
-from app.errors import HttpError
+from app.conditions import etag, last_modified, read_precondition, upload_precondition
+from app.errors import HttpError, error_response
 from app.ranges import reply_range
 from app.schemas import FileList, FileOut
 from tiering.catalog import FileState
-from tiering.checksum import hex_digest
 from tiering.engine import Engine
+from tiering.errors import PreconditionFailed
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 UPLOAD_BUFFER = 1 << 20
+CHECKSUM_PATTERN = r"^xxh3_128:[0-9a-f]{32}$"
 MAX_PAGE = 1000
 
 
@@ -75,6 +80,10 @@ _CONTENT_HEADERS = {
     "Accept-Ranges": {"required": True, "schema": {"type": "string", "enum": ["bytes"]}},
     "ETag": {
         "description": "The file's checksum, while the bytes match the catalog's record",
+        "schema": {"type": "string"},
+    },
+    "Last-Modified": {
+        "description": "The file's mtime as the catalog recorded it",
         "schema": {"type": "string"},
     },
 }
@@ -156,6 +165,7 @@ def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
     | BAD_REQUEST
     | NOT_FOUND
     | CONFLICT
+    | PRECONDITION
     | TOO_LARGE
     | INVALID
     | BUSY
@@ -179,9 +189,23 @@ async def upload(
         ),
     ] = None,
     overwrite: bool = False,
+    checksum: Annotated[
+        str | None,
+        Query(
+            pattern=CHECKSUM_PATTERN,
+            description="What the bytes hash to (xxh3_128:<32 hex>, as tierd records it): "
+            "bytes that do not are a 400 checksum_mismatch and nothing is written",
+        ),
+    ] = None,
 ) -> JSONResponse:
     """Upload a file's bytes: streamed to a temp file, fsynced, published without clobbering,
-    then recorded. 201 for a new file, 200 when ``overwrite`` replaced one."""
+    then recorded. 201 for a new file, 200 when ``overwrite`` replaced one.
+
+    ``If-Match`` (the ETag of the version to replace, or ``*``) and ``If-None-Match: *`` make
+    it conditional: a 412 before a byte is written when the file is not as they say."""
+    if_match, must_not_exist = upload_precondition(request.headers)
+    if must_not_exist and engine.catalog.find(path) is not None:
+        raise PreconditionFailed(f"{path!r} exists (If-None-Match: *); nothing was written")
     length = request.headers.get("content-length")
     expected: int | None = None
     if length is not None:
@@ -189,7 +213,15 @@ async def upload(
             raise HttpError(400, "invalid_content_length", "Content-Length must be an integer")
         expected = int(length)
     up = await run_in_threadpool(
-        engine.begin_upload, path, tier=tier, overwrite=overwrite, expected_size=expected
+        functools.partial(
+            engine.begin_upload,
+            path,
+            tier=tier,
+            overwrite=overwrite or if_match is not None,
+            expected_size=expected,
+            checksum=checksum,
+            if_match=if_match,
+        )
     )
     replaced = up.replaces is not None
     try:
@@ -214,6 +246,20 @@ def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
     return _out(engine, engine.get(file_id))
 
 
+def _unread(status: int, headers: dict[str, str], relpath: str) -> Response:
+    """A conditional read's answer without the body: 304 (the client's copy is current), or
+    412 (the file is not the version ``If-Match`` names)."""
+    if status == 304:
+        keep = ("ETag", "Last-Modified")
+        return Response(status_code=304, headers={k: headers[k] for k in keep if k in headers})
+    return error_response(
+        412,
+        "precondition_failed",
+        f"{relpath!r} is not at the version If-Match names",
+        headers={k: headers[k] for k in ("ETag", "Last-Modified") if k in headers},
+    )
+
+
 @router.get(
     BY_ID + "/content",
     dependencies=[require_data],
@@ -230,8 +276,14 @@ def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
             "headers": _CONTENT_HEADERS
             | {"Content-Range": {"required": True, "schema": {"type": "string"}}},
         },
+        304: {
+            "description": "Not modified: If-None-Match names the current ETag, or the file "
+            "is not newer than If-Modified-Since (no body, no access counted)",
+            "headers": {k: _CONTENT_HEADERS[k] for k in ("ETag", "Last-Modified")},
+        },
     }
     | DATA
+    | PRECONDITION
     | NOT_FOUND
     | CONFLICT
     | _RANGE_416
@@ -240,21 +292,30 @@ def get_file(engine: EngineDep, file_id: FileId) -> FileOut:
 )
 def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Response:
     """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
-    an unsatisfiable or multi-part one gives 416. Counts one access.
+    an unsatisfiable or multi-part one gives 416. Counts one access (a HEAD or a 416 none).
 
     The first chunk is read before the status line is sent: a file changed or removed behind
     tierd's back is then a 409, never a 200 cut short. That lets an object be opened from the
     catalog's ETag without a HEAD (every ranged GET carries ``If-Match``), so a small range is
     one request to the store."""
-    content = engine.open_content(file_id, trust_catalog=True)
+    content = engine.open_content(file_id, trust_catalog=True, count=False)
     try:
         rec = content.record
         size = content.size
-        headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+            "Last-Modified": last_modified(rec.mtime_ns),
+        }
         # The checksum names the bytes recorded; if the file changed on disk outside tierd
         # (size differs) the ETag would lie, so leave it off until a scan rehashes.
-        if rec.checksum and size == rec.size:
-            headers["ETag"] = f'"{hex_digest(rec.checksum)}"'
+        tag = etag(rec.checksum) if size == rec.size else None
+        if tag is not None:
+            headers["ETag"] = tag
+        answer = read_precondition(request.headers, tag, rec.mtime_ns)
+        if answer is not None:  # 304 or 412: nothing is read, no access counted
+            content.close()
+            return _unread(answer, headers, rec.relpath)
         range_header = request.headers.get("range")
         if range_header is not None:
             if_range = request.headers.get("if-range")
@@ -264,6 +325,8 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     except BaseException:
         content.close()
         raise
+    if not is_head(request.scope):  # a HEAD, or a 416, reads nothing: no access, no heat
+        engine.count_access(rec.id)
     chunks = content.iter_range(start, end)
     first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
     body = chunks if first is None else itertools.chain((first,), chunks)

@@ -27,6 +27,7 @@ __all__ = [
     "NOT_FOUND",
     "NOT_JSON",
     "NO_SPACE",
+    "PRECONDITION",
     "RANGE",
     "TOO_LARGE",
     "TOO_MANY",
@@ -80,8 +81,13 @@ TOO_MANY = _err(
 )
 NO_SPACE = _err(507, "Not enough space on the tier or budget on the device")
 RANGE = _err(416, "Range not satisfiable")
+PRECONDITION = _err(412, "The file is not the version If-Match (or If-None-Match: *) names")
 TOO_LARGE = _err(413, "Request too large")
-BAD_REQUEST = _err(400, "Malformed request: a body that cannot be decoded, a bad Content-Length")
+BAD_REQUEST = _err(
+    400,
+    "Malformed request: a body that cannot be decoded, a bad Content-Length, bytes that do not "
+    "hash to the checksum sent",
+)
 INVALID = _err(422, "Invalid parameters or body")
 AUTH = _err(401, "Missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
 AUTH_ADMIN = AUTH | _err(403, "The route needs the admin token")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from types import TracebackType
 
 from tiering.catalog import (
@@ -303,8 +304,11 @@ class Engine(Steering):
     def _file_ops(self) -> FileOps:
         return _opened(self._files)
 
-    def open_content(self, file_id: int, *, trust_catalog: bool = False) -> Content:
-        """Open a file's bytes for reading and count one access.
+    def open_content(
+        self, file_id: int, *, trust_catalog: bool = False, count: bool = True
+    ) -> Content:
+        """Open a file's bytes for reading and count one access (``count=False``: the caller
+        counts it, with :meth:`count_access`, once it knows bytes will be read).
 
         The fd keeps reading the bytes it opened whatever a migration does meanwhile (see
         :meth:`tiering.moves.FileOps.open_content`, and its ``trust_catalog``).
@@ -314,10 +318,15 @@ class Engine(Steering):
         content = (hc.content(file_id) if hc else None) or self._file_ops.open_content(
             file_id, trust_catalog=trust_catalog
         )
-        assert self.access is not None
-        self.access.record(content.record.id)
+        if count:
+            self.count_access(content.record.id)
         content.on_damage = self._damaged
         return content
+
+    def count_access(self, file_id: int) -> None:
+        """One access of the file (its heat): a read that serves bytes."""
+        assert self.access is not None
+        self.access.record(file_id)
 
     def _damaged(self, content: Content, exc: IntegrityError) -> None:
         """A read found the file's stored bytes damaged: quarantined once, logged once."""
@@ -340,8 +349,12 @@ class Engine(Steering):
         tier: str | None = None,
         overwrite: bool = False,
         expected_size: int | None = None,
+        checksum: str | None = None,
+        if_match: Collection[str] | None = None,
     ) -> Upload:
         """Start a crash-safe upload; write to it, then ``commit()`` (or leave it to abort).
+        ``checksum``: what the bytes must hash to; ``if_match``: the checksums one of which the
+        file being replaced must have (see :meth:`tiering.moves.FileOps.begin_upload`).
 
         Raises
         ------
@@ -349,13 +362,20 @@ class Engine(Steering):
             Bad input; nothing is created.
         AlreadyExists
             The relpath exists (in any tier) and ``overwrite`` is false.
+        PreconditionFailed
+            ``if_match`` names none of the current file's versions.
         FileBusy
             The file is being migrated.
         TooLarge, InsufficientSpace
             ``expected_size`` is over ``max_upload_bytes``, or over the tier's free space or quota.
         """
         return self._file_ops.begin_upload(
-            relpath, tier=tier, overwrite=overwrite, expected_size=expected_size
+            relpath,
+            tier=tier,
+            overwrite=overwrite,
+            expected_size=expected_size,
+            checksum=checksum,
+            if_match=if_match,
         )
 
     def _room(self, tier: Tier, replacing: FileRecord | None) -> int:

@@ -10,19 +10,21 @@ migration's switch and its source unlink.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import nullcontext
 
 from tiering.catalog import Catalog, FileRecord, FileState, NewFile
 from tiering.catalog.journal import refuse_other_host
 from tiering.errors import (
     AlreadyExists,
+    ChecksumMismatch,
     FileBusy,
     FileNotFound,
     InsufficientSpace,
     IntegrityError,
     InvalidInput,
     PathConflict,
+    PreconditionFailed,
     TooLarge,
 )
 from tiering.moves.concurrency import FileGuards
@@ -94,10 +96,12 @@ class Upload(Aborting):
         catalog: Catalog,
         tiers: Tiers,
         guards: FileGuards,
+        checksum: str | None = None,
     ) -> None:
         self._writer = writer
         self._previous = previous
         self._max_bytes = max_bytes
+        self._checksum = checksum
         self._catalog = catalog
         self._tiers = tiers
         self._guards = guards
@@ -147,6 +151,16 @@ class Upload(Aborting):
             return self._publish_and_record()
 
     def _publish_and_record(self) -> FileRecord:
+        got = self._writer.checksum if self._checksum is not None else None
+        if got is not None and got != self._checksum:
+            self._writer.abort()
+            raise ChecksumMismatch(
+                f"{self._writer.relpath!r}: the bytes sent hash to {got}, not {self._checksum}; "
+                "nothing was written",
+                path=self._writer.relpath,
+                expected=self._checksum,
+                got=got,
+            )
         published = self._writer.publish()
         tier = self._writer.tier
         new = NewFile(
@@ -264,10 +278,17 @@ class FileOps:
         tier: str | None = None,
         overwrite: bool = False,
         expected_size: int | None = None,
+        checksum: str | None = None,
+        if_match: Collection[str] | None = None,
     ) -> Upload:
         """Start a crash-safe upload; write to it, then ``commit()`` (or leave it to abort).
 
         Every check runs before anything is created, so bad input changes nothing on disk.
+        ``checksum`` (``xxh3_128:<hex>``): the bytes must hash to it, or the commit raises
+        :class:`~tiering.errors.ChecksumMismatch` and nothing is published. ``if_match``: the
+        checksums one of which the file being replaced must have now (an HTTP ``If-Match``;
+        ``"*"``: any, but it must exist); otherwise
+        :class:`~tiering.errors.PreconditionFailed`, before anything is written.
 
         Raises
         ------
@@ -290,19 +311,7 @@ class FileOps:
         target = self.tiers.get(tier) if tier else self.tiers.fastest
         if expected_size is not None and expected_size < 0:
             raise InvalidInput("size must not be negative")
-        if previous is None:
-            self._refuse_clash(relpath)
-        else:
-            if not overwrite:
-                raise AlreadyExists(
-                    f"{relpath!r} already exists (id {previous.id}, tier {previous.tier}); "
-                    "pass overwrite=true to replace it",
-                    path=relpath,
-                    file_id=previous.id,
-                )
-            refuse_other_host(self.catalog.db, previous, "replace")
-            if previous.state == FileState.MIGRATING:
-                raise FileBusy(f"{relpath!r} is being migrated; try again", file_id=previous.id)
+        self._may_replace(relpath, previous, overwrite=overwrite, if_match=if_match)
         max_bytes = self.max_upload_bytes
         if expected_size is not None and expected_size > max_bytes:
             raise TooLarge(
@@ -318,8 +327,46 @@ class FileOps:
             )
         writer = target.writer(relpath, overwrite=overwrite, limit=limit)
         return Upload(
-            writer, previous, max_bytes, catalog=self.catalog, tiers=self.tiers, guards=self.guards
+            writer,
+            previous,
+            max_bytes,
+            catalog=self.catalog,
+            tiers=self.tiers,
+            guards=self.guards,
+            checksum=checksum,
         )
+
+    def _may_replace(
+        self,
+        relpath: str,
+        previous: FileRecord | None,
+        *,
+        overwrite: bool,
+        if_match: Collection[str] | None,
+    ) -> None:
+        """Refuse an upload that may not write ``relpath`` (see :meth:`begin_upload`)."""
+        if if_match is not None and (
+            previous is None or ("*" not in if_match and previous.checksum not in if_match)
+        ):
+            raise PreconditionFailed(
+                f"{relpath!r} is not at the version If-Match names"
+                + ("" if previous is not None else " (it does not exist)")
+                + "; nothing was written",
+                path=relpath,
+            )
+        if previous is None:
+            self._refuse_clash(relpath)
+        else:
+            if not overwrite:
+                raise AlreadyExists(
+                    f"{relpath!r} already exists (id {previous.id}, tier {previous.tier}); "
+                    "pass overwrite=true to replace it",
+                    path=relpath,
+                    file_id=previous.id,
+                )
+            refuse_other_host(self.catalog.db, previous, "replace")
+            if previous.state == FileState.MIGRATING:
+                raise FileBusy(f"{relpath!r} is being migrated; try again", file_id=previous.id)
 
     def _refuse_clash(self, relpath: str) -> None:
         """Refuse a new file beneath a file, or where files sit beneath its name, on any tier:
