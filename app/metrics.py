@@ -13,7 +13,14 @@ import time
 from collections.abc import Iterator, Mapping
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -39,6 +46,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # The process's own (process_cpu_seconds_total, resident memory, open fds, start time)
+        # and the interpreter's (python_info), as every Prometheus client exports by default.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.loaded_bytes = Counter(
             "tierd_loaded_bytes",
             "Bytes loaded into buffers (leases), by operation, device, I/O path and tier",

@@ -170,3 +170,17 @@ def test_a_move_of_a_damaged_file_quarantines_it_as_damaged(tmp_path: Path, bf16
         assert after.detail is not None and after.detail.startswith("damaged: ")
         assert not (settings.data_dir / "nvme" / PATH).exists()
         assert "<temp>" not in tier_files(eng)
+
+
+def test_metrics_carry_the_process_and_the_integrity_counter(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.url) as http:
+        text = http.get("/metrics").text
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+        "python_info",
+        "tierd_integrity_failures_total",
+    ):
+        assert re.search(rf"^{name}[ {{]", text, re.M), name
