@@ -10,15 +10,25 @@ the same machine reaches loopback too, on behalf of any page it shows. Two ways 
   ``127.0.0.1``, ``[::1]``), the address tierd listens on, its ``advertise_url``'s host or one
   of ``allowed_hosts`` is refused with 421 (Misdirected Request) before any route runs.
 - **Cross-site requests**: a page may *send* requests to any origin without reading the
-  answer, and some (a form's POST, or a body-less ``fetch`` POST) go without the browser
-  asking first; ``POST /v1/files/{id}/pin``, running the plan, a scan or a stats reset need no
-  body. A browser says where a request comes from (``Origin``, and ``Sec-Fetch-Site``), so a
-  request that changes state (any method but GET, HEAD and OPTIONS) from another site is
-  refused with 403 (``cross_site_request``). The dashboard, served by tierd itself, is the
-  same origin and passes; curl, scripts and tierd's clients send neither header and pass.
+  answer, and some (a form's POST, a body-less ``fetch`` POST, an ``<img>``'s GET) go without
+  the browser asking first; ``POST /v1/files/{id}/pin``, running the plan, a scan or a stats
+  reset need no body, and a content read counts an access (heat). A browser says where a
+  request comes from: ``Origin`` on every request but a GET or HEAD that is not CORS (``null``
+  where the page hides it), and ``Sec-Fetch-Site`` (Chrome since 2019, Firefox 2021, Safari
+  2023) on every request. A
+  request marked as another site's (``Sec-Fetch-Site`` ``cross-site`` or ``same-site``, or an
+  ``Origin`` that is not tierd's own) is refused with 403 (``cross_site_request``), whatever
+  its method, unless it is the user following a link to a page of tierd's (a top-level GET
+  navigation: ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``). The dashboard,
+  served by tierd itself, is the same origin and passes; curl, scripts and tierd's clients
+  send neither header and pass.
 
-With tokens configured neither check runs unless ``allowed_hosts`` is set: a page has no token
-to send, and tierd may be reached by any name a fleet or a load balancer gives it.
+A browser too old to send ``Origin`` on a form's POST (Firefox before 70, 2019) still sends the
+form's ``Content-Type``:
+a POST sent as a form or plain text is a 415 whatever the tokens (:func:`app.api.deps.json_bodies`:
+tierd takes no forms). With tokens configured neither check here runs unless ``allowed_hosts``
+is set: a page has no token to send, and tierd may be reached by any name a fleet or a load
+balancer gives it.
 """
 
 from __future__ import annotations
@@ -33,7 +43,6 @@ from app.errors import error_response
 
 __all__ = ["BrowserGuard", "host_name"]
 
-_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -56,13 +65,20 @@ def _loopback(name: str) -> bool:
 
 
 class BrowserGuard:
-    """Refuses, as a JSON error, a request with a foreign ``Host`` (421) and a state-changing
-    request from another site (403); see the module."""
+    """Refuses, as a JSON error, a request with a foreign ``Host`` (421) and a request a page of
+    another site made (403); see the module.
 
-    def __init__(self, app: ASGIApp, *, names: Iterable[str], port: int) -> None:
+    ``names``: the host names tierd answers to besides loopback names; ``port``: the port it
+    listens on; ``origins``: origins of its own besides a known name on that port (its
+    ``advertise_url``'s, where a proxy or a port mapping puts it on another port)."""
+
+    def __init__(
+        self, app: ASGIApp, *, names: Iterable[str], port: int, origins: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.names = {host_name(n) for n in names if n}
         self.port = port
+        self.origins = {o for o in map(_origin, origins) if o is not None}
 
     def _known(self, name: str) -> bool:
         return name in self.names or _loopback(name)
@@ -84,33 +100,54 @@ class BrowserGuard:
             )
             await response(scope, receive, send)
             return
-        if scope["method"] not in _SAFE and self._cross_site(headers):
+        if self._cross_site(scope["method"], headers):
             response = error_response(
                 403,
                 "cross_site_request",
-                "a request that changes state was sent by a web page of another site; a tierd "
-                "without tokens takes such requests only from its own pages, scripts and "
-                "clients (configure tokens to accept them from anywhere that holds one)",
+                "this request was made by a web page of another site; a tierd without tokens "
+                "takes requests only from its own pages, scripts and clients, and from a "
+                "browser only the user following a link to one of its pages (configure tokens "
+                "to accept requests from anywhere that holds one)",
                 origin=headers.get("origin"),
+                site=headers.get("sec-fetch-site"),
             )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
-    def _cross_site(self, headers: dict[str, str]) -> bool:
+    def _cross_site(self, method: str, headers: dict[str, str]) -> bool:
         site = headers.get("sec-fetch-site")
         if site in ("cross-site", "same-site"):
-            return True
+            # The user following a link (or typing the address) to a page of tierd's passes.
+            return not (
+                method == "GET"
+                and headers.get("sec-fetch-mode") == "navigate"
+                and headers.get("sec-fetch-dest", "document") == "document"
+                and headers.get("origin") is None
+            )
         origin = headers.get("origin")
         if origin is None:
-            return False  # no browser sent it (or one that says nothing: same-origin GETs)
-        if origin == "null":
-            return True  # a sandboxed page, a file:// page, a redirect across sites
-        parts = urlsplit(origin)
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return True
-        # tierd's own pages: one of its names, on its port (another local server's page is
-        # another origin, as a browser sees it).
-        return not (parts.hostname and self._known(parts.hostname.lower()) and port == self.port)
+            return False  # no browser sent it (or a same-origin GET, which carries none)
+        return not self._own(origin)
+
+    def _own(self, origin: str) -> bool:
+        """Whether ``origin`` is one of tierd's own: one of its names on its port, or one of
+        ``origins`` (``null``: a sandboxed or file:// page, a redirect across sites, is not;
+        another local server's page is another origin, as a browser sees it)."""
+        own = _origin(origin)
+        if own is None:
+            return False
+        _, name, port = own
+        return (self._known(name) and port == self.port) or own in self.origins
+
+
+def _origin(value: str) -> tuple[str, str, int] | None:
+    """An origin (or URL) as (scheme, host, port), or None (``null``, or not one)."""
+    parts = urlsplit(value.strip().lower())
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return parts.scheme, parts.hostname, port

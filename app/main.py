@@ -117,7 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
     names = settings.host_names()
     if names is not None:  # a tierd without tokens: safe from web pages (app.browsers)
-        app.add_middleware(BrowserGuard, names=names, port=settings.port)
+        own = [settings.own_url()]
+        app.add_middleware(BrowserGuard, names=names, port=settings.port, origins=own)
     app.add_middleware(RequestId)  # every response gets X-Request-ID, 429s and 421s too
     app.add_middleware(AbortedStreams)  # outermost: a body cut by damage ends the request
     QuietAborts.install()

@@ -276,8 +276,9 @@ class Settings(BaseSettings):
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host names a tierd without tokens answers to besides loopback names, the "
-        "address it listens on and its advertise_url's host (a request naming any other is "
-        "refused: DNS rebinding); with tokens, set it to check Host there too",
+        "address it listens on and its advertise_url's host (by default this machine's "
+        "hostname): a request naming any other is refused (DNS rebinding); with tokens, set "
+        "it to check Host there too",
     )
     advertise_url: str = Field(
         default="",
@@ -431,8 +432,12 @@ class Settings(BaseSettings):
         any name is taken (tokens configured, no ``allowed_hosts``)."""
         if self.auth_enabled and not self.allowed_hosts:
             return None
-        advertised = urlsplit(self.advertise_url).hostname if self.advertise_url else None
+        advertised = urlsplit(self.own_url()).hostname
         return [self.host, *(self.allowed_hosts), *([advertised] if advertised else [])]
+
+    def own_url(self) -> str:
+        """The URL other hosts reach this one at: ``advertise_url``, or http://<hostname>:<port>."""
+        return self.advertise_url or f"http://{socket.gethostname()}:{self.port}"
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":
@@ -461,7 +466,7 @@ class Settings(BaseSettings):
             host_id=self.host_id,
             memory_floor_bytes=self.memory_floor_bytes,
             memory_pressure_interval_s=self.memory_pressure_interval_s,
-            advertise_url=self.advertise_url or f"http://{socket.gethostname()}:{self.port}",
+            advertise_url=self.own_url(),
             heartbeat_interval_s=self.heartbeat_interval_s,
             host_timeout_s=self.host_timeout_s,
             fleet_token=self.fleet_token,

@@ -14,10 +14,11 @@ document). The document is built once, from FastAPI's, and then:
   OpenAPI, whose ``minimum``/``maximum`` are floats, so ``le=2**63 - 1`` became
   ``9.223372036854776e18``, which is 2**63, one past SQLite's largest id;
 - ``X-Request-ID`` on every response, and the bearer scheme on every route that takes a token;
-- **415 on every route with a JSON body**: a body not sent as ``application/json`` is refused
+- **415 on every route with a JSON body, and every POST**: a body not sent as
+  ``application/json`` is refused, and a POST sent as a form, body or none
   (``app.api.deps.json_bodies`` says why), whichever route it was sent to;
 - **421 and 403 of a tierd without tokens** (``app.browsers``): a foreign ``Host``, and a
-  state-changing request from another site.
+  request a page of another site made.
 """
 
 from __future__ import annotations
@@ -267,8 +268,9 @@ def _validation_errors_are_error_bodies(doc: Doc) -> None:
 def _json_bodies_may_be_415(doc: Doc) -> None:
     (described,) = NOT_JSON.values()
     error_body = {"$ref": "#/components/schemas/ErrorBody"}
-    for _, _, op in _operations(doc):
-        if "application/json" in op.get("requestBody", {}).get("content", {}):
+    for method, _, op in _operations(doc):
+        json_body = "application/json" in op.get("requestBody", {}).get("content", {})
+        if json_body or method == "post":
             op["responses"].setdefault(
                 "415",
                 {
@@ -279,24 +281,23 @@ def _json_bodies_may_be_415(doc: Doc) -> None:
 
 
 def _browser_guard(doc: Doc, settings: Settings) -> None:
-    """A tierd without tokens answers a foreign ``Host`` with 421 on every route, and a
-    state-changing request from another site with 403 (:mod:`app.browsers`)."""
+    """A tierd without tokens answers a foreign ``Host`` with 421 on every route, and a request
+    a page of another site made with 403 (:mod:`app.browsers`)."""
     if settings.host_names() is None:
         return
     schema = {"$ref": "#/components/schemas/ErrorBody"}
     error_body = {"content": {"application/json": {"schema": schema}}}
-    for method, _, op in _operations(doc):
+    for _, _, op in _operations(doc):
         op["responses"].setdefault(
             "421",
             {"description": "The Host header names no host this tierd answers to (DNS rebinding)"}
             | error_body,
         )
-        if method not in ("get", "head", "options"):
-            op["responses"].setdefault(
-                "403",
-                {"description": "Refused: a cross-site request from a web page (no tokens)"}
-                | error_body,
-            )
+        op["responses"].setdefault(
+            "403",
+            {"description": "Refused: a request a web page of another site made (no tokens)"}
+            | error_body,
+        )
 
 
 def _settings_bounds(doc: Doc, settings: Settings) -> None:

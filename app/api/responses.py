@@ -92,7 +92,11 @@ INVALID = _err(422, "Invalid parameters or body")
 AUTH = _err(401, "Missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
 AUTH_ADMIN = AUTH | _err(403, "The route needs the admin token")
 
-NOT_JSON = _err(415, "The body was not sent as JSON: send Content-Type: application/json")
+NOT_JSON = _err(
+    415,
+    "The body was not sent as JSON (send Content-Type: application/json), or a POST was sent as "
+    "a form",
+)
 
 JSON_BODY = BAD_REQUEST | INVALID
 """What every route that takes a JSON body can answer about it: 400 when the body cannot be

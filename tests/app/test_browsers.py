@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -27,14 +28,20 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield s
 
 
-def _page(srv: LiveServer, site: str = "cross-site", origin: str = "https://evil.example") -> Any:
-    """The headers a browser adds to a request a page at ``origin`` makes."""
-    return {"Origin": origin, "Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors"}
+def accesses(srv: LiveServer, fid: int) -> int:
+    """The file's access count with every access counted so far written (the server runs in
+    this process: its tracker is flushed, as its own thread does every second)."""
+    srv.server.config.app.state.engine.access.flush()
+    with httpx.Client(base_url=srv.url) as http:
+        return int(http.get(f"/v1/files/{fid}").json()["access_count"])
 
 
 def _state(srv: LiveServer) -> tuple[Any, dict[str, bytes]]:
+    srv.server.config.app.state.engine.access.flush()  # counts of earlier tests' reads
     with httpx.Client(base_url=srv.url) as http:
-        files = http.get("/v1/files").json()
+        # every field but heat, which decays as time passes (its inputs are all here)
+        listed = http.get("/v1/files").json()["items"]
+        files = [{k: v for k, v in f.items() if k != "heat"} for f in listed]
         policy = http.get("/v1/policy").json()
     return (files, policy), disk_snapshot(srv.settings.data_dir / "nvme")
 
@@ -87,16 +94,69 @@ def test_its_own_pages_curl_and_clients_pass(srv: LiveServer) -> None:
         for name in ("localhost", "[::1]", "127.0.0.1"):
             host = {"Host": f"{name}:{srv.settings.port}"}
             assert http.get("/healthz", headers=host).status_code == 200, name
-        # A cross-site GET is answered (the browser keeps the answer from the page).
-        assert http.get("/healthz", headers=_page(srv)).status_code == 200
+        # The user following a link from another site to a page of tierd's.
+        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+        assert http.get("/docs", headers=link | {"Sec-Fetch-Dest": "document"}).status_code == 200
+        # A page of tierd's own, as the browser says so, and its advertised origin.
+        own = {"Origin": srv.settings.own_url()}
+        assert http.post(f"/v1/files/{fid}/pin", headers=own).status_code == 200
+        host = {"Host": urlsplit(srv.settings.own_url()).netloc}
+        assert http.delete(f"/v1/files/{fid}/pin", headers=host).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},
+        {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"},
+        {"Origin": "https://evil.example"},  # a CORS GET of a browser without Sec-Fetch-*
+        # a link into an <iframe> is not the user's own navigation
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
+    ],
+)
+def test_a_pages_read_of_content_reads_nothing_and_counts_no_access(
+    srv: LiveServer, headers: dict[str, str]
+) -> None:
+    with httpx.Client(base_url=srv.url) as http:
+        fid = http.get("/v1/files/lookup", params={"path": "m/w.bin"}).json()["id"]
+        before = accesses(srv, fid)
+        r = http.get(f"/v1/files/{fid}/content", headers=headers)
+        assert r.status_code == 403 and b"weights" not in r.content
+        assert r.json()["error"]["code"] == "cross_site_request"
+        assert accesses(srv, fid) == before  # no heat
+        assert http.get(f"/v1/files/{fid}/content").content == b"weights"
+        assert accesses(srv, fid) == before + 1  # (a read that is served counts)
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/v1/files/1/pin", "application/x-www-form-urlencoded"),  # <form method=post>, no body
+        ("/v1/stats/reset", "text/plain;charset=UTF-8"),  # <form enctype=text/plain>
+        ("/v1/scan", "multipart/form-data; boundary=x"),
+        ("/v1/migrations", "application/x-www-form-urlencoded"),
+    ],
+)
+def test_a_form_post_without_origin_changes_nothing(
+    srv: LiveServer, path: str, content_type: str
+) -> None:
+    """What a browser too old to send Origin or Sec-Fetch-Site sends for a page's form: its
+    content type is enough to refuse it."""
+    before = _state(srv)
+    with httpx.Client(base_url=srv.url) as http:
+        r = http.post(path, headers={"Content-Type": content_type})
+    assert r.status_code == 415, r.text
+    assert r.json()["error"]["code"] == "unsupported_media_type"
+    assert _state(srv) == before
 
 
 def test_the_refusals_are_declared(srv: LiveServer) -> None:
     with httpx.Client(base_url=srv.url) as http:
         doc = http.get("/openapi.json").json()
     pin = doc["paths"]["/v1/files/{file_id}/pin"]["post"]["responses"]
-    assert {"421", "403"} <= set(pin)
-    assert "421" in doc["paths"]["/v1/files"]["get"]["responses"]
+    assert {"421", "403", "415"} <= set(pin)
+    assert "415" in doc["paths"]["/v1/stats/reset"]["post"]["responses"]
+    assert {"421", "403"} <= set(doc["paths"]["/v1/files/{file_id}/content"]["get"]["responses"])
 
 
 def test_with_tokens_any_host_name_is_taken(tmp_path: Path) -> None:
