@@ -434,3 +434,32 @@ def test_fleet_compose_refuses_to_render_without(tmp_path: Path, missing: str) -
     proc = compose_config(env, tmp_path, FLEET)
     assert proc.returncode != 0
     assert f"set {missing}" in proc.stderr
+
+
+# --------------------------------------------------------------------------- CPU hosts
+
+
+@needs_compose
+@pytest.mark.parametrize("name", ["compose.cpu.yaml", "compose.fleet.cpu.yaml"])
+def test_the_cpu_files_ask_for_no_gpu_udev_or_memlock(tmp_path: Path, name: str) -> None:
+    env = TOKENS | {"TIERD_FLEET_TOKEN": "fleet-secret", "TIERD_PG_PASSWORD": "pg-secret"}
+    proc = compose_config(env, tmp_path, DOCKER / name)
+    assert proc.returncode == 0, proc.stderr
+    yaml = pytest.importorskip("yaml")
+    services = yaml.safe_load(proc.stdout)["services"]
+    tierds = [s for n, s in services.items() if n.startswith("tierd")]
+    assert tierds
+    for service in tierds:
+        assert "deploy" not in service and "ulimits" not in service
+        assert not any("/run/udev" in str(v) for v in service.get("volumes", []))
+        assert service["build"]["args"]["EXTRAS"] == "server"
+    for service in services.values():  # every image is one CI can build (docker/ci)
+        assert "nvidia" not in str(service.get("image", ""))
+
+
+@needs_compose
+def test_the_gpu_file_passes_the_build_arguments(tmp_path: Path) -> None:
+    proc = compose_config(TOKENS | {"TIERD_EXTRAS": "server,gpu"}, tmp_path)
+    yaml = pytest.importorskip("yaml")
+    args = yaml.safe_load(proc.stdout)["services"]["tierd"]["build"]["args"]
+    assert args == {"BASE_IMAGE": "nvidia/cuda:13.0.1-runtime-ubuntu24.04", "EXTRAS": "server,gpu"}
