@@ -4,11 +4,13 @@ its checksum (``xxh3_128``), its ``Last-Modified`` the mtime the catalog recorde
 - A read with ``If-None-Match`` naming the current ETag (or ``*``), or, without it, an
   ``If-Modified-Since`` not older than the file, is a 304 without a body (nothing read, no
   access counted). ``If-Match`` naming another version (or any version of a file whose ETag is
-  unknown) is a 412.
+  unknown, or a weak tag: its comparison is strong) is a 412; ``*`` matches any file.
 - An upload's ``If-Match`` is the version the file being replaced must be now (a 412 before a
   byte is written otherwise; ``*``: it must exist); ``If-None-Match: *`` asks that it not
-  exist (a 412 if it does). A ``checksum`` sent with the bytes is checked before they are
-  published (a 400 ``checksum_mismatch`` and nothing written otherwise).
+  exist (a 412 if it does). Both still hold when the bytes are published: a version another
+  upload published meanwhile is a 412 then, and nothing is published. A ``checksum`` sent
+  with the bytes is checked before they are published (a 400 ``checksum_mismatch`` and nothing
+  written otherwise).
 """
 
 from __future__ import annotations
@@ -31,29 +33,36 @@ def last_modified(mtime_ns: int) -> str:
     return format_datetime(datetime.fromtimestamp(mtime_ns // 10**9, UTC), usegmt=True)
 
 
-def _tags(value: str) -> list[str]:
-    """The entity tags of an ``If-Match``/``If-None-Match`` list (weak ones compared as their
-    opaque tag: tierd's are strong), or ``["*"]``."""
+def _tags(value: str, *, weak: bool) -> list[str]:
+    """The entity tags of an ``If-Match``/``If-None-Match`` list, or ``["*"]``. ``weak``: a
+    weak tag (``W/"..."``) counts as its opaque tag (``If-None-Match``'s weak comparison);
+    else it matches nothing (``If-Match``'s strong comparison, RFC 9110 13.1.1), and is left
+    out."""
     out = []
     for part in value.split(","):
-        tag = part.strip().removeprefix("W/")
+        tag = part.strip()
+        if tag.startswith("W/"):
+            if not weak:
+                continue
+            tag = tag[2:]
         if tag:
             out.append(tag)
     return out
 
 
 def read_precondition(headers: Headers, current: str | None, mtime_ns: int) -> int | None:
-    """304 or 412 for a read of the version ``current`` (its ETag) modified at ``mtime_ns``,
-    or None to serve it."""
+    """304 or 412 for a read of the version ``current`` (its ETag; None where it is not known)
+    modified at ``mtime_ns``, or None to serve it. ``*`` matches the file whatever its ETag:
+    it exists."""
     if_match = headers.get("if-match")
     if if_match is not None:
-        tags = _tags(if_match)
-        if current is None or ("*" not in tags and current not in tags):
+        tags = _tags(if_match, weak=False)
+        if "*" not in tags and (current is None or current not in tags):
             return 412
     if_none = headers.get("if-none-match")
     if if_none is not None:
-        tags = _tags(if_none)
-        return 304 if current is not None and ("*" in tags or current in tags) else None
+        tags = _tags(if_none, weak=True)
+        return 304 if "*" in tags or (current is not None and current in tags) else None
     since = headers.get("if-modified-since")
     if since is not None:
         try:
@@ -71,9 +80,9 @@ def upload_precondition(headers: Headers) -> tuple[list[str] | None, bool]:
     allowed = None
     if_match = headers.get("if-match")
     if if_match is not None:
-        tags = _tags(if_match)
+        tags = _tags(if_match, weak=False)
         allowed = ["*"] if "*" in tags else [f"{ALGORITHM}:{t.strip(QUOTE)}" for t in tags]
-    return allowed, "*" in _tags(headers.get("if-none-match") or "")
+    return allowed, "*" in _tags(headers.get("if-none-match") or "", weak=True)
 
 
 QUOTE = '"'

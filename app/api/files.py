@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from app.aborts import guard_body
 from app.api.allow import is_head
@@ -34,8 +34,8 @@ from app.errors import HttpError, error_response
 from app.ranges import reply_range
 from app.schemas import FileList, FileOut
 from tiering.catalog import FileState
-from tiering.engine import Engine
-from tiering.errors import PreconditionFailed
+from tiering.engine import Engine, Upload
+from tiering.errors import AlreadyExists, PreconditionFailed
 from tiering.tiers.paths import MAX_RELPATH_CHARS
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -86,6 +86,16 @@ _CONTENT_HEADERS = {
         "description": "The file's mtime as the catalog recorded it",
         "schema": {"type": "string"},
     },
+}
+# An upload's answer names the version it wrote, for a later If-Match or If-None-Match.
+_VERSION_HEADERS = {k: _CONTENT_HEADERS[k] for k in ("ETag", "Last-Modified")}
+_UPLOADED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": FileOut,
+        "description": "Replaced (overwrite=true, or If-Match)",
+        "headers": _VERSION_HEADERS,
+    },
+    201: {"description": "Created", "headers": _VERSION_HEADERS},
 }
 _RANGE_416 = {
     416: RANGE[416]
@@ -160,7 +170,7 @@ def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
     dependencies=[require_data],
     status_code=201,
     response_model=FileOut,
-    responses={200: {"model": FileOut, "description": "Replaced (overwrite=true)"}}
+    responses=_UPLOADED
     | DATA
     | BAD_REQUEST
     | NOT_FOUND
@@ -203,25 +213,8 @@ async def upload(
 
     ``If-Match`` (the ETag of the version to replace, or ``*``) and ``If-None-Match: *`` make
     it conditional: a 412 before a byte is written when the file is not as they say."""
-    if_match, must_not_exist = upload_precondition(request.headers)
-    if must_not_exist and engine.catalog.find(path) is not None:
-        raise PreconditionFailed(f"{path!r} exists (If-None-Match: *); nothing was written")
-    length = request.headers.get("content-length")
-    expected: int | None = None
-    if length is not None:
-        if not length.isdigit():
-            raise HttpError(400, "invalid_content_length", "Content-Length must be an integer")
-        expected = int(length)
-    up = await run_in_threadpool(
-        functools.partial(
-            engine.begin_upload,
-            path,
-            tier=tier,
-            overwrite=overwrite or if_match is not None,
-            expected_size=expected,
-            checksum=checksum,
-            if_match=if_match,
-        )
+    up, must_not_exist = await run_in_threadpool(
+        _begin_upload, request.headers, engine, path, tier, overwrite, checksum
     )
     replaced = up.replaces is not None
     try:
@@ -234,10 +227,52 @@ async def upload(
         if buf:
             await run_in_threadpool(up.write, bytes(buf))
         rec = await run_in_threadpool(up.commit)
+    except AlreadyExists as exc:
+        if must_not_exist:  # created by another upload meanwhile
+            raise PreconditionFailed(
+                f"{path!r} was created during the upload (If-None-Match: *); nothing was written",
+                path=path,
+            ) from exc
+        raise
     finally:
         await run_in_threadpool(up.abort)
     body = _out(engine, rec).model_dump(mode="json")
-    return JSONResponse(body, status_code=200 if replaced else 201)
+    headers = {"Last-Modified": last_modified(rec.mtime_ns)}
+    if (tag := etag(rec.checksum)) is not None:
+        headers["ETag"] = tag
+    return JSONResponse(body, status_code=200 if replaced else 201, headers=headers)
+
+
+def _begin_upload(
+    headers: Headers,
+    engine: Engine,
+    path: str,
+    tier: str | None,
+    overwrite: bool,
+    checksum: str | None,
+) -> tuple[Upload, bool]:
+    """Start an upload as its conditions (``If-Match``, ``If-None-Match: *``) and its
+    ``Content-Length`` allow; also whether it must create the file."""
+    if_match, must_not_exist = upload_precondition(headers)
+    if must_not_exist and engine.catalog.find(path) is not None:
+        raise PreconditionFailed(f"{path!r} exists (If-None-Match: *); nothing was written")
+    length = headers.get("content-length")
+    expected: int | None = None
+    if length is not None:
+        if not length.isdigit():
+            raise HttpError(400, "invalid_content_length", "Content-Length must be an integer")
+        expected = int(length)
+    up = engine.begin_upload(
+        path,
+        tier=tier,
+        # If-Match replaces the version it names; If-None-Match: * never clobbers a file that
+        # another upload publishes meanwhile (AlreadyExists, a 412 above).
+        overwrite=(overwrite or if_match is not None) and not must_not_exist,
+        expected_size=expected,
+        checksum=checksum,
+        if_match=if_match,
+    )
+    return up, must_not_exist
 
 
 @router.get(BY_ID, dependencies=[require_data], responses=DATA | NOT_FOUND | INVALID | BUSY)
@@ -295,7 +330,8 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     an unsatisfiable or multi-part one gives 416. Counts one access (a HEAD or a 416 none).
 
     The first chunk is read before the status line is sent: a file changed or removed behind
-    tierd's back is then a 409, never a 200 cut short. That lets an object be opened from the
+    tierd's back is then a 409, never a 200 cut short. A HEAD answers the headers alone,
+    from the file as it was opened: no byte is read. That lets an object be opened from the
     catalog's ETag without a HEAD (every ranged GET carries ``If-Match``), so a small range is
     one request to the store."""
     content = engine.open_content(file_id, trust_catalog=True, count=False)
@@ -325,8 +361,10 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     except BaseException:
         content.close()
         raise
-    if not is_head(request.scope):  # a HEAD, or a 416, reads nothing: no access, no heat
-        engine.count_access(rec.id)
+    if is_head(request.scope):  # a HEAD reads nothing (no access, no heat), nor does a 416
+        content.close()
+        return Response(status_code=status, headers=headers)
+    engine.count_access(rec.id)
     chunks = content.iter_range(start, end)
     first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
     body = chunks if first is None else itertools.chain((first,), chunks)

@@ -4,7 +4,9 @@ checksum sent with an upload is checked before anything is written."""
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -37,20 +39,43 @@ def _put(http: httpx.Client, path: str, data: bytes, **kw: object) -> httpx.Resp
     return http.put("/v1/files/content", params=params, content=data, headers=headers)
 
 
-def _accesses(http: httpx.Client, fid: int) -> int:
+def _accesses(srv: LiveServer, http: httpx.Client, fid: int) -> int:
+    """The access count with every access counted so far written (the server runs in this
+    process: its tracker is flushed, as its own thread does every second)."""
+    srv.server.config.app.state.engine.access.flush()
     return int(http.get(f"/v1/files/{fid}").json()["access_count"])
 
 
-def test_head_and_416_count_no_access(http: httpx.Client) -> None:
+def test_head_and_416_count_no_access(srv: LiveServer, http: httpx.Client) -> None:
     fid = _put(http, "acc/a.bin", DATA).json()["id"]
-    http.get(f"/v1/files/{fid}/content")
-    wait_for(lambda: _accesses(http, fid) == 1, what="the GET counted")
-    assert http.head(f"/v1/files/{fid}/content").status_code == 200
-    r = http.get(f"/v1/files/{fid}/content", headers={"Range": f"bytes={len(DATA) + 5}-"})
-    assert r.status_code == 416
-    http.get(f"/v1/files/{fid}/content", headers={"Range": "bytes=0-9"})
-    wait_for(lambda: _accesses(http, fid) == 2, what="the range counted")
-    assert _accesses(http, fid) == 2  # the HEAD and the 416 read nothing
+    url = f"/v1/files/{fid}/content"
+    http.get(url)
+    assert _accesses(srv, http, fid) == 1
+    assert http.head(url).status_code == 200
+    assert http.head(url, headers={"Range": "bytes=0-9"}).status_code == 206
+    assert http.get(url, headers={"Range": f"bytes={len(DATA) + 5}-"}).status_code == 416
+    assert _accesses(srv, http, fid) == 1  # the HEADs and the 416 read nothing
+    http.get(url, headers={"Range": "bytes=0-9"})
+    assert _accesses(srv, http, fid) == 2
+
+
+def test_a_head_reads_no_byte(
+    srv: LiveServer, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of the disk fails (EIO), and a HEAD still answers: it read nothing (it used
+    to stream the whole file for the server to drop)."""
+    fid = _put(http, "acc/h.bin", DATA).json()["id"]
+    tag = http.get(f"/v1/files/{fid}").json()["checksum"].split(":")[1]
+
+    def eio(*args: object) -> int:
+        raise OSError(errno.EIO, "injected: no reads")
+
+    monkeypatch.setattr(os, "preadv", eio)
+    r = http.head(f"/v1/files/{fid}/content")
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["content-length"] == str(len(DATA)) and r.headers["etag"] == f'"{tag}"'
+    monkeypatch.undo()
+    assert http.get(f"/v1/files/{fid}/content").content == DATA
 
 
 def test_conditional_reads(http: httpx.Client) -> None:
@@ -66,15 +91,22 @@ def test_conditional_reads(http: httpx.Client) -> None:
     earlier = format_datetime(datetime.now(UTC) - timedelta(days=400), usegmt=True)
     assert http.get(url, headers={"If-Modified-Since": earlier}).status_code == 200
     assert http.get(url, headers={"If-Match": tag}).content == DATA
+    assert http.get(url, headers={"If-Match": "*"}).content == DATA
     r = http.get(url, headers={"If-Match": '"0000"'})
     assert r.status_code == 412 and r.json()["error"]["code"] == "precondition_failed"
+    # If-Match compares strongly (a weak tag matches nothing), If-None-Match weakly.
+    assert http.get(url, headers={"If-Match": f"W/{tag}"}).status_code == 412
+    assert http.get(url, headers={"If-None-Match": f'"x", W/{tag}'}).status_code == 304
+    assert http.get(url, headers={"If-None-Match": "*"}).status_code == 304
 
 
 def test_conditional_uploads_write_nothing_when_refused(
     srv: LiveServer, http: httpx.Client
 ) -> None:
     r = _put(http, "cond/u.bin", DATA)
-    fid, tag = r.json()["id"], http.get(f"/v1/files/{r.json()['id']}/content").headers["etag"]
+    fid, tag = r.json()["id"], r.headers["etag"]  # the upload names the version it wrote
+    assert tag == http.get(f"/v1/files/{fid}/content").headers["etag"]
+    assert r.headers["last-modified"].endswith("GMT")
     before = disk_snapshot(srv.settings.data_dir / "nvme")
     # If-Match names another version: 412, nothing written.
     r = _put(http, "cond/u.bin", b"new", headers={"If-Match": '"' + "0" * 32 + '"'})
@@ -85,9 +117,12 @@ def test_conditional_uploads_write_nothing_when_refused(
     assert _put(http, "cond/none.bin", b"new", headers={"If-Match": "*"}).status_code == 412
     assert disk_snapshot(srv.settings.data_dir / "nvme") == before
     assert http.get(f"/v1/files/{fid}/content").content == DATA
+    # A weak tag never matches an upload's If-Match (strong comparison).
+    assert _put(http, "cond/u.bin", b"new", headers={"If-Match": f"W/{tag}"}).status_code == 412
     # The version it names: replaced (If-Match implies the overwrite).
     r = _put(http, "cond/u.bin", b"new", headers={"If-Match": tag})
     assert r.status_code == 200 and http.get(f"/v1/files/{fid}/content").content == b"new"
+    assert r.headers["etag"] == f'"{checksum(b"new").split(":")[1]}"'
     assert _put(http, "cond/fresh.bin", b"x", headers={"If-None-Match": "*"}).status_code == 201
 
 
@@ -109,3 +144,57 @@ def test_a_checksum_sent_with_an_upload_is_checked(srv: LiveServer, http: httpx.
     assert http.get(f"/v1/files/{fid}/content").content == DATA
     r = _put(http, "sum/x.bin", DATA, checksum="md5:abc")
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+
+
+def _held_upload(
+    srv: LiveServer, path: str, headers: dict[str, str], release: threading.Event
+) -> tuple[threading.Thread, list[httpx.Response]]:
+    """An upload whose last bytes wait for ``release``, in a thread; returns once the server
+    has begun it (its temp file is in the tier)."""
+    out: list[httpx.Response] = []
+    folder = srv.settings.data_dir / "nvme" / path.rsplit("/", 1)[0]
+    entries = set(os.listdir(folder)) if folder.is_dir() else set()
+
+    def body() -> Iterator[bytes]:
+        yield b"held "
+        release.wait(30)
+        yield b"upload"
+
+    def send() -> None:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            params = {"path": path}
+            out.append(c.put("/v1/files/content", params=params, content=body(), headers=headers))
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    wait_for(lambda: folder.is_dir() and set(os.listdir(folder)) - entries, what="its temp")
+    return thread, out
+
+
+@pytest.mark.parametrize("condition", ["If-Match", "If-None-Match"])
+def test_a_condition_holds_until_the_bytes_are_published(
+    srv: LiveServer, http: httpx.Client, condition: str
+) -> None:
+    """Two uploads on the same condition (replace version 1; create the file): the one that
+    publishes second is a 412, and publishes nothing (no lost update)."""
+    path = f"race/{condition.lower()}.bin"
+    headers = {"If-None-Match": "*"}
+    if condition == "If-Match":
+        headers = {"If-Match": _put(http, path, b"version 1").headers["etag"]}
+    release = threading.Event()
+    thread, out = _held_upload(srv, path, headers, release)
+    try:
+        r = _put(http, path, b"the other upload", headers=headers)
+        assert r.status_code in (200, 201), r.text
+    finally:
+        release.set()
+        thread.join(30)
+    assert out[0].status_code == 412, out[0].text
+    assert out[0].json()["error"]["code"] == "precondition_failed"
+    fid = http.get("/v1/files/lookup", params={"path": path}).json()["id"]
+    assert http.get(f"/v1/files/{fid}/content").content == b"the other upload"
+    # No temp is left: the folder holds the files the catalog has, and nothing else.
+    listed = http.get("/v1/files", params={"prefix": "race/"}).json()["items"]
+    assert set(os.listdir(srv.settings.data_dir / "nvme" / "race")) == {
+        f["path"].removeprefix("race/") for f in listed
+    }

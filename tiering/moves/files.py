@@ -97,8 +97,10 @@ class Upload(Aborting):
         tiers: Tiers,
         guards: FileGuards,
         checksum: str | None = None,
+        if_match: Collection[str] | None = None,
     ) -> None:
         self._writer = writer
+        self._if_match = if_match
         self._previous = previous
         self._max_bytes = max_bytes
         self._checksum = checksum
@@ -133,6 +135,14 @@ class Upload(Aborting):
             return self._commit()
         with self._guards.hold(self._previous.id, "overwritten"):
             current = self._catalog.find(self._previous.relpath)
+            if self._if_match is not None and not _matches(current, self._if_match):
+                # Another upload published a version meanwhile: If-Match names the one this
+                # upload was to replace, so it is refused now as it was at the start.
+                raise PreconditionFailed(
+                    f"{self._previous.relpath!r} was replaced during the upload, and is no "
+                    "longer the version If-Match names; nothing was written",
+                    path=self._previous.relpath,
+                )
             if current is not None and (
                 current.state == FileState.MIGRATING or current.tier != self._previous.tier
             ):
@@ -194,6 +204,11 @@ class Upload(Aborting):
 
     def abort(self) -> None:
         self._writer.abort()
+
+
+def _matches(rec: FileRecord | None, if_match: Collection[str]) -> bool:
+    """Whether the file is a version ``if_match`` names (checksums, or ``"*"``: any)."""
+    return rec is not None and ("*" in if_match or rec.checksum in if_match)
 
 
 class FileOps:
@@ -334,6 +349,7 @@ class FileOps:
             tiers=self.tiers,
             guards=self.guards,
             checksum=checksum,
+            if_match=if_match,
         )
 
     def _may_replace(
@@ -345,9 +361,7 @@ class FileOps:
         if_match: Collection[str] | None,
     ) -> None:
         """Refuse an upload that may not write ``relpath`` (see :meth:`begin_upload`)."""
-        if if_match is not None and (
-            previous is None or ("*" not in if_match and previous.checksum not in if_match)
-        ):
+        if if_match is not None and not _matches(previous, if_match):
             raise PreconditionFailed(
                 f"{relpath!r} is not at the version If-Match names"
                 + ("" if previous is not None else " (it does not exist)")
