@@ -125,19 +125,25 @@ class BrowserGuard:
                 and headers.get("sec-fetch-dest", "document") == "document"
                 and headers.get("origin") is None
             )
+        if site is not None:
+            return False  # same-origin, or none (the user's own: the address bar, a bookmark)
         origin = headers.get("origin")
         if origin is None:
             return False  # no browser sent it (or a same-origin GET, which carries none)
-        return not self._own(origin)
+        return not self._own(origin, headers.get("host", ""))
 
-    def _own(self, origin: str) -> bool:
-        """Whether ``origin`` is one of tierd's own: one of its names on its port, or one of
-        ``origins`` (``null``: a sandboxed or file:// page, a redirect across sites, is not;
-        another local server's page is another origin, as a browser sees it)."""
+    def _own(self, origin: str, host: str) -> bool:
+        """Whether ``origin`` is one of tierd's own: the origin this request was sent to (its
+        ``Host``, already known to be one of tierd's names: an SSH tunnel's or a port
+        mapping's port is the browser's origin), one of its names on its port, or one of
+        ``origins``. ``null`` (a sandboxed or file:// page, a redirect across sites) is not,
+        nor is another local server's page: another origin, as a browser sees it."""
         own = _origin(origin)
         if own is None:
             return False
-        _, name, port = own
+        scheme, name, port = own
+        if host and _origin(f"{scheme}://{host}") == own:
+            return True
         return (self._known(name) and port == self.port) or own in self.origins
 
 

@@ -102,6 +102,14 @@ def test_its_own_pages_curl_and_clients_pass(srv: LiveServer) -> None:
         assert http.post(f"/v1/files/{fid}/pin", headers=own).status_code == 200
         host = {"Host": urlsplit(srv.settings.own_url()).netloc}
         assert http.delete(f"/v1/files/{fid}/pin", headers=host).status_code == 200
+        # The dashboard through an SSH tunnel or a port mapping (localhost:9000 -> tierd): the
+        # page's origin is the one the request is sent to.
+        tunnel = {"Host": "localhost:9000", "Origin": "http://localhost:9000"}
+        assert http.post(f"/v1/files/{fid}/pin", headers=tunnel).status_code == 200
+        same = {"Host": "localhost:9000", "Sec-Fetch-Site": "same-origin"}
+        assert http.delete(f"/v1/files/{fid}/pin", headers=same).status_code == 200
+        other = {"Host": "localhost:9000", "Origin": "http://localhost:9001"}
+        assert http.post(f"/v1/files/{fid}/pin", headers=other).status_code == 403
 
 
 @pytest.mark.parametrize(
