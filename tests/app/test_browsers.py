@@ -171,3 +171,13 @@ def test_with_tokens_any_host_name_is_taken(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data", watch=False, admin_token="a" * 32)
     with LiveServer(settings) as s, httpx.Client(base_url=s.url) as http:
         assert http.get("/healthz", headers={"Host": "tierd.internal"}).status_code == 200
+
+
+def test_with_tokens_and_allowed_hosts_the_host_is_checked(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path / "data", watch=False, admin_token="a" * 32, allowed_hosts=["tierd.internal"]
+    )
+    with LiveServer(settings) as s, httpx.Client(base_url=s.url) as http:
+        assert http.get("/healthz", headers={"Host": "tierd.internal:80"}).status_code == 200
+        r = http.get("/healthz", headers={"Host": "attacker.example"})
+        assert r.status_code == 421 and r.json()["error"]["code"] == "unknown_host"
