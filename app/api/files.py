@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 
 from app.aborts import guard_body
 from app.api.allow import is_head
-from app.api.deps import BY_ID, EngineDep, FileId
+from app.api.deps import BY_ID, EngineDep, FileId, LoaderDep
 from app.api.responses import (
     ADMIN,
     BAD_REQUEST,
@@ -41,6 +41,9 @@ from tiering.tiers.paths import MAX_RELPATH_CHARS
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 UPLOAD_BUFFER = 1 << 20
+#: Where a content read's bytes come from: storage (a tier of this host, or its copy),
+#: object_store (the bucket) or peer (other hosts of the fleet).
+SOURCE = "X-Tierd-Source"
 CHECKSUM_PATTERN = r"^xxh3_128:[0-9a-f]{32}$"
 MAX_PAGE = 1000
 
@@ -85,6 +88,11 @@ _CONTENT_HEADERS = {
     "Last-Modified": {
         "description": "The file's mtime as the catalog recorded it",
         "schema": {"type": "string"},
+    },
+    SOURCE: {
+        "description": "Where the bytes come from: storage (this host's tier or copy), "
+        "object_store (the bucket) or peer (the fleet's other hosts)",
+        "schema": {"type": "string", "enum": ["storage", "object_store", "peer"]},
     },
 }
 # An upload's answer names the version it wrote, for a later If-Match or If-None-Match.
@@ -325,7 +333,9 @@ def _unread(status: int, headers: dict[str, str], relpath: str) -> Response:
     | INVALID
     | BUSY,
 )
-def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Response:
+def read_content(
+    request: Request, engine: EngineDep, loader: LoaderDep, file_id: FileId
+) -> Response:
     """The file's bytes, streamed from the fd opened for this request. One ``Range`` gives 206;
     an unsatisfiable or multi-part one gives 416. Counts one access (a HEAD or a 416 none).
 
@@ -333,15 +343,21 @@ def read_content(request: Request, engine: EngineDep, file_id: FileId) -> Respon
     tierd's back is then a 409, never a 200 cut short. A HEAD answers the headers alone,
     from the file as it was opened: no byte is read. That lets an object be opened from the
     catalog's ETag without a HEAD (every ranged GET carries ``If-Match``), so a small range is
-    one request to the store."""
-    content = engine.open_content(file_id, trust_catalog=True, count=False)
+    one request to the store.
+
+    A fleet's shared file this host holds no copy of is read from the peers that hold it
+    (each piece checked against the generation's map; the bucket for what no peer gives), as
+    loads read it: ``X-Tierd-Source`` says ``peer``."""
+    content = engine.open_content(file_id, trust_catalog=True, count=False, via=loader.peer_source)
     try:
         rec = content.record
         size = content.size
+        ranges = content.source.ranges
         headers = {
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
             "Last-Modified": last_modified(rec.mtime_ns),
+            SOURCE: ranges.source if ranges is not None else "storage",
         }
         # The checksum names the bytes recorded; if the file changed on disk outside tierd
         # (size differs) the ETag would lie, so leave it off until a scan rehashes.

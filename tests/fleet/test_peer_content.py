@@ -80,9 +80,25 @@ def _prefetch_on(p: TierdProcess, host: str) -> None:
 def test_peer_reads_on_three_hosts(
     three: list[TierdProcess], s3_client: Any, s3_bucket: str, pg_url: str
 ) -> None:
-    """Two parts on one fleet (suite time: a fleet of three takes about 15 s to start)."""
+    """Three parts on one fleet (suite time: a fleet of three takes about 15 s to start)."""
+    _content_reads_of_a_host_without_a_copy_use_its_peers(three)
     _a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(three, pg_url)
     _a_peer_serves_its_verified_copy_at_the_generation_asked(three, s3_client, s3_bucket)
+
+
+def _content_reads_of_a_host_without_a_copy_use_its_peers(three: list[TierdProcess]) -> None:
+    """GET /v1/files/{id}/content of a shared file on a host without a copy reads a peer's
+    (issue 42): the bucket is not asked, the header says so, the bytes are the file's."""
+    h0, h1, _ = three
+    _prefetch_on(h0, "host-0")
+    data = MODEL["llm/a.bin"]
+    with h1.client() as c1:
+        fid = _record(c1, "llm/a.bin")["id"]
+        r = c1.get(f"/v1/files/{fid}/content", headers={"Range": "bytes=1000-70999"})
+        assert r.status_code == 206 and r.content == data[1000:71000]
+        assert r.headers["x-tierd-source"] == "peer"
+        r = c1.get(f"/v1/files/{fid}/content")
+        assert r.content == data and r.headers["x-tierd-source"] == "peer"
 
 
 def _a_receiver_checks_each_piece_and_a_corrupted_one_is_caught(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from types import TracebackType
 
 from tiering.catalog import (
@@ -53,7 +53,7 @@ from tiering.placement import (
     tier_infos,
 )
 from tiering.sync import ScanReport, TierWatcher, relocate_containers, scan
-from tiering.tiers import Tier, Tiers
+from tiering.tiers import Source, Tier, Tiers
 from tiering.tiers.paths import validate_relpath
 
 from .scheduler import Scheduler
@@ -305,7 +305,12 @@ class Engine(Steering):
         return _opened(self._files)
 
     def open_content(
-        self, file_id: int, *, trust_catalog: bool = False, count: bool = True
+        self,
+        file_id: int,
+        *,
+        trust_catalog: bool = False,
+        count: bool = True,
+        via: Callable[[FileRecord], Source | None] | None = None,
     ) -> Content:
         """Open a file's bytes for reading and count one access (``count=False``: the caller
         counts it, with :meth:`count_access`, once it knows bytes will be read).
@@ -315,13 +320,24 @@ class Engine(Steering):
         """
         self.mover.gate.touch()  # moves yield to serving (see tiering.moves.ServingGate)
         hc = self.host_copies  # a current copy of a fleet's origin file on this host's tier
-        content = (hc.content(file_id) if hc else None) or self._file_ops.open_content(
-            file_id, trust_catalog=trust_catalog
-        )
+        content = (hc.content(file_id) if hc else None) or self._via(file_id, via)
+        if content is None:
+            content = self._file_ops.open_content(file_id, trust_catalog=trust_catalog)
         if count:
             self.count_access(content.record.id)
         content.on_damage = self._damaged
         return content
+
+    def _via(
+        self, file_id: int, via: Callable[[FileRecord], Source | None] | None
+    ) -> Content | None:
+        """The file read through ``via`` (a fleet's peers: the serving layer's), where it
+        gives a source; None to read it from its tier."""
+        if via is None:
+            return None
+        rec = self.catalog.get(file_id, cached=True)
+        source = via(rec)
+        return None if source is None else Content(rec, source)
 
     def count_access(self, file_id: int) -> None:
         """One access of the file (its heat): a read that serves bytes."""

@@ -48,6 +48,7 @@ from tiering.serving.residency import Residency
 from tiering.serving.safetensors import TensorsLoaded
 from tiering.serving.sharded import DeviceLoaded, load_devices
 from tiering.serving.warmup import warm_devices
+from tiering.tiers import Source
 
 __all__ = ["Loader"]
 
@@ -139,6 +140,12 @@ class Loader:
     def storage(self, device: Device) -> GpuDirectStorage:
         """The data path into ``device`` (created at first use, shared by all requests)."""
         return self._ctx.storage(device)
+
+    def peer_source(self, rec: FileRecord) -> Source | None:
+        """A fleet's shared file read from the peers holding its current generation (each
+        piece checked; the bucket for what no peer gives), or None (see
+        :meth:`LoadContext.peer_source <tiering.serving.context.LoadContext.peer_source>`)."""
+        return self._ctx.peer_source(rec)
 
     def record(self, ref: FileRef) -> FileRecord:
         """The catalog record of a file id or relpath."""
