@@ -114,11 +114,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(HeadAsGet)  # innermost: the routes see a GET
     app.add_middleware(InflightLimit, limit=settings.max_inflight_requests)
-    app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
     names = settings.host_names()
     if names is not None:  # a tierd without tokens: safe from web pages (app.browsers)
         own = [settings.own_url()]
+        # Outside the in-flight limit (a page's requests take no slot), inside the metrics
+        # (its refusals are counted, as route <unmatched>).
         app.add_middleware(BrowserGuard, names=names, port=settings.port, origins=own)
+    app.add_middleware(HttpMetrics, metrics=metrics)  # counts 429s too
     app.add_middleware(RequestId)  # every response gets X-Request-ID, 429s and 421s too
     app.add_middleware(AbortedStreams)  # outermost: a body cut by damage ends the request
     QuietAborts.install()

@@ -158,6 +158,19 @@ def test_a_form_post_without_origin_changes_nothing(
     assert _state(srv) == before
 
 
+def test_the_refusals_are_counted(srv: LiveServer) -> None:
+    def refused(text: str) -> float:
+        for line in text.splitlines():
+            if line.startswith("tierd_http_requests_total{") and 'status="421"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    with httpx.Client(base_url=srv.url) as http:
+        before = refused(http.get("/metrics").text)
+        assert http.get("/v1/files", headers=REBOUND).status_code == 421
+        assert refused(http.get("/metrics").text) == before + 1
+
+
 def test_the_refusals_are_declared(srv: LiveServer) -> None:
     with httpx.Client(base_url=srv.url) as http:
         doc = http.get("/openapi.json").json()
