@@ -105,6 +105,32 @@ _UPLOADED: dict[int | str, dict[str, Any]] = {
     },
     201: {"description": "Created", "headers": _VERSION_HEADERS},
 }
+
+
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "description": description, "schema": {"type": "string"}}
+
+
+_IF_MATCH = _header(
+    "If-Match",
+    "ETags (quoted, comma-separated) one of which the file must be now, or *: a 412 otherwise",
+)
+_IF_NONE_MATCH_READ = _header(
+    "If-None-Match", "ETags of copies the client has (or *): a 304 if one is current"
+)
+_CONDITIONAL_READ = [
+    _IF_MATCH,
+    _IF_NONE_MATCH_READ,
+    _header("If-Modified-Since", "An HTTP date: a 304 if the file is not newer (no If-None-Match)"),
+]
+_CONDITIONAL_UPLOAD = [
+    _IF_MATCH
+    | {
+        "description": "The ETag of the version to replace (or *: any, but it must "
+        "exist): a 412 otherwise, and nothing written"
+    },
+    _header("If-None-Match", "*: only if the file does not exist (a 412 otherwise)"),
+]
 _RANGE_416 = {
     416: RANGE[416]
     | {
@@ -193,7 +219,8 @@ def lookup(engine: EngineDep, path: PathQuery) -> FileOut:
             "required": True,
             "description": "The file's bytes, streamed",
             "content": {"application/octet-stream": _BYTES},
-        }
+        },
+        "parameters": _CONDITIONAL_UPLOAD,
     },
 )
 async def upload(
@@ -332,6 +359,7 @@ def _unread(status: int, headers: dict[str, str], relpath: str) -> Response:
     | _RANGE_416
     | INVALID
     | BUSY,
+    openapi_extra={"parameters": _CONDITIONAL_READ},
 )
 def read_content(
     request: Request, engine: EngineDep, loader: LoaderDep, file_id: FileId
