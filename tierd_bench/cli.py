@@ -38,6 +38,7 @@ from tierd_bench._cliopts import (
     _rate,
     _size,
 )
+from tierd_bench._clitracker import bench_tracker
 
 __all__ = ["bench_cli"]
 
@@ -439,53 +440,5 @@ def bench_catalog(
     _finish(report, json_path)
 
 
-@bench_cli.command("tracker")
-def bench_tracker(
-    hosts: Annotated[
-        str, typer.Option("--hosts", help="Fleet sizes to simulate, comma-separated.")
-    ] = "10,100",
-    size: Annotated[str, typer.Option("--size", help="The model's size, e.g. 16GiB.")] = "16GiB",
-    seconds: Annotated[
-        float, typer.Option("--seconds", help="How long each fleet fills.", min=0.1)
-    ] = 5.0,
-    workers: Annotated[
-        int | None, typer.Option("--workers", help="Client processes (default: the cores).")
-    ] = None,
-    catalog_url: Annotated[
-        str | None,
-        typer.Option(
-            "--catalog-url",
-            help="postgresql+psycopg://... of a server to measure, in a scratch database "
-            "(needs CREATEDB). Default: a throwaway local PostgreSQL.",
-        ),
-    ] = None,
-    json_path: JsonOpt = None,
-) -> None:
-    """The fleet's tracker (its PostgreSQL catalog) under N hosts filling one model at once:
-    piece events/s, landing and planning-read latency, PostgreSQL's CPU and WAL, and the
-    rollout time the tracker alone allows."""
-    from tierd_bench._postgres import NoScratchDatabase
-    from tierd_bench.tracker import TrackerBenchUnavailable, run
-
-    try:
-        sizes = [int(h) for h in hosts.split(",") if h.strip()]
-        if not sizes or min(sizes) < 1:
-            raise ValueError(hosts)
-    except ValueError:
-        msg = "a list of host counts, e.g. 10,100"
-        raise typer.BadParameter(msg, param_hint="--hosts") from None
-    try:
-        report = run(
-            sizes,
-            _size(size, minimum=1 << 20),
-            seconds=seconds,
-            workers=workers,
-            catalog_url=catalog_url,
-            say=progress(),
-        )
-    except (TrackerBenchUnavailable, NoScratchDatabase) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--catalog-url") from exc
-    _finish(report, json_path)
-
-
+bench_cli.command("tracker")(bench_tracker)
 bench_cli.command("fleet")(bench_fleet)
