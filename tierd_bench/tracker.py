@@ -6,10 +6,10 @@ digests, read by every receiver) and one holding row per host (a bitmap of the p
 verified, grown as each lands, read by every receiver to plan its next pieces). Each simulated
 host makes exactly the catalog calls a real fill makes (:mod:`tiering.copies.piecefill`), at
 the rate its link allows: it lands a piece every ``piece_size / link`` seconds
-(:meth:`~tiering.catalog.pieces.Pieces.land`) and reads the map and every holding every
-:data:`~tiering.copies.piecefill.POLL_S` (:meth:`~tiering.catalog.pieces.Pieces.map`,
-:meth:`~tiering.catalog.pieces.Pieces.holdings`). Hosts are threads, spread over worker
-processes with their own connections.
+(:meth:`~tiering.catalog.pieces.Pieces.land`) and reads every holding every
+:data:`~tiering.copies.piecefill.POLL_S` (:meth:`~tiering.catalog.pieces.Pieces.holdings`),
+and the map until it is final (:meth:`~tiering.catalog.pieces.Pieces.map`). Hosts are
+threads, spread over worker processes with their own connections.
 
 Per fleet size it reports the piece events per second the catalog took against those the
 hosts asked for, the p50/p99 of a landing and of a planning read, PostgreSQL's CPU (its
@@ -66,6 +66,7 @@ def _host(
     t0 = time.monotonic()
     stop, next_land, next_poll, i = t0 + seconds, t0, t0, 0
     done = t0
+    m = None
     try:
         while i < count:
             now = time.monotonic()
@@ -73,7 +74,8 @@ def _host(
                 break
             if now >= next_poll:
                 t = time.perf_counter()
-                pieces.map(file_id, generation)
+                if m is None or not m.final:  # a fill reads a final map once (piecefill)
+                    m = pieces.map(file_id, generation)
                 pieces.holdings(file_id, generation)
                 reads.append(time.perf_counter() - t)
                 next_poll += POLL_S

@@ -323,10 +323,17 @@ class PieceFill:
         nothing but that lag."""
         if fresh or self.map is None or now - self._read_at >= POLL_S:
             rec, pieces = self.rec, self.fleet.pieces
-            m = pieces.map(rec.id, self.generation)
-            if m is None:
-                raise FileChanged(f"{rec.relpath!r} changed while it was copied (its map is gone)")
-            self.map, self._holdings = m, pieces.holdings(rec.id, self.generation)
+            if self.map is None or not self.map.final:
+                m = pieces.map(rec.id, self.generation)
+                if m is None:
+                    raise FileChanged(
+                        f"{rec.relpath!r} changed while it was copied (its map is gone)"
+                    )
+                self.map = m
+            # A final map does not change while its generation lasts (tracker load: every
+            # receiver read every digest ten times a second). A new generation is found by
+            # the next landing, which then writes nothing (FileChanged), or by a peer's 409.
+            self._holdings = pieces.holdings(rec.id, self.generation)
             self._read_at = now
         return self.map, self._holdings
 
