@@ -19,7 +19,8 @@ the same machine reaches loopback too, on behalf of any page it shows. Two ways 
   request marked as another site's (``Sec-Fetch-Site`` ``cross-site`` or ``same-site``, or an
   ``Origin`` that is not tierd's own) is refused with 403 (``cross_site_request``), whatever
   its method, unless it is the user following a link to a page of tierd's (a top-level GET
-  navigation: ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``). The dashboard,
+  navigation the user started: ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``,
+  ``Sec-Fetch-User: ?1``). The dashboard,
   served by tierd itself, is the same origin and passes; curl, scripts and tierd's clients
   send neither header and pass.
 
@@ -118,11 +119,13 @@ class BrowserGuard:
     def _cross_site(self, method: str, headers: dict[str, str]) -> bool:
         site = headers.get("sec-fetch-site")
         if site in ("cross-site", "same-site"):
-            # The user following a link (or typing the address) to a page of tierd's passes.
+            # The user following a link to a page of tierd's passes: a top-level GET navigation
+            # the user started (a page sending its own window there has no ?1).
             return not (
                 method == "GET"
                 and headers.get("sec-fetch-mode") == "navigate"
                 and headers.get("sec-fetch-dest", "document") == "document"
+                and headers.get("sec-fetch-user") == "?1"
                 and headers.get("origin") is None
             )
         if site is not None:

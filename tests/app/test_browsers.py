@@ -95,7 +95,11 @@ def test_its_own_pages_curl_and_clients_pass(srv: LiveServer) -> None:
             host = {"Host": f"{name}:{srv.settings.port}"}
             assert http.get("/healthz", headers=host).status_code == 200, name
         # The user following a link from another site to a page of tierd's.
-        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+        link = {
+            "Sec-Fetch-Site": "cross-site",
+            "Sec-Fetch-Mode": "navigate",
+            "Sec-Fetch-User": "?1",
+        }
         assert http.get("/docs", headers=link | {"Sec-Fetch-Dest": "document"}).status_code == 200
         # A page of tierd's own, as the browser says so, and its advertised origin.
         own = {"Origin": srv.settings.own_url()}
@@ -120,6 +124,12 @@ def test_its_own_pages_curl_and_clients_pass(srv: LiveServer) -> None:
         {"Origin": "https://evil.example"},  # a CORS GET of a browser without Sec-Fetch-*
         # a link into an <iframe> is not the user's own navigation
         {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
+        # nor is a page sending its own window there (location = ...): no Sec-Fetch-User
+        {
+            "Sec-Fetch-Site": "cross-site",
+            "Sec-Fetch-Mode": "navigate",
+            "Sec-Fetch-Dest": "document",
+        },
     ],
 )
 def test_a_pages_read_of_content_reads_nothing_and_counts_no_access(

@@ -53,6 +53,16 @@ PAGE = """<!doctype html>
 """
 
 
+# A page of the attacker's that sends its own window to tierd (no user gesture), and a link the
+# user clicks.
+LINKS = """<!doctype html>
+<a id="link" href="{tierd}/healthz">tierd</a>
+<script>
+if (location.hash === "#send") location.href = "{tierd}/healthz";
+</script>
+"""
+
+
 def _chromium() -> tuple[Any, str, str]:
     try:
         import selenium.webdriver as webdriver
@@ -99,11 +109,12 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 class _Site:
     """The attacker's site: one page, on a port of its own."""
 
-    def __init__(self, page: str) -> None:
-        body = page.encode()
+    def __init__(self, pages: dict[str, str]) -> None:
+        bodies = {path: page.encode() for path, page in pages.items()}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                body = bodies.get(self.path.split("?")[0], b"")
                 self.send_response(200)
                 self.send_header("Content-Type", "text/html; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
@@ -140,6 +151,7 @@ def _seen(srv: LiveServer, http: httpx.Client, fid: int) -> tuple[Any, ...]:
 def test_a_page_of_another_site_changes_nothing_and_reads_nothing(
     browser: Any, host_network: None, tmp_path: Path
 ) -> None:
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     settings = make_settings(tmp_path / "data", watch=False)
@@ -152,17 +164,27 @@ def test_a_page_of_another_site_changes_nothing_and_reads_nothing(
         before = _seen(srv, http, fid)
         assert before[2] == 404 and before[3] == 1, before
 
-        with _Site(PAGE.format(tierd=srv.url, fid=fid)) as site:
+        pages = {"/": PAGE.format(tierd=srv.url, fid=fid), "/links": LINKS.format(tierd=srv.url)}
+        with _Site(pages) as site:
             browser.get(site.url)
             WebDriverWait(browser, 20).until(lambda d: d.title.startswith("done"))
-        out = browser.title
-        assert '"beacon":true' in out and "w.bin" not in out, out  # sent, and nothing read
-        assert _seen(srv, http, fid) == before
+            out = browser.title
+            assert '"beacon":true' in out and "w.bin" not in out, out  # sent, nothing read
+            assert _seen(srv, http, fid) == before
+            # The page sends its window to tierd by itself: refused. The user clicks a link
+            # to tierd: it opens.
+            browser.get(site.url + "links#send")
+            WebDriverWait(browser, 20).until(lambda d: d.current_url.startswith(srv.url))
+            assert "cross_site_request" in browser.find_element(By.TAG_NAME, "body").text
+            browser.get(site.url + "links")
+            browser.find_element(By.ID, "link").click()
+            WebDriverWait(browser, 20).until(lambda d: d.current_url.startswith(srv.url))
+            assert "ok" in browser.find_element(By.TAG_NAME, "body").text
 
         # DNS rebinding: the attacker's name, now 127.0.0.1, on tierd's port. The page is the
         # attacker's origin, so it would read this answer; it is a 421.
         browser.get(f"http://{ATTACKER}:{srv.settings.port}/v1/files")
-        text = browser.find_element("tag name", "body").text
+        text = browser.find_element(By.TAG_NAME, "body").text
         assert "unknown_host" in text and "w.bin" not in text, text
 
         # tierd's own page in the same browser: its POSTs (with the browser's Origin and
