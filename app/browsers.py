@@ -13,23 +13,21 @@ the same machine reaches loopback too, on behalf of any page it shows. Two ways 
   answer, and some (a form's POST, a body-less ``fetch`` POST, an ``<img>``'s GET) go without
   the browser asking first; ``POST /v1/files/{id}/pin``, running the plan, a scan or a stats
   reset need no body, and a content read counts an access (heat). A browser says where a
-  request comes from: ``Origin`` on every request but a GET or HEAD that is not CORS (``null``
-  where the page hides it), and ``Sec-Fetch-Site`` (Chrome since 2019, Firefox 2021, Safari
-  2023) on every request. A
-  request marked as another site's (``Sec-Fetch-Site`` ``cross-site`` or ``same-site``, or an
-  ``Origin`` that is not tierd's own) is refused with 403 (``cross_site_request``), whatever
-  its method, unless it is the user following a link to a page of tierd's (a top-level GET
-  navigation the user started: ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``,
-  ``Sec-Fetch-User: ?1``). The dashboard,
-  served by tierd itself, is the same origin and passes; curl, scripts and tierd's clients
-  send neither header and pass.
+  request comes from: ``Sec-Fetch-Site`` on every request (Chrome since 2019, Firefox 2021,
+  Safari 2023), and ``Origin`` on every request but a GET or HEAD that is not CORS (``null``
+  where the page hides it). A request marked as another site's (``Sec-Fetch-Site``
+  ``cross-site`` or ``same-site``; without it, an ``Origin`` that is not tierd's own) is
+  refused with 403 (``cross_site_request``), whatever its method, unless it is the user
+  following a link to a page of tierd's (a top-level GET navigation the user started:
+  ``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``, ``Sec-Fetch-User: ?1``). The
+  dashboard, served by tierd itself, is the same origin and passes; curl, scripts and tierd's
+  clients send neither header and pass.
 
 A browser too old to send ``Origin`` on a form's POST (Firefox before 70, 2019) still sends the
-form's ``Content-Type``:
-a POST sent as a form or plain text is a 415 whatever the tokens (:func:`app.api.deps.json_bodies`:
-tierd takes no forms). With tokens configured neither check here runs unless ``allowed_hosts``
-is set: a page has no token to send, and tierd may be reached by any name a fleet or a load
-balancer gives it.
+form's ``Content-Type``, and a POST sent as a form or plain text is a 415 whatever the tokens
+(:func:`app.api.deps.json_bodies`: tierd takes no forms). With tokens configured neither check
+here runs unless ``allowed_hosts`` is set: a page has no token to send, and tierd may be reached
+by any name a fleet or a load balancer gives it.
 """
 
 from __future__ import annotations
