@@ -368,10 +368,10 @@ def read_content(
     an unsatisfiable or multi-part one gives 416. Counts one access (a HEAD or a 416 none).
 
     The first chunk is read before the status line is sent: a file changed or removed behind
-    tierd's back is then a 409, never a 200 cut short. A HEAD answers the headers alone,
-    from the file as it was opened: no byte is read. That lets an object be opened from the
+    tierd's back is then a 409, never a 200 cut short. That lets an object be opened from the
     catalog's ETag without a HEAD (every ranged GET carries ``If-Match``), so a small range is
-    one request to the store.
+    one request to the store. A HEAD answers the headers alone, from the file as it was
+    opened: no byte is read.
 
     A fleet's shared file this host holds no copy of is read from the peers that hold it
     (each piece checked against the generation's map; the bucket for what no peer gives), as
