@@ -28,6 +28,9 @@ writer's publish; a mismatch drops the unfinished map (its digests came from tho
 
 A generation change anywhere (a peer's 409, the map gone, the catalog refusing a mark) ends
 the fill with :class:`~tiering.errors.FileChanged`: nothing of the old bytes is kept or served.
+
+Kept whole past 450 lines: one fill's state (its flight, map, holdings, the relay of what it
+verified, the batch of landings not yet in the catalog) is shared by every step of it.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ log = logging.getLogger(__name__)
 ORIGIN_READS = 2
 #: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
 POLL_S = 0.1
+#: A receiver tells the catalog the pieces it landed from peers a batch at a time, at most this
+#: long after the first of them (or once :data:`MARK_EVERY` wait): one transaction per batch,
+#: not per piece (2 GB/s is 240 pieces a second a host: a fleet of hundreds was a transaction
+#: per piece per host). Peers learn of a piece that much later; this host relays it at once.
+MARK_S = POLL_S
+MARK_EVERY = 32
 
 
 @dataclass
@@ -160,6 +169,9 @@ class PieceFill:
         self._alive_at = float("-inf")
         self._holdings: list[Holding] = []
         self._read_at = float("-inf")
+        self._unmarked: list[int] = []  # landed from peers, not yet in the catalog's holding
+        self._marked_at = time.monotonic()
+        self._mark_lock = threading.Lock()
 
     # -- relay ---------------------------------------------------------------------------------
     def read_range(self, start: int, end: int) -> bytes | None:
@@ -220,6 +232,8 @@ class PieceFill:
                     done, _ = wait(list(fl.inflight), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
                         self._settle(fl, fut)
+                    self._mark(due_only=True)
+                self._mark()
             finally:
                 for fut in fl.inflight:
                     fut.cancel()
@@ -394,6 +408,21 @@ class PieceFill:
             return
         fl.missing.discard(index)
 
+    def _mark(self, *, due_only: bool = False) -> None:
+        """Add the pieces landed from peers to this host's holding in the catalog: all of them,
+        or (``due_only``) only once :data:`MARK_EVERY` wait or the oldest waited
+        :data:`MARK_S`."""
+        with self._mark_lock:
+            now = time.monotonic()
+            due = len(self._unmarked) >= MARK_EVERY or now - self._marked_at >= MARK_S
+            if not self._unmarked or (due_only and not due):
+                return
+            batch, self._unmarked, self._marked_at = self._unmarked, [], now
+        f = self.fleet
+        held = f.pieces.mark(self.rec.id, host=f.host, generation=self.generation, verified=batch)
+        if held is None:
+            raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
+
     # -- one piece -----------------------------------------------------------------------------
     def _from_peer(self, http: PeerHttp, peer: str, url: str, index: int) -> None:
         m = self.map
@@ -436,16 +465,21 @@ class PieceFill:
         with self._cond:  # servable here before the catalog tells anyone it is
             self._verified.add(index)
         f = self.fleet
-        after = f.pieces.land(
-            self.rec.id,
-            host=f.host,
-            generation=self.generation,
-            index=index,
-            digest=d,
-            origin_ttl_s=f.origin_ttl_s if d is not None else None,
-        )
-        if after is None:
-            raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
+        if d is None:  # from a peer: told to the catalog in a batch (see MARK_S)
+            with self._mark_lock:
+                self._unmarked.append(index)
+            self._mark(due_only=True)
+        else:  # from the bucket: its digest goes into the map now, for every receiver
+            after = f.pieces.land(
+                self.rec.id,
+                host=f.host,
+                generation=self.generation,
+                index=index,
+                digest=d,
+                origin_ttl_s=f.origin_ttl_s,
+            )
+            if after is None:
+                raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
         with self._cond:
             self.by_source[source] += len(data)
         if self._sources is not None:
