@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import LiveServer, make_settings
 from tierd_client import Client
-from tiering.io.buffers import idle_prefix
+from tiering.io.shm import idle_prefix
 
 MiB = 1 << 20
 

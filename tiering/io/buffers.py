@@ -32,7 +32,6 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +39,8 @@ import numpy as np
 from tiering.errors import FileNotFound, InsufficientSpace, InvalidInput
 
 from ._device import Device, gpu_uuid, import_cupy, local_device
+from .shm import SHM_DIR as _SHM_DIR
+from .shm import SHM_PREFIX, idle_prefix, segment_name
 
 if TYPE_CHECKING:
     from .fences import Fence
@@ -58,17 +59,6 @@ CUDA_GRANULE = 2 << 20
 """Allocation granularity on a GPU: what cudaMalloc hands out for large requests anyway."""
 
 _PAGE = mmap.PAGESIZE
-SHM_PREFIX = "tierd-"
-
-
-def idle_prefix() -> str:
-    """The name prefix of released segments waiting in a
-    :class:`~tiering.io.bufferpool.BufferPool` for their next lease: no lease's name ever
-    opens them."""
-    return f"{SHM_PREFIX}{os.getpid()}-idle-"
-
-
-_SHM_DIR = Path("/dev/shm")
 
 
 def alloc_size(device: Device, nbytes: int) -> int:
@@ -171,7 +161,7 @@ class _ShmBuffer(DeviceBuffer):
     def __init__(self, device: Device, nbytes: int) -> None:
         self.device = device
         self.alloc_bytes = alloc_size(device, nbytes)
-        self.name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        self.name = segment_name()
         # /dev/shm directly rather than multiprocessing.shared_memory: its resource tracker
         # would unlink segments at exit (or warn about them) behind the lease table's back.
         path = _SHM_DIR / self.name
@@ -215,7 +205,7 @@ class _ShmBuffer(DeviceBuffer):
         return self._map is not None and self._rename(f"{idle_prefix()}{secrets.token_hex(8)}")
 
     def unpark(self) -> bool:
-        return self._rename(f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
+        return self._rename(segment_name())
 
     def _rename(self, name: str) -> bool:
         try:
