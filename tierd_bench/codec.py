@@ -22,6 +22,7 @@ import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,7 +31,13 @@ from ._measure import MiB, default_device, format_size, gbps, timed
 from ._origin import OriginUnavailable
 from ._report import BenchRow, Report
 
-__all__ = ["OriginUnavailable", "run", "synthetic_bf16"]
+if TYPE_CHECKING:
+    from tiering.codec import Kind
+
+#: Each chunk's kind and stored bytes (as parts), in order.
+Chunks = list[tuple["Kind", list[bytes]]]
+
+__all__ = ["OriginUnavailable", "encode_work", "run", "synthetic_bf16"]
 
 
 def synthetic_bf16(size: int, *, seed: int = 29, tensors: int = 4) -> bytes:
@@ -119,6 +126,36 @@ def run(
     return report
 
 
+def encode_work(
+    data: bytes,
+) -> Callable[[ThreadPoolExecutor | None], Chunks]:
+    """The work both encode rows time, on this thread (``None``) or spread over a pool: every
+    chunk's encoding, the :class:`~tiering.codec.Encoder`'s own step, with its thread's
+    compressor (each chunk's count of 2-byte elements taken beforehand, off the clock). It
+    returns each chunk's kind and stored bytes, in order, for the bench to check that both
+    rows made the same chunks, and the Encoder's."""
+    import zstandard
+
+    from tiering.codec import CHUNK, LEVEL, encode_chunk, two_byte_spans
+
+    view = memoryview(data)
+    spans = two_byte_spans(data)
+    starts = range(0, len(data), CHUNK)
+    counts = {s: sum(max(0, min(e, s + CHUNK) - max(b, s)) for b, e in spans) for s in starts}
+    local = threading.local()
+
+    def encode_one(start: int) -> tuple[Kind, list[bytes]]:
+        cctx = getattr(local, "cctx", None)
+        if cctx is None:
+            cctx = local.cctx = zstandard.ZstdCompressor(level=LEVEL)
+        return encode_chunk(cctx, view[start : start + CHUNK], counts[start])
+
+    def work(pool: ThreadPoolExecutor | None) -> Chunks:
+        return list(map(encode_one, starts) if pool is None else pool.map(encode_one, starts))
+
+    return work
+
+
 def _cpu_rows(
     report: Report,
     data: bytes,
@@ -128,29 +165,11 @@ def _cpu_rows(
     say: Callable[[str], None],
 ) -> None:
     """Encode and decode on the CPU, on one core and on ``cores`` threads."""
-    from tiering.codec import CHUNK, LEVEL, Container, encode_chunk
-    from tiering.codec import two_byte_spans as spans_of
+    from tiering.codec import CHUNK, Container
 
-    view = memoryview(data)
-    spans = spans_of(data)
     starts = range(0, len(data), CHUNK)
-
-    def two_byte(start: int) -> int:
-        end = min(start + CHUNK, len(data))
-        return sum(max(0, min(e, end) - max(b, start)) for b, e in spans)
-
-    import zstandard
-
-    local = threading.local()
-    counts = {s: two_byte(s) for s in starts}
-
-    def encode_one(start: int) -> None:
-        # The same work on one core and on N threads: a chunk's encoding (the Encoder's own
-        # step) with its thread's compressor, each chunk's 2-byte count known beforehand.
-        cctx = getattr(local, "cctx", None)
-        if cctx is None:
-            cctx = local.cctx = zstandard.ZstdCompressor(level=LEVEL)
-        encode_chunk(cctx, view[start : start + CHUNK], counts[start])
+    encode = encode_work(data)
+    made: dict[str, Chunks] = {}
 
     out = bytearray(len(data))
     out_view = memoryview(out)
@@ -166,13 +185,18 @@ def _cpu_rows(
 
     with ThreadPoolExecutor(cores, "tierd-bench-codec") as pool:
         say("encoding")
-        t1 = timed(lambda: list(map(encode_one, starts)), repeats)
-        tn = timed(lambda: list(pool.map(encode_one, starts)), repeats)
+        t1 = timed(lambda: made.__setitem__("1", encode(None)), repeats)
+        tn = timed(lambda: made.__setitem__("n", encode(pool)), repeats)
         say("decoding")
         d1 = timed(lambda: decode(None), repeats)
         dn = timed(lambda: decode(pool), repeats)
     if bytes(out) != data:
         raise AssertionError("the decoded bytes differ from the checkpoint")
+    index = Container.open("bench", lambda n, off: stored[off : off + n], len(stored)).index
+    if made["1"] != made["n"] or [(k, sum(map(len, p))) for k, p in made["1"]] != [
+        (e.kind, e.length) for e in index
+    ]:
+        raise AssertionError("the encode rows made other chunks than each other or the Encoder")
     for key, label, secs in (
         ("encode_1", "encode, 1 core", t1),
         ("encode_all", f"encode, {cores} threads", tn),

@@ -5,6 +5,7 @@ the bench itself. Speed is never asserted."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tierd_bench._nginx import NGINX
-from tierd_bench.codec import run, synthetic_bf16
-from tiering.codec import two_byte_spans
+from tierd_bench.codec import encode_work, run, synthetic_bf16
+from tiering.codec import Container, Encoder, two_byte_spans
 
 
 def test_codec_bench_measures_each_figure() -> None:
@@ -38,6 +39,29 @@ def test_codec_bench_loads_from_a_bucket_plain_and_compressed(host_network: None
     assert rows["obj_compressed"].vs == "obj_raw"
     assert "stored bytes" in (rows["obj_compressed"].note or "")
     assert report.setup["origin"] == "s3like" and report.setup["connections"] == 8
+
+
+def test_both_encode_rows_time_the_same_work() -> None:
+    """The 1-core and N-thread encode rows run one function, on this thread or on a pool,
+    and it makes the chunks the Encoder stores (the 1-core row timed the whole Encoder, the
+    other a chunk step with a new compressor per chunk: their ratio compared other code)."""
+    data = synthetic_bf16(17 << 20)
+    work = encode_work(data)
+    with ThreadPoolExecutor(2) as pool:
+        many = work(pool)
+    one = work(None)
+    assert one == many and len(one) == 3
+    stored = bytearray()
+    encoder = Encoder(stored.extend)
+    encoder.write(data)
+    encoder.finish()
+    index = Container.open("c", lambda n, off: bytes(stored[off : off + n]), len(stored)).index
+    assert [(kind, sum(map(len, parts))) for kind, parts in one] == [
+        (e.kind, e.length) for e in index
+    ]
+    assert [b"".join(parts) for _, parts in one] == [
+        bytes(stored[e.offset : e.offset + e.length]) for e in index
+    ]
 
 
 def test_codec_bench_from_the_cli_writes_json(tmp_path: Path) -> None:
