@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from tests.helpers import cli_text
-from tiering.config import TierConfig
+from tiering.config import EngineConfig, TierConfig
+from tiering.engine import Engine
 from tiering.tiers import Tiers, overlap
 
 
@@ -53,6 +54,47 @@ def test_the_catalog_inside_a_tier_root_is_refused(tmp_path: Path) -> None:
     why = overlap(_dirs(a=tmp_path), catalog=tmp_path / "catalog.db")
     assert why is not None and "catalog" in why
     assert overlap(_dirs(a=tmp_path / "nvme"), catalog=tmp_path / "catalog.db") is None
+
+
+def _layout(tmp_path: Path, case: str) -> tuple[Path, Path]:
+    """Two tier roots that overlap as ``case`` says, each already holding a file."""
+    outer = tmp_path / "x"
+    (outer / "inner").mkdir(parents=True)
+    (outer / "top.bin").write_bytes(b"outer's")
+    (outer / "inner" / "deep.bin").write_bytes(b"inner's")
+    if case == "nested":
+        return outer, outer / "inner"
+    if case == "equal":
+        return outer, outer
+    os.symlink(outer, tmp_path / "alias")  # another name for the same directory
+    return outer / "inner", tmp_path / "alias"
+
+
+@pytest.mark.parametrize("case", ["nested", "equal", "symlink"])
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["scan"]])  # serve reads them alike
+def test_start_up_refuses_overlap_and_adopts_or_deletes_nothing(
+    tmp_path: Path, case: str, command: list[str]
+) -> None:
+    a, b = _layout(tmp_path, case)
+    cfg = tmp_path / "tierd.toml"
+    cfg.write_text(f'[[tiers]]\nname = "a"\npath = "{a}"\n[[tiers]]\nname = "b"\npath = "{b}"\n')
+    data = tmp_path / "d"
+    result = CliRunner().invoke(cli, [*command, "--config", str(cfg), "--data-dir", str(data)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1, result.output  # one line, naming both
+    assert "'a'" in result.output and "'b'" in result.output
+    assert not data.exists(), "no catalog: nothing adopted"
+    x = tmp_path / "x"
+    files = {str(p.relative_to(x)): p.read_bytes() for p in x.rglob("*") if p.is_file()}
+    assert files == {"top.bin": b"outer's", "inner/deep.bin": b"inner's"}  # nothing deleted
+
+
+def test_an_engine_refuses_overlap_as_a_library_too(tmp_path: Path) -> None:
+    a, b = _layout(tmp_path, "symlink")
+    config = EngineConfig(tuple(_dirs(a=a, b=b)), catalog_url=f"sqlite:///{tmp_path / 'c.db'}")
+    with pytest.raises(ValueError, match="inside tier 'b'"):
+        Engine(config)
+    assert not (tmp_path / "c.db").exists()
 
 
 def test_start_up_refuses_nested_roots_and_writes_nothing(tmp_path: Path) -> None:
