@@ -1,6 +1,7 @@
 """The fleet compose's checks (see .ci/compose-smoke): the bucket made, both hosts ready, a file
-uploaded to the shared tier through one host, a fleet prefetch to both hosts' nvme tier, and
-the bytes read back on each host, compared with what was uploaded."""
+uploaded to the shared tier through one host, a fleet prefetch to both hosts' nvme tier, a
+copy on each host's nvme as the catalog locates them, and the bytes read back on each host,
+compared with what was uploaded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 from tiering.checksum import Hasher
 
 PATH = "m/weights.bin"
+NVME = ("copy", "nvme")
 
 
 def _sum(data: bytes) -> str:
@@ -75,6 +77,12 @@ def check(a: str, b: str, token: str) -> None:
         state = ha.get(f"/v1/fleet/jobs/{job}").json()
         if state["state"] != "done" or len(state["hosts"]) != 2:
             raise SystemExit(f"fleet: the prefetch ended {state}")
+        # Each host keeps a copy on its own nvme tier (the catalog says so), and reads the bytes
+        # that were uploaded.
+        (located,) = ha.get("/v1/fleet/locate", params={"path": PATH}).json()["files"]
+        copies = {p["host_id"] for p in located["places"] if (p["kind"], p["location"]) == NVME}
+        if copies != {"tierd-a", "tierd-b"}:
+            raise SystemExit(f"fleet: nvme copies on {sorted(copies)}: {located['places']}")
         for h in (ha, hb):
             fid = h.get("/v1/files/lookup", params={"path": PATH}).json()["id"]
             if _sum(h.get(f"/v1/files/{fid}/content").content) != _sum(data):
