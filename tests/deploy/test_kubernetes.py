@@ -86,3 +86,28 @@ def test_the_config_is_one_tierd_accepts(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("TIERD_ADMIN_TOKEN", "a" * 32)
     s = get_settings(path)
     assert [t.name for t in s.tiers] == ["nvme", "ssd", "s3"]
+
+
+def test_the_daemonset_takes_no_gpu_from_the_device_plugin() -> None:
+    # tierd sees every GPU of its node through the runtime (NVIDIA_VISIBLE_DEVICES=all); a
+    # nvidia.com/gpu request would take them from the engines it serves (daemonset.yaml).
+    (ds,) = [d for _, d in _documents() if d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    for c in spec["containers"] + spec["initContainers"]:
+        for kind in ("requests", "limits"):
+            assert "nvidia.com/gpu" not in c.get("resources", {}).get(kind, {}), c["name"]
+
+
+def test_the_service_monitor_scrapes_the_service() -> None:
+    # Not a kustomization resource (its kind exists only with the Prometheus Operator's CRDs).
+    kustomization = yaml.safe_load((ROOT / "kustomization.yaml").read_text())
+    assert "servicemonitor.yaml" not in kustomization["resources"]
+    sm = yaml.safe_load((ROOT / "servicemonitor.yaml").read_text())
+    (svc,) = [d for _, d in _documents() if d["kind"] == "Service"]
+    assert sm["kind"] == "ServiceMonitor" and sm["metadata"]["namespace"] == "tierd"
+    labels = svc["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    ports = {p["name"] for p in svc["spec"]["ports"]}
+    assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
+    assert "http" in ports
