@@ -9,16 +9,16 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from app.cli_base import (
     ConfigOpt,
     DataDirOpt,
     JsonOpt,
-    err,
     exclusive_engine,
+    fail,
     human_size,
     load_settings,
     open_engine,
@@ -71,7 +71,7 @@ def _missing_bench(exc: ImportError) -> typer.Typer:
         add_help_option=False,
     )
     def bench() -> None:
-        err.print(f"[red]error:[/red] {escape(why)}", highlight=False)
+        fail(why)
         raise typer.Exit(2)
 
     return stub
@@ -117,7 +117,7 @@ def serve(
     try:
         app = create_app(settings)
     except UnsafeBind as exc:
-        err.print(f"[red]{exc}[/red]")
+        fail(str(exc), "cannot start")
         raise typer.Exit(2) from None
     _check_tiers(settings)
     # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
@@ -136,7 +136,7 @@ def _check_lock(settings: Settings) -> None:
     try:
         lock.acquire()
     except TierdError as exc:
-        err.print(f"[red]cannot start:[/red] {exc.message}", soft_wrap=True)  # one line
+        fail(exc.message, "cannot start")  # one line
         raise typer.Exit(1) from None
     lock.release()  # the engine takes it again in the lifespan
 
@@ -159,7 +159,7 @@ def _check_tiers(settings: Settings) -> None:
         if config.memory is not None:  # its quota against RLIMIT_MEMLOCK and the host's RAM
             MemoryTier(config.memory, floor_bytes=config.memory_floor_bytes).check()
     except TierdError as exc:
-        err.print(f"[red]cannot start:[/red] {exc.message}")
+        fail(exc.message, "cannot start")
         raise typer.Exit(1) from None
     finally:
         tiers.close()
@@ -211,7 +211,8 @@ def scan(
                 + (" …" if len(items) > 10 else "")
             )
     for path, names in report.conflicts.items():
-        out.print(f"[yellow]conflict[/yellow]: {path} is in tiers {', '.join(names)}")
+        line = f": {path} is in tiers {', '.join(names)}"
+        out.print(Text("conflict", style="yellow") + Text(line), soft_wrap=True)
     if drifted:
         raise typer.Exit(1)
 
@@ -303,7 +304,7 @@ def stat(
         return
     table = Table(show_header=False, box=None)
     for key, value in f.model_dump().items():
-        table.add_row(f"[bold]{key}[/bold]", "-" if value is None else str(value))
+        table.add_row(Text(key, style="bold"), "-" if value is None else str(value))
     out.print(table)
 
 
@@ -315,7 +316,7 @@ def main() -> None:
     try:
         cli()
     except TierdError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
+        fail(exc.message)
         sys.exit(1)
 
 

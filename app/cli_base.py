@@ -32,6 +32,7 @@ __all__ = [
     "JsonOpt",
     "config_error",
     "err",
+    "fail",
     "exclusive_engine",
     "human_size",
     "load_settings",
@@ -41,8 +42,10 @@ __all__ = [
     "print_json",
 ]
 
-out = Console()
-err = Console(stderr=True)
+# No markup: what tierd prints (paths, messages, patterns like ``^[a-z]{0,63}$``) is shown as
+# written; a bracket in a file name was read as a style, and ``[/x]`` raised MarkupError.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML config file (or TIERD_CONFIG)")
@@ -67,11 +70,16 @@ def config_error(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def fail(message: str, label: str = "error") -> None:
+    """``<label>: <message>`` on stderr, the label in red, one line at any width, the message
+    as written (never read as markup)."""
+    err.print(Text(f"{label}: ", style="red") + Text(message), soft_wrap=True, highlight=False)
+
+
 def print_config_error(exc: BaseException) -> None:
     """``invalid configuration: <the error>`` on stderr, one line, never read as markup (a
     pattern like ``^{0,63}$`` or ``[a-z]`` is printed as written)."""
-    line = Text("invalid configuration: ", style="red") + Text(config_error(exc))
-    err.print(line, soft_wrap=True, highlight=False)
+    fail(config_error(exc), "invalid configuration")
 
 
 def load_settings(config: Path | None, **overrides: Any) -> Settings:
@@ -90,21 +98,16 @@ def open_engine(settings: Settings) -> Iterator[Engine]:
     ``--data-dir``), it exits 2 saying so instead of creating an empty one and its tiers."""
     catalog = sqlite_file(settings.catalog_url)
     if catalog is not None and not catalog.exists():
-        err.print(
-            Text("error: ", style="red")
-            + Text(
-                f"no catalog at {catalog}: nothing to read (is --data-dir right? "
-                "`tierd serve` or `tierd db upgrade` creates it)"
-            ),
-            soft_wrap=True,
-            highlight=False,
+        fail(
+            f"no catalog at {catalog}: nothing to read (is --data-dir right? "
+            "`tierd serve` or `tierd db upgrade` creates it)"
         )
         raise typer.Exit(2)
     engine = Engine(settings.engine_config())
     try:
         yield engine.open()
     except TierdError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
+        fail(exc.message)
         raise typer.Exit(1) from None
     finally:
         engine.stop()
@@ -120,12 +123,12 @@ def exclusive_engine(settings: Settings, rest_hint: str) -> Iterator[Engine]:
     try:
         engine.start(scheduler=False)
     except Unavailable as exc:
-        err.print(f"[red]error:[/red] {exc.message}; while it serves, use {rest_hint}")
+        fail(f"{exc.message}; while it serves, use {rest_hint}")
         raise typer.Exit(1) from None
     try:
         yield engine
     except TierdError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
+        fail(exc.message)
         raise typer.Exit(1) from None
     finally:
         engine.stop()

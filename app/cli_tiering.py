@@ -32,6 +32,7 @@ from app.cli_base import (
     JsonOpt,
     err,
     exclusive_engine,
+    fail,
     human_size,
     load_settings,
     open_engine,
@@ -114,7 +115,7 @@ def policy_set(
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         document = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
-        err.print(f"[red]error:[/red] cannot read a JSON policy from {file}: {exc}")
+        fail(f"cannot read a JSON policy from {file}: {exc}")
         raise typer.Exit(2) from None
     if isinstance(document, dict) and isinstance(document.get("policy"), dict):
         document = document["policy"]  # accept `policy show --json` output as it is
@@ -173,7 +174,7 @@ def explain(
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a relpath, as written
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
@@ -194,7 +195,7 @@ def migrate(
 ) -> None:
     """Move one file (PATH --to TIER), or run the policy's plan now, with a progress bar."""
     if (path is None) != (to is None):
-        err.print("[red]error:[/red] a manual move needs both PATH and --to TIER")
+        fail("a manual move needs both PATH and --to TIER")
         raise typer.Exit(2)
     settings = load_settings(config, data_dir=data_dir)
     results: list[MigrationInfo] = []
@@ -217,7 +218,7 @@ def migrate(
                     results.append(engine.migrate(file_id, dst, reason=reason, progress=tick))
                 except TierdError as exc:
                     failed += 1
-                    err.print(f"[red]{relpath}:[/red] {exc.message}")
+                    fail(exc.message, relpath)
                     if path is not None:
                         raise typer.Exit(1) from None
                 finally:

@@ -55,3 +55,20 @@ def test_reading_commands_refuse_a_data_dir_without_a_catalog(
     assert code == 2, output
     assert "no catalog at" in output and str(missing) in output.replace("\n", "")
     assert not missing.exists()  # nothing made: no directory, no catalog, no tiers
+
+
+def test_paths_and_messages_are_printed_as_written(tmp_path: Path) -> None:
+    """No output is read as rich markup: a bracket in a file name was taken for a style (and
+    dropped), and ``[/x]`` in a message raised MarkupError in place of the error."""
+    d = tmp_path / "d"
+    (d / "ssd").mkdir(parents=True)
+    (d / "ssd" / "[bold]w.bin").write_bytes(b"weights")
+    assert _run("db", "upgrade", "--data-dir", str(d))[0] == 0
+    code, output = _run("scan", "--data-dir", str(d))
+    assert code == 0 and "[bold]w.bin" in output, output
+    code, output = _run("ls", "--data-dir", str(d))
+    assert code == 0 and "[bold]w.bin" in output, output
+    code, output = _run("stat", "[bold]w.bin", "--data-dir", str(d))
+    assert code == 0 and "[bold]w.bin" in output, output
+    code, output = _run("stat", "a[/x]b.bin", "--data-dir", str(d))
+    assert code == 1 and output == "error: no file at path 'a[/x]b.bin'\n", output
