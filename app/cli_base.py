@@ -91,18 +91,25 @@ def load_settings(config: Path | None, **overrides: Any) -> Settings:
         raise typer.Exit(2) from None
 
 
+def _require_catalog(settings: Settings) -> None:
+    """Exit 2 where the SQLite catalog does not exist (a mistyped ``--data-dir``): a command
+    that needs cataloged files makes nothing, where it created an empty data dir, catalog and
+    tiers and exited 0 with nothing to show."""
+    catalog = sqlite_file(settings.catalog_url)
+    if catalog is not None and not catalog.exists():
+        fail(
+            f"no catalog at {catalog}: no files to work on (is --data-dir right? "
+            "`tierd serve` or `tierd db upgrade` creates it)"
+        )
+        raise typer.Exit(2)
+
+
 @contextmanager
 def open_engine(settings: Settings) -> Iterator[Engine]:
     """The engine opened for reading; a tierd error exits 1 with its message. A command that
     only reads makes nothing: where the SQLite catalog does not exist (a mistyped
     ``--data-dir``), it exits 2 saying so instead of creating an empty one and its tiers."""
-    catalog = sqlite_file(settings.catalog_url)
-    if catalog is not None and not catalog.exists():
-        fail(
-            f"no catalog at {catalog}: nothing to read (is --data-dir right? "
-            "`tierd serve` or `tierd db upgrade` creates it)"
-        )
-        raise typer.Exit(2)
+    _require_catalog(settings)
     engine = Engine(settings.engine_config())
     try:
         yield engine.open()
@@ -114,10 +121,16 @@ def open_engine(settings: Settings) -> Iterator[Engine]:
 
 
 @contextmanager
-def exclusive_engine(settings: Settings, rest_hint: str) -> Iterator[Engine]:
+def exclusive_engine(
+    settings: Settings, rest_hint: str, *, needs_catalog: bool = False
+) -> Iterator[Engine]:
     """The engine with its lock held and recovery done (like ``tierd serve``), without scan,
     watcher or scheduler. While a server holds the catalog, stop and point at ``rest_hint``:
-    two processes writing one SQLite catalog is what RELIABILITY.md rules out."""
+    two processes writing one SQLite catalog is what RELIABILITY.md rules out. A command that
+    acts on cataloged files (``needs_catalog``: pin, unpin, migrate) makes no catalog either;
+    scan (it adopts what the roots hold) and policy set may start one."""
+    if needs_catalog:
+        _require_catalog(settings)
     cfg = dataclasses.replace(settings.engine_config(), scan_on_start=False, watch=False)
     engine = Engine(cfg)
     try:

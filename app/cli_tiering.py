@@ -50,8 +50,8 @@ __all__ = ["register"]
 policy_cli = typer.Typer(help="The tiering policy.", no_args_is_help=True)
 
 
-def _exclusive(settings: Settings, rest_hint: str) -> Any:
-    return exclusive_engine(settings, rest_hint)
+def _exclusive(settings: Settings, rest_hint: str, *, needs_catalog: bool = True) -> Any:
+    return exclusive_engine(settings, rest_hint, needs_catalog=needs_catalog)
 
 
 def _policy_table(p: PolicyOut) -> None:
@@ -119,7 +119,8 @@ def policy_set(
         raise typer.Exit(2) from None
     if isinstance(document, dict) and isinstance(document.get("policy"), dict):
         document = document["policy"]  # accept `policy show --json` output as it is
-    with _exclusive(load_settings(config, data_dir=data_dir), "PUT /v1/policy") as engine:
+    settings = load_settings(config, data_dir=data_dir)
+    with _exclusive(settings, "PUT /v1/policy", needs_catalog=False) as engine:
         p = PolicyOut.of(engine.set_policy(document, author="cli"))
     if as_json:
         print_json(p.model_dump(mode="json"))

@@ -45,6 +45,11 @@ def test_several_errors_are_joined_on_one_line(tmp_path: Path) -> None:
         ["plan"],
         ["scan", "--check"],
         ["policy", "show"],
+        ["explain", "x"],
+        ["migrations"],
+        ["migrate"],  # changes files: none to change either
+        ["pin", "x"],
+        ["unpin", "x"],
     ],
 )
 def test_reading_commands_refuse_a_data_dir_without_a_catalog(
