@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -494,4 +495,7 @@ def get_settings(config_file: str | Path | None = None, **overrides: Any) -> Set
         cls = type(
             "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": path}}
         )
-    return cls(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None  # which file, where tomllib says where

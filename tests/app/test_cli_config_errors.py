@@ -77,3 +77,11 @@ def test_paths_and_messages_are_printed_as_written(tmp_path: Path) -> None:
     assert code == 0 and "[bold]w.bin" in output, output
     code, output = _run("stat", "a[/x]b.bin", "--data-dir", str(d))
     assert code == 1 and output == "error: no file at path 'a[/x]b.bin'\n", output
+
+
+def test_a_toml_syntax_error_names_the_file_and_the_place(tmp_path: Path) -> None:
+    cfg = tmp_path / "tierd.toml"
+    cfg.write_text('port = 8470\ndata_dir = "/x\n')
+    code, output = _run("tiers", "--config", str(cfg))
+    assert code == 2 and output.count("\n") == 1, output
+    assert output.startswith(f"invalid configuration: {cfg}: ") and "line 2" in output, output
