@@ -1,8 +1,8 @@
 """The compose smoke test's checks against a running tierd (see .ci/compose-smoke).
 
-``first``: ready; an upload with its checksum; read back and compared; a load into cpu,
-released. ``again`` (after a restart of the container): the file is still there and reads
-back the same. Exits non-zero, saying what failed."""
+``first``: ready; 401 without a token; an upload with its checksum; read back and compared;
+a load into cpu, released. ``again`` (after a restart of the container): the file is still
+there and reads back the same. Exits non-zero, saying what failed."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ def main(url: str, token: str, phase: str) -> None:
     ) as http:
         _ready(http)
         if phase == "first":
+            # The tokens reached the container: without one, 401.
+            r = httpx.get(f"{url}/v1/files", timeout=10)
+            if r.status_code != 401:
+                raise SystemExit(f"without a token: {r.status_code}, not 401")
             data = os.urandom(8 << 20)
             r = http.put(
                 "/v1/files/content", params={"path": PATH, "checksum": _sum(data)}, content=data
