@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +88,9 @@ def load_settings(config: Path | None, **overrides: Any) -> Settings:
     """The settings, or exit 2 with the configuration's error."""
     try:
         return get_settings(config, **overrides)
+    except tomllib.TOMLDecodeError as exc:  # which file, and where in it tomllib says
+        print_config_error(ValueError(f"{config or os.environ.get('TIERD_CONFIG')}: {exc}"))
+        raise typer.Exit(2) from None
     except (ValidationError, FileNotFoundError, ValueError) as exc:
         print_config_error(exc)
         raise typer.Exit(2) from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -495,7 +494,4 @@ def get_settings(config_file: str | Path | None = None, **overrides: Any) -> Set
         cls = type(
             "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": path}}
         )
-    try:
-        return cls(**{k: v for k, v in overrides.items() if v is not None})
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: {exc}") from None  # which file, where tomllib says where
+    return cls(**{k: v for k, v in overrides.items() if v is not None})
