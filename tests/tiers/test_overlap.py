@@ -5,6 +5,8 @@ start-up, naming both; nothing is adopted twice and nothing deleted through an a
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,36 @@ def test_start_up_refuses_nested_roots_and_writes_nothing(tmp_path: Path) -> Non
     assert result.exit_code != 0
     assert "tier 'b'" in cli_text(result.output) and "tier 'a'" in cli_text(result.output)
     assert not (tmp_path / "x").exists() and not (tmp_path / "d" / "catalog.db").exists()
+
+
+@pytest.fixture
+def bind(tmp_path: Path) -> Iterator[Callable[[Path, Path], None]]:
+    """``bind(src, dst)``: ``src`` also reached as ``dst`` (a bind mount, undone after)."""
+    mounted: list[Path] = []
+
+    def mount(src: Path, dst: Path) -> None:
+        dst.mkdir(parents=True)
+        done = subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot bind-mount here: {done.stderr.decode().strip()}")
+        mounted.append(dst)
+
+    yield mount
+    for dst in reversed(mounted):
+        subprocess.run(["umount", str(dst)], check=True)
+
+
+def test_one_directory_under_two_names_is_one_root(
+    tmp_path: Path, bind: Callable[[Path, Path], None]
+) -> None:
+    disk = tmp_path / "disk"
+    (disk / "sub").mkdir(parents=True)
+    alias = tmp_path / "mnt" / "alias"
+    bind(disk, alias)  # as a container's two volumes of one host directory
+    why = overlap(_dirs(a=disk, b=alias))
+    assert why is not None and "same root" in why and "one directory" in why
+    why = overlap(_dirs(a=disk, b=alias / "sub"))
+    assert why is not None and "tier 'b'" in why and "inside tier 'a'" in why
+    why = overlap(_dirs(a=disk), catalog=alias / "catalog.db")
+    assert why is not None and "catalog" in why
+    assert overlap(_dirs(a=disk / "sub", b=alias / "other")) is None  # siblings: both fine

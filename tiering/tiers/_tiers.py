@@ -44,19 +44,65 @@ def overlap(configs: Sequence[TierConfig], *, catalog: Path | None = None) -> st
                 return f"tiers {a.name!r} and {b.name!r} have the same root ({_shown(a)})"
             inner, outer = (a, b) if pa[: len(pb)] == pb else (b, a)
             if pa[: len(pb)] == pb or pb[: len(pa)] == pa:
-                return (
-                    f"tier {inner.name!r} ({_shown(inner)}) is inside tier {outer.name!r} "
-                    f"({_shown(outer)}): tier roots must not nest"
-                )
+                return _nested(inner, outer)
     if catalog is not None:
         at = Path(os.path.realpath(catalog)).parts
         for c, (store, parts) in places:
             if store == "" and at[: len(parts)] == parts:
+                return _holds_catalog(c, catalog)
+    return _by_identity(configs, catalog)
+
+
+def _ids(path: Path) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
+    """The identity (st_dev, st_ino) of directory ``path`` (None while it does not exist), and
+    those of it and of every directory above it, by its real path."""
+    real = Path(os.path.realpath(path))
+    own, chain = None, set()
+    for q in (real, *real.parents):
+        try:
+            st = os.stat(q)
+        except OSError:
+            continue
+        chain.add((st.st_dev, st.st_ino))
+        own = (st.st_dev, st.st_ino) if q == real else own
+    return own, chain
+
+
+def _by_identity(configs: Sequence[TierConfig], catalog: Path | None) -> str | None:
+    """The overlap paths do not show: one directory reached by two names (a bind mount), as
+    the same root, or above another root or the catalog reached through the other name."""
+    dirs = [(c, *_ids(c.path)) for c in configs if c.kind == "directory" and c.path is not None]
+    for i, (a, own_a, chain_a) in enumerate(dirs):
+        for b, own_b, chain_b in dirs[i + 1 :]:
+            if own_a is not None and own_a == own_b:
                 return (
-                    f"the catalog {catalog} is inside tier {c.name!r} ({_shown(c)}): it would "
-                    "be taken for a file of the tier; keep it beside the tiers"
+                    f"tiers {a.name!r} and {b.name!r} have the same root ({a.path} and "
+                    f"{b.path} are one directory)"
                 )
+            if own_b is not None and own_b in chain_a:
+                return _nested(a, b)
+            if own_a is not None and own_a in chain_b:
+                return _nested(b, a)
+    if catalog is not None:
+        chain = _ids(catalog.parent)[1]
+        for c, own, _ in dirs:
+            if own is not None and own in chain:
+                return _holds_catalog(c, catalog)
     return None
+
+
+def _nested(inner: TierConfig, outer: TierConfig) -> str:
+    return (
+        f"tier {inner.name!r} ({_shown(inner)}) is inside tier {outer.name!r} "
+        f"({_shown(outer)}): tier roots must not nest"
+    )
+
+
+def _holds_catalog(c: TierConfig, catalog: Path) -> str:
+    return (
+        f"the catalog {catalog} is inside tier {c.name!r} ({_shown(c)}): it would be taken "
+        "for a file of the tier; keep it beside the tiers"
+    )
 
 
 def _shown(c: TierConfig) -> str:
