@@ -78,6 +78,8 @@ def test_a_killed_servers_segments_are_removed_at_the_next_start(tmp_path: Path)
         live.kill()
         live.wait()
         foreign.unlink(missing_ok=True)
+    sweep_segments()  # that run is gone now: its segment goes too
+    assert _run_files(live.pid) == set()
 
 
 def _run(where: Path, pid: int, *, marker: bool = True) -> tuple[str, list[Path]]:
