@@ -24,6 +24,8 @@ from tiering.checksum import ALGORITHM, hex_digest
 
 __all__ = ["etag", "last_modified", "read_precondition", "upload_precondition"]
 
+QUOTE = '"'
+
 
 def etag(checksum: str | None) -> str | None:
     return f'"{hex_digest(checksum)}"' if checksum else None
@@ -83,6 +85,3 @@ def upload_precondition(headers: Headers) -> tuple[list[str] | None, bool]:
         tags = _tags(if_match, weak=False)
         allowed = ["*"] if "*" in tags else [f"{ALGORITHM}:{t.strip(QUOTE)}" for t in tags]
     return allowed, "*" in _tags(headers.get("if-none-match") or "", weak=True)
-
-
-QUOTE = '"'

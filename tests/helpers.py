@@ -5,6 +5,7 @@ against the bytes on disk."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,46 @@ def cli_text(output: str) -> str:
     (80 columns by default) and draws a border on each line, so a message may be cut by
     ``│`` and line breaks anywhere; tests look for words, whatever the width."""
     return " ".join(output.replace("│", " ").split())
+
+
+def chromium() -> tuple[Any, str, str]:
+    """selenium, the chromium binary and chromedriver, or a skip saying which is missing (the
+    browser tests: the dashboard's, and a web page's against a tokenless tierd)."""
+    import pytest
+
+    try:
+        import selenium.webdriver as webdriver
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install selenium)")
+    chrome = next(
+        (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))),
+        None,
+    )
+    if chrome is None:
+        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
+    driver = shutil.which("chromedriver")
+    if driver is None:
+        pytest.skip("no chromedriver (Debian: apt-get install chromium-driver)")
+    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
+        pytest.skip("/dev/shm is not writable here (the cpu lease needs it)")
+    return webdriver, chrome, driver
+
+
+def chromium_options(webdriver: Any, chrome: str, profile: Path, *extra: str) -> Any:
+    """Headless Chromium's options for the tests: no network of its own, a fresh profile."""
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *extra,
+    ):
+        opts.add_argument(arg)
+    return opts

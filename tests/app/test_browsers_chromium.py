@@ -7,8 +7,6 @@ The headers are the browser's own, not a test's idea of them. Skips where there 
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, make_settings
-from tests.helpers import SHM
+from tests.helpers import chromium, chromium_options
 
 ATTACKER = "attacker.test"  # resolved to 127.0.0.1 by the browser alone (--host-resolver-rules)
 
@@ -63,41 +61,17 @@ if (location.hash === "#send") location.href = "{tierd}/healthz";
 """
 
 
-def _chromium() -> tuple[Any, str, str]:
-    try:
-        import selenium.webdriver as webdriver
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install selenium)")
-    names = ("chromium", "chromium-browser", "google-chrome")
-    chrome = next((p for n in names if (p := shutil.which(n))), None)
-    driver = shutil.which("chromedriver")
-    if chrome is None or driver is None:
-        pytest.skip("no chromium or chromedriver (Debian: apt-get install chromium-driver)")
-    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
-        pytest.skip("/dev/shm is not writable here (the cpu lease needs it)")
-    return webdriver, chrome, driver
-
-
 @pytest.fixture
 def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    webdriver, chrome, chromedriver = _chromium()
+    webdriver, chrome, chromedriver = chromium()
     from selenium.webdriver.chrome.service import Service
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chrome
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+    opts = chromium_options(
+        webdriver,
+        chrome,
+        tmp_path / "chrome-profile",
         f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1",
-        f"--user-data-dir={tmp_path / 'chrome-profile'}",
-    ):
-        opts.add_argument(arg)
+    )
     monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager looks for no driver online
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=chromedriver))
     try:

@@ -19,7 +19,7 @@ from app.api.history import StatsRecorder
 from app.main import create_app
 from app.ui import ASSETS
 from tests.conftest import LiveServer, make_settings, wait_for
-from tests.helpers import SHM
+from tests.helpers import SHM, chromium, chromium_options
 
 MiB = 1 << 20
 ADMIN = "admin-token-for-the-dashboard-test"
@@ -248,22 +248,7 @@ def test_heat_lists_the_hottest_files_and_a_histogram_per_tier(client: TestClien
 # -- the page in a real browser ------------------------------------------------------------------
 def _browser() -> tuple[Any, str, str]:
     """selenium, the chromium binary and chromedriver, or a skip saying which is missing."""
-    try:
-        import selenium.webdriver as webdriver
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install selenium)")
-    chrome = next(
-        (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))),
-        None,
-    )
-    if chrome is None:
-        pytest.skip("no chromium binary (Debian: apt-get install chromium)")
-    driver = shutil.which("chromedriver")
-    if driver is None:
-        pytest.skip("no chromedriver (Debian: apt-get install chromium-driver)")
-    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
-        pytest.skip("/dev/shm is not writable here (the cpu lease needs it)")
-    return webdriver, chrome, driver
+    return chromium()
 
 
 @pytest.fixture
@@ -390,22 +375,13 @@ def test_dashboard_in_a_real_browser(
 
     seen = _populate(dash_server)
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chrome
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+    opts = chromium_options(
+        webdriver,
+        chrome,
+        tmp_path / "chrome-profile",
         "--window-size=1440,1000",
         "--force-device-scale-factor=1",
-    ):
-        opts.add_argument(arg)
+    )
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # Selenium Manager must not go looking for a driver on the internet.
     monkeypatch.setenv("SE_OFFLINE", "true")
