@@ -41,7 +41,11 @@ _H2D, _D2H, _D2D = 1, 2, 3
 
 class CopyFile(GdsFile):
     """A file whose bytes are held in memory: a flat ``uint8`` array on the host (``held_on``
-    ``cpu``, pinned where the host has CUDA) or on a GPU (``held_on`` ``cuda:N``).
+    ``cpu``, pinned where the host has CUDA) or on a GPU (``held_on`` ``cuda:N``), after
+    ``head``, the file's first bytes in host memory (empty where ``array`` is the whole file).
+
+    A head is how a copy of a safetensors shard's tensors alone serves every read of the file:
+    the header comes from the head, the tensors from the device.
 
     Made by :meth:`GpuDirectStorage.open_copy <tiering.io.GpuDirectStorage.open_copy>`.
     """
@@ -58,11 +62,12 @@ class CopyFile(GdsFile):
         owner: object,
         target: Device,
         on_close: Callable[[], None] | None = None,
+        head: bytes = b"",
     ) -> None:
         super().__init__(
             Path(name),
             -1,
-            int(array.nbytes),
+            len(head) + int(array.nbytes),
             tier=tier,
             rank=rank,
             alignment=alignment,
@@ -72,13 +77,16 @@ class CopyFile(GdsFile):
         )
         self.array = array
         self.held_on = held_on
+        #: The file's bytes before ``array``'s: where ``array``'s first byte lies in the file.
+        self.head = np.frombuffer(head, dtype=np.uint8)
+        self.base = len(head)
         self.source: LoadSource = _source(held_on, target)
         self._on_close = on_close
         self._queued = 0  # copies out of the array queued under a fence, not yet landed
         self._released = False
 
     def _rows(self, populate: bool) -> np.ndarray:
-        if self.held_on.is_cuda:
+        if self.held_on.is_cuda or self.base:
             raise InvalidInput(f"{self.path} is held on {self.held_on}: it has no host rows")
         view: np.ndarray = self.array.view()
         view.flags.writeable = False  # gathers read it; nothing may write the holder's copy
@@ -112,10 +120,12 @@ class CopyFile(GdsFile):
             on_close()
 
     def read_bytes(self, n: int, offset: int) -> bytes:
-        part = self.array[offset : offset + max(0, n)]
-        if self.held_on.is_cuda:
-            return bytes(import_cupy().asnumpy(part))
-        return bytes(part)
+        end = min(offset + max(0, n), self.base + int(self.array.nbytes))
+        out = bytes(self.head[offset:end])
+        if end > self.base:
+            part = self.array[max(offset, self.base) - self.base : end - self.base]
+            out += bytes(import_cupy().asnumpy(part) if self.held_on.is_cuda else part)
+        return out
 
 
 def _source(held_on: Device, target: Device) -> LoadSource:
@@ -188,7 +198,13 @@ def copy_into(
     try:
         if nbytes:
             with file.guard():  # (held until the copy is the fence's: no close in between)
-                stream = _copy(file, target, dst, dst_offset, file_offset, nbytes, fence)
+                head = max(0, min(nbytes, file.base - file_offset))
+                if head:  # a few KiB of header: a plain copy, landed on return
+                    _copy_head(file, target, dst, dst_offset, file_offset, head)
+                stream = None
+                if nbytes > head:
+                    at, rest = file_offset + head, nbytes - head
+                    stream = _copy(file, target, dst, dst_offset + head, at, rest, fence)
                 if stream is not None:
                     assert fence is not None
                     tier, source = file.tier_key, file.source
@@ -208,6 +224,21 @@ def copy_into(
     return IoReport(nbytes, "copy", file.tier_key, seconds, source=file.source, landed=not queued)
 
 
+def _copy_head(
+    file: CopyFile, target: Device, dst: Any, dst_offset: int, file_offset: int, nbytes: int
+) -> None:
+    """Bytes of the file's head (host memory) into ``dst``; landed on return."""
+    src = file.head[file_offset : file_offset + nbytes]
+    if not target.is_cuda:
+        np.copyto(dst[dst_offset : dst_offset + nbytes], src)
+        return
+    cp = import_cupy()
+    with cp.cuda.Device(target.index):
+        s = _stream(target.index)
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr + dst_offset, src.ctypes.data, nbytes, _H2D, s.ptr)
+        s.synchronize()
+
+
 def _copy(
     file: CopyFile,
     target: Device,
@@ -221,6 +252,7 @@ def _copy(
     has landed."""
     src = file.array
     held = file.held_on
+    file_offset -= file.base  # where the bytes lie in the array
     if not target.is_cuda:
         out = dst[dst_offset : dst_offset + nbytes]
         if held.is_cuda:

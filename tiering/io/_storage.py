@@ -230,9 +230,11 @@ class GpuDirectStorage(Closing, AsyncTwins):
         tier: str | None,
         rank: int | None,
         on_close: Callable[[], None] | None = None,
+        head: bytes = b"",
     ) -> GdsFile:
         """Open bytes already held in memory (flat ``uint8`` ``array``, on the host or on GPU
-        ``held_on``) for every read :meth:`open_file` files get.
+        ``held_on``, after the file's first bytes ``head`` where the array is not the whole
+        file) for every read :meth:`open_file` files get.
 
         Reads are memory copies under the ``copy`` I/O path (see :mod:`tiering.io._copies`),
         counted under ``tier`` (where the file's authoritative bytes are). The holder must keep
@@ -250,6 +252,7 @@ class GpuDirectStorage(Closing, AsyncTwins):
             owner=self,
             target=self.device,
             on_close=on_close,
+            head=head,
         )
 
     # -- the transfer primitives, for shard and replica loads (see ShardStorage) -------------

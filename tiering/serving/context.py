@@ -247,6 +247,7 @@ class LoadContext:
                     tier=tier.name,
                     rank=tier.rank,
                     on_close=held.release,
+                    head=held.head,
                 )
             except BaseException:
                 held.release()

@@ -34,7 +34,9 @@ class Held:
     """One copy of a whole file, pinned by its holder until :meth:`release`.
 
     ``array`` is a flat ``uint8`` array of the file's bytes, on the host (``held_on`` ``cpu``)
-    or on a GPU; ``stat`` is the authoritative file's when it was copied.
+    or on a GPU, after ``head``: the file's first bytes, kept apart in host memory where the
+    copy on the device is of the rest only (a safetensors shard's tensors, whose header the
+    load that made the copy had read); ``stat`` is the authoritative file's when it was copied.
     """
 
     file_id: int
@@ -43,6 +45,7 @@ class Held:
     array: Any
     held_on: Device
     holder: str  # the memory tier's name, or "gpu"
+    head: bytes = b""
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     def release(self) -> None:

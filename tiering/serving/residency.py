@@ -46,14 +46,15 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tiering.catalog import FileRecord
 from tiering.io import Device, IoReport, LoadSource, Stats, peer_access
+from tiering.io.safetensors import TensorInfo
 from tiering.serving.held import Held, authoritative_stat
 from tiering.serving.leases import Holding, Lease, LeaseSpec, LeaseTable
-from tiering.serving.resident import Entry, ResidentKey
+from tiering.serving.resident import Claims, Entry, ResidentKey
 from tiering.tiers import Stat, Tier
 
 __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
@@ -61,14 +62,6 @@ __all__ = ["Entry", "Residency", "ResidentKey", "authoritative_stat"]
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 2.0  # the longest a kept copy of a changed file outlives the change, unused
-
-
-class _Claim:
-    __slots__ = ("lock", "users")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
 
 
 class Residency:
@@ -113,42 +106,12 @@ class Residency:
         self._entries: dict[ResidentKey, Entry] = {}
         self._by_file: dict[int, list[Entry]] = {}
         self._by_holding: dict[int, Entry] = {}
-        self._claims: dict[ResidentKey, _Claim] = {}
+        self._claims = Claims()
 
-    # -- claims ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def claim(self, keys: Iterable[ResidentKey]) -> Iterator[None]:
-        """Hold ``keys`` against other shared loads until the block ends (single flight).
-
-        The second of two shared loads of one content waits here while the first reads it, then
-        finds its entry. Keys are taken in one total order, so two loads claiming overlapping
-        sets never deadlock.
-        """
-        taken: list[tuple[ResidentKey, _Claim]] = []
-        try:
-            for key in sorted(set(keys), key=ResidentKey.order):
-                with self._lock:
-                    c = self._claims.get(key)
-                    if c is None:
-                        c = self._claims[key] = _Claim()
-                    c.users += 1
-                try:
-                    c.lock.acquire()
-                except BaseException:
-                    self._unclaim(key, c)
-                    raise
-                taken.append((key, c))
-            yield
-        finally:
-            for key, c in reversed(taken):
-                c.lock.release()
-                self._unclaim(key, c)
-
-    def _unclaim(self, key: ResidentKey, c: _Claim) -> None:
-        with self._lock:
-            c.users -= 1
-            if c.users == 0:
-                del self._claims[key]
+    def claim(self, keys: Iterable[ResidentKey]) -> contextlib.AbstractContextManager[None]:
+        """Hold ``keys`` against other shared loads until the block ends (see
+        :class:`~tiering.serving.resident.Claims`)."""
+        return self._claims.claim(keys)
 
     # -- finding copies ------------------------------------------------------------------------
     @staticmethod
@@ -188,23 +151,45 @@ class Residency:
         exact = self.find(ResidentKey.bytes(rec, device, offset, length), rec, tier)
         if exact is not None:
             return exact, 0
-        with self._lock:
-            around = [
-                e
-                for e in self._by_file.get(rec.id, ())
-                if e.device == device
-                and e.key.generation == rec.generation
-                and e.key.what[0] == "bytes"
-                and e.key.what[1] <= offset
-                and offset + length <= e.key.what[1] + e.key.what[2]
-                and (offset - e.key.what[1]) % max(1, itemsize) == 0
-            ]
-        for e in around:
+        for e in self._on(rec, device):
+            at = e.covers(offset, length)
+            if at is None or at % max(1, itemsize):
+                continue
             if e.current(rec, tier):
                 self._touch(e)
-                return e, offset - e.key.what[1]
+                return e, at
             self._forget(e)
         return None
+
+    def find_tensors(
+        self, key: ResidentKey, rec: FileRecord, tier: Tier, tensors: Iterable[TensorInfo]
+    ) -> tuple[Entry, dict[str, Any]] | None:
+        """A current entry on ``key``'s device holding every one of ``tensors`` of the file,
+        and their layout in it: the exact selection (``key``), else any copy of the file's
+        bytes around them (the whole file, another selection read in one span)."""
+        wanted = list(tensors)
+        exact = self.find(key, rec, tier)
+        if exact is not None:
+            return exact, exact.tensors
+        for e in self._on(rec, key.device):
+            layout = e.layout(wanted)
+            if layout is None:
+                continue
+            if e.current(rec, tier):
+                self._touch(e)
+                return e, layout
+            self._forget(e)
+        return None
+
+    def _on(self, rec: FileRecord, device: Device) -> list[Entry]:
+        """The entries of ``rec``'s generation on ``device``, whole copies first."""
+        with self._lock:
+            same = [
+                e
+                for e in self._by_file.get(rec.id, ())
+                if e.device == device and e.key.generation == rec.generation
+            ]
+        return sorted(same, key=lambda e: not e.whole(rec))
 
     # -- leases over copies ----------------------------------------------------------------------
     def grant_shared(
@@ -218,9 +203,11 @@ class Residency:
         nbytes: int | None = None,
         dtype: str = "uint8",
         shape: tuple[int, ...] | None = None,
+        tensors: dict[str, Any] | None = None,
     ) -> Lease | None:
-        """A new lease over ``entry``'s allocation (no read, no copy, no new bytes); see
-        :meth:`share`. None when the entry's last holder let go meanwhile (load afresh)."""
+        """A new lease over ``entry``'s allocation (no read, no copy, no new bytes), naming
+        ``tensors`` (by default the entry's); see :meth:`share`. None when the entry's last
+        holder let go meanwhile (load afresh)."""
         n = entry.nbytes if nbytes is None else nbytes
         return self.share(
             entry.holding,
@@ -231,7 +218,7 @@ class Residency:
             nbytes=n,
             dtype=dtype,
             shape=shape,
-            tensors=entry.tensors,
+            tensors=entry.tensors if tensors is None else tensors,
         )
 
     def share(
@@ -272,9 +259,20 @@ class Residency:
         self._on_access(rec.id)
         return lease
 
-    def register(self, key: ResidentKey, lease: Lease, stat: Stat) -> Entry | None:
+    def register(
+        self,
+        key: ResidentKey,
+        lease: Lease,
+        stat: Stat,
+        *,
+        base: int | None = None,
+        head: bytes | None = None,
+    ) -> Entry | None:
         """Make ``lease``'s read-only buffer the resident copy of ``key`` (replacing an older
-        entry of that key). None when its leases are gone already."""
+        entry of that key). A copy of tensors says where it lies in the file, when it is one
+        run of its bytes: ``base``, and the ``head`` before it where it runs to the end (see
+        :class:`Entry`), so that it serves other loads of the file too. None when its leases
+        are gone already."""
         holding = lease.holding
         if holding is None or not lease.read_only:
             return None
@@ -283,6 +281,8 @@ class Residency:
         if not self._closed and self._keep(key.device) > 0:
             self._leases.keep(holding, self._idle)
         entry = Entry(key, holding, stat, lease.nbytes, dict(lease.tensors))
+        if key.what[0] == "tensors":
+            entry.base, entry.head = base, head
         with self._lock:
             old = self._entries.get(key)
             if old is not None:
@@ -302,14 +302,18 @@ class Residency:
 
     # -- the Holder of serving.held --------------------------------------------------------------
     def acquire(self, rec: FileRecord, device: Device) -> Held | None:
-        """A copy of the whole file on a GPU for a read into ``device``, pinned until released:
-        one on ``device`` itself, else one on a GPU that ``device`` can read directly (peer
-        access), else, for a ``cpu`` target, any; None when there is none."""
+        """A copy of the whole file for a read into ``device``, pinned until released: one on
+        ``device`` itself, else one on a GPU that ``device`` can read directly (peer access),
+        else, for a ``cpu`` target, any; None when there is none. Whole is every byte, a
+        shard's tensors with the header their load read (see :class:`Entry`): whatever load
+        made the copy, any load of the file copies from it."""
         with self._lock:
             found = [
                 e
                 for e in self._by_file.get(rec.id, ())
-                if e.device.is_cuda and e.key.generation == rec.generation and e.whole(rec)
+                if (e.device.is_cuda or not device.is_cuda)
+                and e.key.generation == rec.generation
+                and e.whole(rec)
             ]
         if not found:
             return None
@@ -329,6 +333,7 @@ class Residency:
                     array=e.holding.buffer.array()[: e.nbytes],
                     held_on=e.device,
                     holder="gpu",
+                    head=e.head or b"",
                     _release=functools.partial(self._leases.unhold, e.holding),
                 )
         return None

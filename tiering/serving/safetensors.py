@@ -269,9 +269,13 @@ def _load_shared(
             }
             stack.enter_context(residency.claim(keys.values()))
             for i, key in keys.items():
-                entry = residency.find(key, recs[i], tiers[i])
-                if entry is not None:
-                    hit = residency.grant_shared(entry, recs[i], kind="safetensors", ttl_s=ttl_s)
+                wanted_here = [headers[i].tensors[n] for n in chosen[i]]
+                found = residency.find_tensors(key, recs[i], tiers[i], wanted_here)
+                if found is not None:
+                    entry, layout = found
+                    hit = residency.grant_shared(
+                        entry, recs[i], kind="safetensors", ttl_s=ttl_s, tensors=layout
+                    )
                     if hit is not None:
                         leases[i] = hit
             todo = [i for i in keys if i not in leases]
@@ -286,10 +290,26 @@ def _load_shared(
                     leases[i] = lease
                     stat = stats[i]
                     if stat is not None:
-                        residency.register(keys[i], lease, stat)
+                        base, head = _span(shard, opened[i][0])
+                        residency.register(keys[i], lease, stat, base=base, head=head)
     except BaseException:
         ctx.leases.release_many([lease.id for lease in leases.values()])
         for res in alloc.reserved:
             res.cancel()
         raise
     return loaded(ctx, dev, [leases[i] for i in sorted(leases)])
+
+
+def _span(shard: ShardLayout, f: GdsFile) -> tuple[int | None, bytes | None]:
+    """Where a shard's buffer lies in its file, when it is one run of the file's bytes (its
+    tensors read in one span), and the file's bytes before it where it runs to the end (the
+    header, a few KiB): what lets the copy serve any other load of the file."""
+    if not shard.tensors:
+        return None, None
+    base = min(t.begin for _at, t in shard.tensors.values())
+    if any(at != t.begin - base for at, t in shard.tensors.values()):
+        return None, None  # a selection packed apart: only the same selection finds it
+    if base + int(shard.buffer.nbytes) != f.size():
+        return base, None
+    with f.guard():
+        return base, f.read_bytes(base, 0)
