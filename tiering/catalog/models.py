@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     select,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -287,6 +288,15 @@ class PieceHolding(Base):
     host; a newer generation replaces it, and a host deletes its rows of bytes it dropped."""
 
     __tablename__ = "piece_holdings"
+    # The few rows holding a claim on the bucket, which every receiver's poll reads (0011).
+    __table_args__ = (
+        Index(
+            "ix_piece_holdings_claims",
+            "file_id",
+            postgresql_where=text("origin_until IS NOT NULL"),
+            sqlite_where=text("origin_until IS NOT NULL"),
+        ),
+    )
 
     file_id: Mapped[int] = mapped_column(
         ForeignKey("files.id", ondelete="CASCADE"), primary_key=True

@@ -60,7 +60,9 @@ class PieceDigests:
 
 @dataclass(frozen=True)
 class Holding:
-    """What one host has verified of one generation: the pieces' bitmap and how many."""
+    """What one host has verified of one generation: the pieces' bitmap and how many; where
+    read with its host's row, that host's ``address`` and ``heartbeat`` (None: not read, or
+    no such host)."""
 
     file_id: int
     host: str
@@ -69,6 +71,8 @@ class Holding:
     pieces: int
     updated_at: float
     origin_until: float | None = None
+    address: str | None = None
+    heartbeat: float | None = None
 
     def has(self, index: int) -> bool:
         byte = index // 8

@@ -22,7 +22,10 @@ The promises:
   the host's holding row, taken under the map's row lock (:meth:`Pieces.claim_origin`),
   renewed as the claimer's pieces land, and dead once it expires.
 
-These writes change no file's place or content (``changes_files=False``).
+These writes change no file's place or content (``changes_files=False``). A receiver's poll,
+the tracker's hot path, is :mod:`tiering.catalog.tracker`'s.
+
+Kept whole past 450 lines: one class for the two tables, whose writes share the promises above.
 """
 
 from __future__ import annotations
@@ -46,9 +49,19 @@ from tiering.catalog.piecemaps import (
     holding_of,
     piece_count,
 )
+from tiering.catalog.tracker import (
+    WINDOW,
+    Exchange,
+    add_pieces,
+    clock,
+    holding_of_row,
+    holding_rows,
+    tell,
+    window,
+)
 from tiering.errors import IntegrityError
 
-__all__ = ["Holding", "PieceDigests", "Pieces", "bitmap", "bits_of"]
+__all__ = ["WINDOW", "Exchange", "Holding", "PieceDigests", "Pieces", "bitmap", "bits_of"]
 
 
 def _drop_others(s: Session, file_id: int, generation: int) -> None:
@@ -336,6 +349,7 @@ class Pieces:
                     PieceHolding.file_id == file_id,
                     PieceHolding.generation == generation,
                     PieceHolding.host != host,
+                    PieceHolding.origin_until.is_not(None),  # ix_piece_holdings_claims
                     PieceHolding.origin_until > stamp,
                 )
             ).all()
@@ -377,42 +391,64 @@ class Pieces:
         holding of another generation); returns the holding, or None (nothing written) when
         the file is gone, at another generation, or has no map of ``generation``."""
         wanted = sorted(set(verified))
+        at = clock(now)
+        return self.db.transact(
+            lambda s: add_pieces(s, file_id, host, generation, wanted, at),
+            changes_files=False,
+            retry_unique=True,
+        )
 
-        def body(s: Session) -> Holding | None:
-            if not _at(s, file_id, generation, None):
-                return None
-            m = s.get(PieceMap, (file_id, generation))
-            if m is None:
-                return None
-            count = len(digests_of(m).digests)
-            new = bitmap(wanted, count)
-            row = s.get(PieceHolding, (file_id, host), with_for_update=True)
-            stamp = time.time() if now is None else now
-            if row is None:
-                row = PieceHolding(file_id=file_id, host=host, generation=generation)
-                row.have = new
-                s.add(row)
-            else:
-                old = bytes(row.have) if row.generation == generation else bytes(len(new))
-                row.generation = generation
-                old = old.ljust(len(new), b"\0")
-                row.have = bytes(a | b for a, b in zip(old, new, strict=True))
-            row.pieces = len(bits_of(row.have, count))
-            row.updated_at = stamp
-            s.flush()
-            return holding_of(row)
+    def exchange(
+        self,
+        file_id: int,
+        *,
+        host: str,
+        generation: int,
+        have: bytes | None = None,
+        after: str = "",
+        limit: int = WINDOW,
+        now: float | None = None,
+    ) -> Exchange | None:
+        """One receiver's poll (see :mod:`tiering.catalog.tracker`): set ``host``'s holding
+        to ``have`` as :meth:`tell` does (when given), and read the holdings of
+        ``generation`` of at most ``limit`` hosts after ``after`` (wrapping round) and of the
+        hosts with a live claim on the bucket, with their addresses and heartbeats, in one
+        transaction. None (nothing written) when ``have`` was refused."""
+        at = clock(now)
 
-        return self.db.transact(body, changes_files=False, retry_unique=True)
+        def body(s: Session) -> Exchange | None:
+            if have is not None and not tell(s, file_id, host, generation, have, at):
+                return None
+            return window(s, file_id, generation, me=host, after=after, limit=limit, now=at)
+
+        if have is None:
+            with self.db.read() as s:
+                return body(s)
+        return self.db.transact(body, changes_files=False)
+
+    def tell(
+        self, file_id: int, *, host: str, generation: int, have: bytes, now: float | None = None
+    ) -> bool:
+        """Set ``host``'s holding of ``generation`` to the bitmap ``have``: every piece its
+        fill verified (a poll's write: one statement, no read first; :meth:`mark` adds pieces
+        to what the row holds). Its claim on the bucket is kept. False (nothing written) when
+        the file is gone, at another generation, or has no map of ``generation``."""
+        at = clock(now)
+        return self.db.transact(
+            lambda s: tell(s, file_id, host, generation, have, at), changes_files=False
+        )
 
     def holdings(self, file_id: int, generation: int) -> list[Holding]:
-        """Every host's holding of ``generation`` of the file, most complete first."""
+        """Every host's holding of ``generation`` of the file, most complete first, with each
+        host's address and heartbeat. It reads a row a host: a receiver's poll reads a window
+        of them (:meth:`exchange`)."""
         q = (
-            select(PieceHolding)
+            holding_rows()
             .where(PieceHolding.file_id == file_id, PieceHolding.generation == generation)
             .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
         )
         with self.db.read() as s:
-            return [holding_of(h) for h in s.scalars(q)]
+            return [holding_of_row(r) for r in s.execute(q)]
 
     def holding(self, file_id: int, host: str) -> Holding | None:
         """``host``'s holding of the file, whichever generation it is of."""

@@ -4,8 +4,9 @@ written, the bucket read about once per fleet.
 A fill of a shared file's copy (a fleet prefetch, the copy planner) on a fleet with a credential
 (:class:`FleetFills`) takes the file's 8 MiB pieces (:mod:`tiering.fleet.pieces`) from:
 
-- peers holding verified pieces of the generation (the catalog's holdings; a peer still filling
-  serves the pieces it verified so far, so hosts relay to each other as a chain or tree), chosen
+- peers holding verified pieces of the generation (the catalog's holdings, a window of peers at
+  a time and every claimer's: :mod:`~tiering.fleet.peerwindow`; a peer still filling serves
+  the pieces it verified so far, so hosts relay to each other as a chain or tree), chosen
   soonest to deliver first (pieces in flight there over its measured rate), then most
   complete, at most :attr:`FleetFills.per_peer` pieces in flight to
   one peer from this host;
@@ -57,6 +58,8 @@ from tiering.fleet.peerfetch import (
     StaleGeneration,
     fetch_piece,
 )
+from tiering.fleet.peerwindow import WIDE_S, PeerWindow
+from tiering.fleet.peerwindow import alive as peer_hosts
 from tiering.fleet.pieces import (
     ALGORITHM,
     PIECE_SIZE,
@@ -75,14 +78,16 @@ log = logging.getLogger(__name__)
 #: Bucket reads one fill has in flight: pieces land one after another, so relays start early
 #: (a capped origin sends no faster for more of them).
 ORIGIN_READS = 2
-#: How often a fill with nothing to fetch looks again for new holdings (a relay's next piece).
+#: How often a fill with room for more fetches polls the tracker: one transaction that tells
+#: the pieces it landed from peers since the last poll and reads the next window of its peers'
+#: holdings (:class:`~tiering.fleet.peerwindow.PeerWindow`). A transaction a piece was one per
+#: piece per host (2 GB/s is 240 pieces a second a host); a poll is one per host per tenth of a
+#: second, whatever the link. Peers learn of a piece about a poll later; this host relays it at
+#: once.
 POLL_S = 0.1
-#: A receiver tells the catalog the pieces it landed from peers a batch at a time, at most this
-#: long after the first of them (or once :data:`MARK_EVERY` wait): one transaction per batch,
-#: not per piece (2 GB/s is 240 pieces a second a host: a fleet of hundreds was a transaction
-#: per piece per host). Peers learn of a piece that much later; this host relays it at once.
-MARK_S = POLL_S
-MARK_EVERY = 32
+#: Pieces landed while the fill does not poll (every fetch slot busy) are told on their own once
+#: the oldest waited this long (two polls: a poll, when one comes, carries them).
+MARK_S = 2 * POLL_S
 
 
 @dataclass
@@ -165,13 +170,7 @@ class PieceFill:
         self.claimed = False
         self.by_source: Counter[str] = Counter()
         self.map: PieceDigests | None = None
-        self._peers: dict[str, str] = {}
-        self._alive_at = float("-inf")
-        self._holdings: list[Holding] = []
-        self._read_at = float("-inf")
-        self._unmarked: list[int] = []  # landed from peers, not yet in the catalog's holding
-        self._marked_at = time.monotonic()
-        self._mark_lock = threading.Lock()
+        self._window = PeerWindow(fleet.pieces, rec.id, rec.generation, fleet.host)
 
     # -- relay ---------------------------------------------------------------------------------
     def read_range(self, start: int, end: int) -> bytes | None:
@@ -216,6 +215,7 @@ class PieceFill:
         if m is None or m.size != rec.size:
             raise FileChanged(f"{rec.relpath!r} changed before it was copied")
         self.map = m
+        self._window.count = m.count
         with (
             PeerHttp(timeout_s=30.0, connect_s=5.0, connections=f.workers) as http,
             ThreadPoolExecutor(f.workers, thread_name_prefix="tierd-piece") as pool,
@@ -242,13 +242,14 @@ class PieceFill:
     def _schedule(self, fl: _Flight) -> None:
         """Start fetches for as many missing pieces as there is room for: each from the peer
         :func:`~tiering.fleet.pieces.plan_sources` chooses, or from the bucket while this host
-        holds a claim on it (claimed here when no live claimer is left, after which the plan is
-        made again from the catalog as it is then)."""
-        fresh = False
+        holds a claim on it. A host without one, when no live claimer is left, first reads every
+        host's holding (a peer outside its windows may hold the piece), then claims the bucket;
+        after either, the plan is made again from the catalog as it is then."""
+        wide = fresh = False
         while fl.room(self.fleet.workers) > 0:
             now = time.time()
-            m, holdings = self._catalog(now, fresh)
-            alive = self._alive(now)
+            m, holdings = self._catalog(now, fresh=fresh, wide=wide)
+            alive = peer_hosts(holdings, self.fleet.host, now, self.fleet.host_timeout_s)
             up = [h for h in alive if not fl.failures.is_down(h, now)]
             plan = self._plan(fl, m, holdings, up, now)
             # A claimer this host found down (its connections refused or failing) no longer
@@ -268,7 +269,12 @@ class PieceFill:
             ]
             if not self._start(fl, m, plan, holdings, able, alive):
                 return
-            if fresh or not self._claim(claimers, now):
+            if fresh or len(claimers) >= self.fleet.origin_readers:
+                return  # claimed already, or a live claimer reads the pieces: wait for them
+            if not wide and now - self._window.wide_at >= WIDE_S:
+                wide = True  # plan again from every host's holding before claiming
+                continue
+            if not self._claim(claimers, now):
                 return
             fresh = True  # claimed: pieces a claimer that just finished released may be on peers
 
@@ -328,14 +334,18 @@ class PieceFill:
             fl.inflight[fut] = (index, peer)
         return False
 
-    def _catalog(self, now: float, fresh: bool) -> tuple[PieceDigests, list[Holding]]:
-        """The generation's map and every host's holding, read again at most every
-        :data:`POLL_S` (or when ``fresh``): a fill schedules its next piece as each one lands,
-        and 32 fills on 8 hosts asking the catalog at each landing kept two cores busy with
-        queries whose answer had barely changed. Holdings only grow while a generation lasts,
-        and a peer that lost a piece answers ``not_held``, so a tenth of a second's lag costs
-        nothing but that lag."""
-        if fresh or self.map is None or now - self._read_at >= POLL_S:
+    def _catalog(
+        self, now: float, *, fresh: bool = False, wide: bool = False
+    ) -> tuple[PieceDigests, list[Holding]]:
+        """The generation's map and the holdings in view (:meth:`PeerWindow.view
+        <tiering.fleet.peerwindow.PeerWindow.view>`), polled at most every :data:`POLL_S` (or
+        when ``fresh``), or every host's read (``wide``). A fill schedules its next piece as
+        each one lands, and 32 fills on 8 hosts asking the catalog at each landing kept two
+        cores busy with queries whose answer had barely changed. Holdings only grow while a
+        generation lasts, and a peer that lost a piece answers ``not_held``, so a tenth of a
+        second's lag costs nothing but that lag."""
+        w = self._window
+        if fresh or wide or self.map is None or now - w.read_at >= POLL_S:
             rec, pieces = self.rec, self.fleet.pieces
             if self.map is None or not self.map.final:
                 m = pieces.map(rec.id, self.generation)
@@ -346,23 +356,14 @@ class PieceFill:
                 self.map = m
             # A final map does not change while its generation lasts (tracker load: every
             # receiver read every digest ten times a second). A new generation is found by
-            # the next landing, which then writes nothing (FileChanged), or by a peer's 409.
-            self._holdings = pieces.holdings(rec.id, self.generation)
-            self._read_at = now
-        return self.map, self._holdings
+            # the next poll that tells pieces, or by a peer's 409.
+            if not w.refresh(now, wide=wide, lacked=self._lacked):
+                raise FileChanged(f"{rec.relpath!r} changed while it was copied")
+        return self.map, w.view()
 
-    def _alive(self, now: float) -> dict[str, str]:
-        """Peers with a fresh heartbeat, by id, with their URLs (read at most once a second:
-        a heartbeat is seconds apart anyway)."""
-        if now - self._alive_at >= 1.0:
-            f = self.fleet
-            self._peers = {
-                h.host_id: h.address
-                for h in f.hosts.all()
-                if now - h.last_heartbeat <= f.host_timeout_s and h.host_id != f.host
-            }
-            self._alive_at = now
-        return self._peers
+    def _lacked(self) -> set[int]:
+        with self._cond:
+            return set(range(self.map.count if self.map else 0)) - self._verified
 
     def _order(self, indices: set[int], holdings: list[Holding]) -> list[int]:
         """Rarest first (fewest holders), ties in an order of this host's own, so receivers
@@ -409,18 +410,11 @@ class PieceFill:
         fl.missing.discard(index)
 
     def _mark(self, *, due_only: bool = False) -> None:
-        """Add the pieces landed from peers to this host's holding in the catalog: all of them,
-        or (``due_only``) only once :data:`MARK_EVERY` wait or the oldest waited
-        :data:`MARK_S`."""
-        with self._mark_lock:
-            now = time.monotonic()
-            due = len(self._unmarked) >= MARK_EVERY or now - self._marked_at >= MARK_S
-            if not self._unmarked or (due_only and not due):
-                return
-            batch, self._unmarked, self._marked_at = self._unmarked, [], now
-        f = self.fleet
-        held = f.pieces.mark(self.rec.id, host=f.host, generation=self.generation, verified=batch)
-        if held is None:
+        """Tell the catalog the pieces landed from peers and not told by a poll yet: all of
+        them, or (``due_only``) only once the oldest waited :data:`MARK_S`."""
+        if due_only and self._window.waiting_s() < MARK_S:
+            return
+        if not self._window.flush():
             raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
 
     # -- one piece -----------------------------------------------------------------------------
@@ -465,11 +459,9 @@ class PieceFill:
         with self._cond:  # servable here before the catalog tells anyone it is
             self._verified.add(index)
         f = self.fleet
-        if d is None:  # from a peer: told to the catalog in a batch (see MARK_S)
-            with self._mark_lock:
-                self._unmarked.append(index)
-            self._mark(due_only=True)
-        else:  # from the bucket: its digest goes into the map now, for every receiver
+        # Told to the catalog by the next poll (see POLL_S), which writes the whole holding.
+        self._window.landed([index])
+        if d is not None:  # from the bucket: its digest goes into the map now, for every receiver
             after = f.pieces.land(
                 self.rec.id,
                 host=f.host,

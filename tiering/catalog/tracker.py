@@ -1,0 +1,251 @@
+"""The tracker's hot path: what every receiver of a distribution asks the catalog ten times a
+second, kept at a cost that does not grow with the fleet (:meth:`Pieces.exchange
+<tiering.catalog.pieces.Pieces.exchange>` and :meth:`~tiering.catalog.pieces.Pieces.mark`).
+
+A poll read every host's holding row, so the tracker's load grew as the square of the fleet:
+at 100 hosts PostgreSQL and the receivers spent their time on 10,000 rows a second a host.
+Now a poll reads a *window* of at most :data:`WINDOW` peers' holdings (the next hosts after a
+cursor, in host-id order, wrapping round: each receiver walks the whole fleet a window at a
+time, starting after its own id, so windows are spread evenly over the hosts), plus the hosts
+holding a claim on the bucket (found through a partial index: the pieces a claimer just read
+are the newest, and whether a claim is held decides whether to take one), each with its address
+and heartbeat (so a receiver no longer reads the whole hosts table either). A poll carries the
+pieces the receiver landed since the last one, so a receiver costs the catalog one transaction
+a poll, whatever its link's rate. A fleet no larger than the window is read whole each poll,
+as before.
+
+Adding pieces takes no lock on the file's row: a thousand receivers taking ``KEY SHARE`` on one
+row ten times a second made PostgreSQL build a multixact at nearly every poll. The file's
+generation is checked by a join instead; a generation change racing a poll can leave a holding
+row of the old generation, which no reader takes as a source (every read is by generation), and
+which the host's next write of the new generation replaces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    LargeBinary,
+    Select,
+    case,
+    insert,
+    literal,
+    null,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from tiering.catalog.models import FileRecord, HostRow, PieceHolding, PieceMap
+from tiering.catalog.piecemaps import Holding, bitmap, piece_count
+
+__all__ = [
+    "WINDOW",
+    "Exchange",
+    "add_pieces",
+    "clock",
+    "holding_of_row",
+    "holding_rows",
+    "tell",
+    "window",
+]
+
+#: Peers' holdings one poll reads (claimers besides): BitTorrent's trackers hand a peer 50 of
+#: the swarm, and a receiver keeps at most 8 pieces in flight, 4 to a peer.
+WINDOW = 32
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One poll's answer: the holdings it read (a window's and the claimers', not this host's)
+    and the cursor the next poll starts after."""
+
+    holdings: list[Holding]
+    after: str
+
+
+def _count(have: bytes) -> int:
+    return int.from_bytes(have, "little").bit_count()
+
+
+#: A holding row read with its host's address and heartbeat.
+_Row = Select[int, str, int, bytes, int, float, float | None, str, float]
+
+
+def holding_rows() -> _Row:
+    """Holdings with their hosts' addresses and heartbeats (None: no such host)."""
+    return select(
+        PieceHolding.file_id,
+        PieceHolding.host,
+        PieceHolding.generation,
+        PieceHolding.have,
+        PieceHolding.pieces,
+        PieceHolding.updated_at,
+        PieceHolding.origin_until,
+        HostRow.address,
+        HostRow.last_heartbeat,
+    ).outerjoin(HostRow, HostRow.host_id == PieceHolding.host)
+
+
+def holding_of_row(r: Any) -> Holding:
+    return Holding(
+        r.file_id,
+        r.host,
+        r.generation,
+        bytes(r.have),
+        r.pieces,
+        r.updated_at,
+        r.origin_until,
+        r.address,
+        r.last_heartbeat,
+    )
+
+
+def add_pieces(
+    s: Session, file_id: int, host: str, generation: int, verified: Iterable[int], now: float
+) -> Holding | None:
+    """Add ``verified`` to ``host``'s holding of ``generation`` (replacing one of another
+    generation); None (nothing written) when the file is at another generation or has no map
+    of this one."""
+    dims = s.execute(
+        select(PieceMap.size, PieceMap.piece_size)
+        .join(FileRecord, FileRecord.id == PieceMap.file_id)
+        .where(
+            PieceMap.file_id == file_id,
+            PieceMap.generation == generation,
+            FileRecord.generation == generation,
+        )
+    ).first()
+    if dims is None:
+        return None
+    count = piece_count(dims.size, dims.piece_size)
+    new = bitmap(verified, count)
+    key = (PieceHolding.file_id == file_id, PieceHolding.host == host)
+    row = s.execute(
+        select(PieceHolding.generation, PieceHolding.have, PieceHolding.origin_until)
+        .where(*key)
+        .with_for_update()
+    ).first()
+    claim = None
+    if row is None:
+        have = new
+        s.execute(
+            insert(PieceHolding).values(
+                file_id=file_id,
+                host=host,
+                generation=generation,
+                have=have,
+                pieces=_count(have),
+                origin_until=None,
+                updated_at=now,
+            )
+        )
+    else:
+        old = bytes(row.have) if row.generation == generation else b""
+        merged = int.from_bytes(old, "little") | int.from_bytes(new, "little")
+        have = merged.to_bytes(len(new), "little")
+        claim = row.origin_until if row.generation == generation else None
+        s.execute(
+            update(PieceHolding)
+            .where(*key)
+            .values(
+                generation=generation,
+                have=have,
+                pieces=_count(have),
+                origin_until=claim,
+                updated_at=now,
+            )
+        )
+    return Holding(file_id, host, generation, have, _count(have), now, claim)
+
+
+def tell(s: Session, file_id: int, host: str, generation: int, have: bytes, now: float) -> bool:
+    """Set ``host``'s holding of ``generation`` to the bitmap ``have`` (every piece its fill
+    verified: a fill knows them all, so a poll writes them in one statement, with no read
+    first), keeping its claim if the row was of this generation; False (nothing written) when
+    the file is at another generation or has no map of this one."""
+    upsert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+    n = _count(have)
+    src = (
+        select(
+            literal(file_id),
+            literal(host),
+            literal(generation),
+            literal(have, LargeBinary),
+            literal(n),
+            null(),
+            literal(now),
+        )
+        .select_from(PieceMap)
+        .join(FileRecord, FileRecord.id == PieceMap.file_id)
+        .where(
+            PieceMap.file_id == file_id,
+            PieceMap.generation == generation,
+            FileRecord.generation == generation,
+        )
+    )
+    cols = ["file_id", "host", "generation", "have", "pieces", "origin_until", "updated_at"]
+    ins = upsert(PieceHolding).from_select(cols, src)
+    new = ins.excluded
+    same = PieceHolding.generation == new.generation
+    q = ins.on_conflict_do_update(
+        index_elements=["file_id", "host"],
+        set_={
+            "generation": new.generation,
+            "have": new.have,
+            "pieces": new.pieces,
+            "updated_at": new.updated_at,
+            "origin_until": case((same, PieceHolding.origin_until), else_=null()),
+        },
+    ).returning(PieceHolding.host)
+    return s.execute(q).first() is not None
+
+
+def window(
+    s: Session,
+    file_id: int,
+    generation: int,
+    *,
+    me: str,
+    after: str,
+    limit: int,
+    now: float,
+) -> Exchange:
+    """The holdings of ``generation`` of at most ``limit`` hosts after ``after`` (wrapping
+    round), and of every host with a live claim on the bucket; ``me``'s own row left out. One
+    statement, and a second at the end of the fleet."""
+    base = holding_rows().where(
+        PieceHolding.file_id == file_id,
+        PieceHolding.generation == generation,
+        PieceHolding.host != me,
+    )
+    ahead = base.where(PieceHolding.host > after).order_by(PieceHolding.host).limit(limit)
+    # The partial index ix_piece_holdings_claims holds only rows with a claim (a few).
+    claims = base.where(PieceHolding.origin_until.is_not(None), PieceHolding.origin_until > now)
+    both = union_all(
+        select(ahead.subquery(), literal(0).label("part")),
+        select(claims.subquery(), literal(1).label("part")),
+    )
+    got = s.execute(both).all()
+    rows = [r for r in got if r.part == 0]  # in host order, as the subquery gave them
+    if len(rows) < limit:  # the end of the fleet: on from its start
+        rows += s.execute(
+            base.where(PieceHolding.host <= after)
+            .order_by(PieceHolding.host)
+            .limit(limit - len(rows))
+        ).all()
+    seen = {r.host for r in rows}
+    found = [holding_of_row(r) for r in rows]
+    found += [holding_of_row(r) for r in got if r.part == 1 and r.host not in seen]
+    return Exchange(found, rows[-1].host if rows else after)
+
+
+def clock(now: float | None) -> float:
+    """``now``, or the time now."""
+    return time.time() if now is None else now
