@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from tierd_bench import progress
+from tierd_bench._cliengine import bench_engine
 from tierd_bench._clifleet import bench_fleet
 from tierd_bench._cliopts import (
     ColdOpt,
@@ -441,4 +442,5 @@ def bench_catalog(
 
 
 bench_cli.command("tracker")(bench_tracker)
+bench_cli.command("engine")(bench_engine)
 bench_cli.command("fleet")(bench_fleet)
