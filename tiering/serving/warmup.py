@@ -5,14 +5,17 @@ A serving process's first load into a GPU used to take 0.74 s where every later 
 path's KvikIO threads and pinned staging buffers, the lease budget's query, CuPy's first
 kernels. An engine restarted beside a restarted tierd met that on its one load that counts.
 :func:`warm_devices` pays them when the service starts: it builds each visible GPU's data path
-and reads a small scratch file into it, through the same code a load of a local file takes.
+and reads a small scratch safetensors file into it twice, through the same code a load of a
+local file takes, then into an exportable allocation of the lease pool as a shard is read.
 A host without CUDA warms nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import struct
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +42,17 @@ def _cuda_devices() -> list[Device]:
     return [Device.parse(f"cuda:{i}") for i in range(count)]
 
 
+def _scratch(path: str) -> None:
+    """A safetensors file of :data:`WARM_BYTES`: one ``U8`` tensor, the header padded to 8."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [WARM_BYTES], "data_offsets": [0, WARM_BYTES]}}
+    )
+    head = header.encode() + b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.write(os.urandom(1 << 20) * (WARM_BYTES >> 20))
+
+
 def warm_devices(ctx: LoadContext) -> dict[str, float]:
     """Warm every visible GPU's data path, at once; seconds per device. Failures are logged
     and left to the first load, which reports them as a load's error."""
@@ -46,9 +60,8 @@ def warm_devices(ctx: LoadContext) -> dict[str, float]:
     if not devices:
         return {}
     with tempfile.TemporaryDirectory(prefix="tierd-warm-") as tmp:
-        path = os.path.join(tmp, "scratch.bin")
-        with open(path, "wb") as f:
-            f.write(os.urandom(1 << 20) * (WARM_BYTES >> 20))
+        path = os.path.join(tmp, "scratch.safetensors")
+        _scratch(path)
 
         def warm(dev: Device) -> float:
             t0 = time.perf_counter()
@@ -56,6 +69,15 @@ def warm_devices(ctx: LoadContext) -> dict[str, float]:
             storage = ctx.storage(dev)
             result = storage.load_file(path)
             del result
+            # A load's own steps: an exportable allocation from the lease pool (cudaMalloc,
+            # its IPC handle), a safetensors header and plan, the shard's read into it.
+            pool = ctx.leases.pool
+            buf = pool.get(dev, WARM_BYTES)
+            try:
+                storage.load_safetensors_raw([path], None, lambda n: buf.array()[:n])
+                buf.handle()
+            finally:
+                pool.put(buf)  # the first load may take it
             return time.perf_counter() - t0
 
         out: dict[str, float] = {}
