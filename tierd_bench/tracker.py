@@ -38,8 +38,9 @@ __all__ = ["TrackerBenchUnavailable", "run"]
 
 GiB = 1 << 30
 #: Threads a client process runs its hosts' calls on (each host's calls are one after another,
-#: as a fill's are; more threads than this only queue on the GIL).
-THREADS = 16
+#: as a fill's are; more threads than this only queue on the GIL, and on the writer pool's 15
+#: connections).
+THREADS = 12
 
 
 class TrackerBenchUnavailable(Exception):
