@@ -163,8 +163,11 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
     )
 
 
-def _postgres_cpu() -> float:
-    """CPU seconds of the postgres processes on this machine (a bench's own server, here)."""
+def _postgres_cpu(root: int | None) -> float:
+    """CPU seconds of the PostgreSQL server whose postmaster is ``root`` (the bench's own:
+    other servers on the machine, tests' for one, are not counted), 0 without one."""
+    if root is None:
+        return 0.0
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
     for d in Path("/proc").iterdir():
@@ -174,10 +177,9 @@ def _postgres_cpu() -> float:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        name = stat[stat.find("(") + 1 : stat.rfind(")")]
-        if name != "postgres":
-            continue
         fields = stat[stat.rfind(")") + 2 :].split()
+        if int(d.name) != root and int(fields[1]) != root:
+            continue
         # Its own and its reaped children's: a backend that exited (its host's connections
         # closed) is counted in the postmaster's cutime/cstime.
         total += sum(int(f) for f in fields[11:15]) / tick
@@ -229,6 +231,7 @@ def _wal(url: str) -> int:
 def _fleet(
     report: Report,
     server_url: str,
+    pid: int | None,
     n: int,
     size: int,
     piece_size: int,
@@ -249,7 +252,7 @@ def _fleet(
         threads = min(per, THREADS)
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
-        cpu0, wal0, t0 = _postgres_cpu(), _wal(url), time.monotonic()
+        cpu0, wal0, t0 = _postgres_cpu(pid), _wal(url), time.monotonic()
         procs = [
             ctx.Process(
                 target=_worker,
@@ -266,7 +269,7 @@ def _fleet(
         for p in procs:
             p.join()
         wall = time.monotonic() - t0
-        cpu, wal = _postgres_cpu() - cpu0, _wal(url) - wal0
+        cpu, wal = _postgres_cpu(pid) - cpu0, _wal(url) - wal0
     _rows(report, n, count, pps, results, wall, cpu, wal)
 
 
@@ -318,7 +321,9 @@ def _rows(
                 met=None if p99 is None or target is None else p99 < target,
             )
         )
-    report.add(BenchRow(f"{k}_pg_cpu", "  PostgreSQL CPU", cpu / wall, "cores"))
+    # A server given by URL is not this machine's to measure.
+    pg = cpu / wall if cpu else None
+    report.add(BenchRow(f"{k}_pg_cpu", "  PostgreSQL CPU", pg, "cores"))
     clients = sum(r["cpu"] for r in results) / wall
     report.add(BenchRow(f"{k}_client_cpu", "  the simulated hosts' CPU", clients, "cores"))
     report.add(BenchRow(f"{k}_wal", "  WAL written", wal / wall / 1e6, "MB/s"))
@@ -367,7 +372,9 @@ def run(
     with PgServer() if catalog_url is None else _Given(catalog_url) as server:
         base = server.url("postgres") if catalog_url is None else catalog_url
         for n in hosts:
-            _fleet(report, base, n, size, PIECE_SIZE, link, seconds, workers, say)
+            proc = server.proc if isinstance(server, PgServer) else None
+            pid = None if proc is None else proc.pid
+            _fleet(report, base, pid, n, size, PIECE_SIZE, link, seconds, workers, say)
     return report
 
 
