@@ -1,5 +1,6 @@
 """Step 4 of a move: its bytes copied and hashed in one streaming pass, at a pace that yields
-to serving, on a thread of its own at a lower priority.
+to serving: in the copy process (:mod:`tiering.moves._copyproc`) when both ends are local files
+of at least ``process_min`` bytes, else on a thread of its own at a lower priority.
 
 :class:`~tiering.moves.steps.MoveRunner` runs the protocol's steps; this is the one step that
 takes time in proportion to the file, and the one that competes with serving for the cores.
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tiering.moves._copyproc import CopyProcess, WorkerGone
 from tiering.moves.concurrency import (
     Claim,
     Progress,
@@ -24,11 +26,14 @@ from tiering.moves.concurrency import (
 from tiering.moves.failures import Cancelled, storage_error
 from tiering.tiers import Source, Tier, Writer
 
-__all__ = ["CHUNK", "COPY_NICE", "Copier", "MoveSettings", "Pace"]
+__all__ = ["CHUNK", "COPY_NICE", "PROCESS_MIN", "Copier", "MoveSettings", "Pace"]
 
 CHUNK = 4 << 20
 #: How many nice levels below the process the thread that copies a move's bytes runs.
 COPY_NICE = 10
+#: Files from this size on are copied in the copy process (see :mod:`tiering.moves._copyproc`).
+#: A smaller file's copy is a few system calls: the messages to the process would cost more.
+PROCESS_MIN = 8 << 20
 
 
 @dataclass
@@ -45,6 +50,9 @@ class MoveSettings:
     #: Nice levels (Linux) below the process for the thread that copies and hashes; 0 copies
     #: in the move's own thread, at its priority.
     copy_nice: int = COPY_NICE
+    #: Files of at least this many bytes, local at both ends, are copied in the copy process;
+    #: None copies every file in this process.
+    process_min: int | None = PROCESS_MIN
     #: Test-only: called with each step's name (see STEPS).
     hook: Callable[[str], None] | None = None
 
@@ -85,6 +93,12 @@ class Copier:
         self.settings = settings
         self.board = board
         self.limiter = limiter
+        #: Started at the first move that uses it; :meth:`close` stops it.
+        self.process = CopyProcess(settings.copy_nice)
+
+    def close(self) -> None:
+        """Stop the copy process, if one runs."""
+        self.process.close()
 
     def copy(
         self,
@@ -109,6 +123,9 @@ class Copier:
         """
         nice = self.settings.copy_nice
         cancel = pace.cancel
+        outside = self._outside(source, writer, size)
+        if outside is not None:
+            return self._copy_outside(claim, *outside, writer, size, progress, pace)
         chunks = source.chunks(self.settings.chunk_size)
         try:
             if nice <= 0 or size <= self.settings.chunk_size:
@@ -159,6 +176,72 @@ class Copier:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()  # stops a read-ahead source's GETs now, not at garbage collection
+
+    def _outside(self, source: Source, writer: Writer, size: int) -> tuple[int, int] | None:
+        """The source's and the temp file's descriptors when the copy process copies, else
+        None (a small file, a remote end, a compressed one, or the process turned off)."""
+        least = self.settings.process_min
+        if least is None or size < least:
+            return None
+        local, dst = source.local_file(), writer.local_fd()
+        if local is None or dst is None:
+            return None
+        return local.fd, dst
+
+    def _copy_outside(
+        self,
+        claim: Claim,
+        src_fd: int,
+        dst_fd: int,
+        writer: Writer,
+        size: int,
+        progress: Progress | None,
+        pace: Pace,
+    ) -> int:
+        """Step 4 in the copy process: one chunk at a time, paced here as :meth:`_copy_loop`
+        paces its own (progress, rests, the cap, cancel); this thread sleeps in ``recv``
+        while the process copies."""
+        self.process.nice = self.settings.copy_nice
+        rel, cancel, iid = claim.record.relpath, pace.cancel, claim.intent.id
+        try:
+            chan = self.process.open(src_fd, dst_fd)
+        except OSError as exc:
+            raise storage_error(exc, f"starting the copy of {rel!r}") from exc
+        off = 0
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("the engine is stopping; the move was abandoned")
+                try:
+                    n = chan.copy(self.settings.chunk_size)
+                except WorkerGone as exc:
+                    raise storage_error(exc, f"copying {rel!r}") from exc
+                except OSError as exc:
+                    where = (
+                        f"reading {rel!r}"
+                        if exc.filename == "read"
+                        else f"writing to tier {writer.tier.name}"
+                    )
+                    raise storage_error(exc, where) from exc
+                if n == 0:
+                    break
+                off += n
+                self.board.set(iid, off)
+                if progress is not None:
+                    progress(off, size)
+                if off == n:
+                    self.settings.at("copying")
+                pace.rest()
+                self.limiter.acquire(n, cancel)
+                pace.restart()
+            try:
+                checksum = chan.finish()
+            except OSError as exc:
+                raise storage_error(exc, f"copying {rel!r}") from exc
+        finally:
+            chan.close()
+        writer.written_outside(off, checksum)
+        return off
 
     def _next(
         self,

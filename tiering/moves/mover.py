@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from tiering.catalog import Catalog, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
+from tiering.moves._copyproc import CopyProcess
 from tiering.moves.concurrency import (
     Claim,
     FileGuards,
@@ -223,6 +224,15 @@ class Mover:
             claim.done.set()
             if claim.owed_rest_s > 0:  # this mover thread yields to serving, the file free
                 self.gate.rest(claim.owed_rest_s, cancel)
+
+    @property
+    def copy_process(self) -> CopyProcess:
+        """The process that copies large moves' bytes (see :mod:`tiering.moves._copyproc`)."""
+        return self._runner.copier.process
+
+    def close(self) -> None:
+        """Stop the copy process, if one was started (the engine's stop calls it)."""
+        self._runner.copier.close()
 
     # -- recovery ----------------------------------------------------------------------------
     def recover(self) -> RecoveryReport:

@@ -311,6 +311,17 @@ class Writer(Aborting, abc.ABC):
         :class:`~tiering.errors.TierdError`."""
         raise TierdError(f"tier {self.tier.name} takes no positional writes")
 
+    def local_fd(self) -> int | None:
+        """The unpublished file's descriptor, for a copy made outside this object (another
+        process writing it with ``pwrite``, then :meth:`written_outside`); None where the writer
+        has no local file (an upload, a compressing writer) or something was written already."""
+        return None
+
+    def written_outside(self, size: int, checksum: str) -> None:
+        """Bytes ``[0, size)`` of :meth:`local_fd` were written outside this object and hash to
+        ``checksum``: the writer syncs and publishes them as if :meth:`write` had."""
+        raise TierdError(f"tier {self.tier.name} takes no bytes written outside its writer")
+
     def read_at(self, offset: int, length: int) -> bytes:
         """Bytes already written at ``offset`` of the unpublished file (a fill relays the
         pieces it verified before it publishes); see :meth:`write_at`."""

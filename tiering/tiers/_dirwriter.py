@@ -138,6 +138,7 @@ class DirectoryWriter(Writer):
         from tiering.checksum import Hasher  # xxhash: the client imports tiers without it
 
         self._hasher = Hasher()
+        self._outside: str | None = None  # the checksum of bytes written outside (a process)
         # write_at: pieces land out of order, so the checksum is of the file at the end.
         self._positional = False
         self._at_lock = threading.Lock()
@@ -189,7 +190,7 @@ class DirectoryWriter(Writer):
             from tiering.checksum import hash_fd
 
             return hash_fd(self._fd, self.size)
-        return self._hasher.value()
+        return self._outside or self._hasher.value()
 
     @property
     def synced(self) -> Stat | None:
@@ -229,6 +230,17 @@ class DirectoryWriter(Writer):
         if self.size - self._written_back >= WRITEBACK_STEP:
             start_writeback(self._fd, self._written_back, self.size - self._written_back)
             self._written_back = self.size
+
+    def local_fd(self) -> int | None:
+        if self._fd is None or self.size or self._positional:
+            return None
+        return self._fd
+
+    def written_outside(self, size: int, checksum: str) -> None:
+        if self.local_fd() is None:
+            raise TierdError("bytes written outside a writer that was written or closed")
+        self.check_room(size)
+        self.size, self._outside = size, checksum
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
         """``pwrite`` at ``offset`` (thread-safe); see :meth:`Writer.write_at`."""

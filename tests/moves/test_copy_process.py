@@ -1,0 +1,128 @@
+"""A move's bytes are copied outside the serving process (issue 43): files of at least
+``process_min`` bytes, local at both ends, go through the copy process
+(:mod:`tiering.moves._copyproc`), one chunk at a time at the server's request, and the server's
+steps (pacing, rests, verify, publish, switch) stay as they were. These tests prove where the
+copy runs and that its failures abort cleanly; ``tierd bench serving`` measures what it gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import pytest
+
+from tests.helpers import checksum, payload, put, tier_files
+from tiering.engine import Engine
+from tiering.errors import StorageError
+
+CHUNK = 64 << 10
+SIZE = 5 * CHUNK - 1000  # five chunks, the last one short
+
+
+@pytest.fixture
+def outside(eng: Engine) -> Engine:
+    eng.mover.chunk_size = CHUNK
+    eng.mover.settings.process_min = CHUNK  # small files, so the test stays cheap
+    return eng
+
+
+def _fd_target(pid: int, fd_dir: str = "/proc/{}/fd") -> set[str]:
+    """Where process ``pid``'s descriptors point."""
+    d = fd_dir.format(pid)
+    out = set()
+    for fd in os.listdir(d):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            out.add(os.readlink(f"{d}/{fd}"))
+    return out
+
+
+def test_the_bytes_are_copied_by_another_process_and_arrive(outside: Engine) -> None:
+    data = payload(SIZE)
+    put(outside, "f.bin", data)
+    seen: list[tuple[int | None, set[str]]] = []
+    process = outside.mover.copy_process
+
+    def hook(step: str) -> None:
+        if step == "copying":  # mid-copy: the process holds the temp file open, the server asks
+            pid = process.pid
+            seen.append((pid, _fd_target(pid) if pid else set()))
+
+    outside.mover.hook = hook
+    try:
+        outside.migrate(outside.lookup("f.bin").id, "ssd")
+    finally:
+        outside.mover.hook = None
+    [(pid, fds)] = seen
+    assert pid is not None and pid != os.getpid()
+    assert any(".tierd-tmp" in target for target in fds), fds  # it writes the temp itself
+    assert os.getpriority(os.PRIO_PROCESS, pid) > os.getpriority(os.PRIO_PROCESS, 0)
+    rec = outside.lookup("f.bin")
+    assert rec.tier == "ssd" and rec.checksum == checksum(data)
+    assert tier_files(outside) == {"f.bin": ["ssd"]}
+
+
+def test_a_move_still_yields_to_serving_one_chunk_at_a_time(outside: Engine) -> None:
+    """The process copies only when the server asks, so the server's rests bound the work
+    done while a request is served: one rest per chunk, as for a copy in the server."""
+    gate = outside.mover.gate
+    gate.active_s = 3600.0  # a request counts as in flight for an hour: no timing involved
+    put(outside, "moving.bin", payload(SIZE))
+    put(outside, "served.bin", b"s" * 8192)
+
+    def hook(step: str) -> None:
+        if step == "copying":
+            content = outside.open_content(outside.lookup("served.bin").id)
+            content.close()
+
+    outside.mover.hook = hook
+    try:
+        outside.migrate(outside.lookup("moving.bin").id, "ssd")
+    finally:
+        outside.mover.hook = None
+    assert gate.rests == 5 + 1  # one per chunk, one for the other steps
+    assert outside.mover.copy_process.starts == 1
+
+
+def test_small_files_are_copied_in_the_server(outside: Engine) -> None:
+    put(outside, "small.bin", payload(CHUNK - 1))
+    outside.migrate(outside.lookup("small.bin").id, "ssd")
+    assert outside.mover.copy_process.starts == 0
+
+
+def test_a_killed_copy_process_fails_the_move_cleanly_and_the_next_starts_another(
+    outside: Engine,
+) -> None:
+    data = payload(SIZE)
+    rec = put(outside, "f.bin", data)
+    process = outside.mover.copy_process
+
+    def hook(step: str) -> None:
+        if step == "copying" and process.pid is not None:
+            os.kill(process.pid, signal.SIGKILL)
+
+    outside.mover.hook = hook
+    try:
+        with pytest.raises(StorageError, match="copy process"):
+            outside.migrate(rec.id, "ssd")
+    finally:
+        outside.mover.hook = None
+    after = outside.get(rec.id)
+    assert after.tier == "nvme" and after.state == "stable"
+    assert tier_files(outside) == {"f.bin": ["nvme"]}  # no temp left at the destination
+    outside.migrate(rec.id, "ssd")
+    assert outside.get(rec.id).checksum == checksum(data)
+    assert process.starts == 2
+
+
+def test_the_engine_stops_its_copy_process(outside: Engine) -> None:
+    put(outside, "f.bin", payload(SIZE))
+    outside.migrate(outside.lookup("f.bin").id, "ssd")
+    process = outside.mover.copy_process
+    pid = process.pid
+    assert pid is not None
+    outside.mover.close()
+    assert process.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, and reaped
