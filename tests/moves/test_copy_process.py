@@ -8,12 +8,16 @@ copy runs and that its failures abort cleanly; ``tierd bench serving`` measures 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import checksum, payload, put, tier_files
+from app.settings import Settings
+from tests.helpers import assert_invariants, checksum, engine_settings, payload, put, tier_files
 from tiering.engine import Engine
 from tiering.errors import StorageError
 
@@ -126,3 +130,59 @@ def test_the_engine_stops_its_copy_process(outside: Engine) -> None:
     assert process.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # gone, and reaped
+
+
+def _child(settings: Settings, file_id: int, step: str, pid_file: Path) -> None:
+    # A forked process: move through the copy process, write its pid, SIGKILL ourselves.
+    try:
+        eng = Engine(settings.engine_config()).open()
+        eng.mover.chunk_size = CHUNK
+        eng.mover.settings.process_min = CHUNK
+
+        def hook(s: str) -> None:
+            if s == step:
+                pid_file.write_text(str(eng.mover.copy_process.pid))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        eng.mover.hook = hook
+        eng.migrate(file_id, "hdd")
+    finally:
+        os._exit(3)  # reached only if the step never came
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` exited (a zombie whose new parent has not reaped it yet counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("step", ["copying", "copied"])
+def test_kill_9_of_the_server_mid_copy_ends_the_copy_process_and_recovery_keeps_the_source(
+    tmp_path: Path, step: str
+) -> None:
+    settings = engine_settings(tmp_path / "data")
+    data = payload(SIZE)
+    with Engine(settings.engine_config()) as eng:
+        put(eng, "d/f.bin", data)
+    pid_file = tmp_path / "copy.pid"
+    p = multiprocessing.get_context("fork").Process(
+        target=_child, args=(settings, 1, step, pid_file)
+    )
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    copier = int(pid_file.read_text())
+    # Its sockets closed with the server: the process ends by itself (no timing: a bound only).
+    deadline = time.monotonic() + 60
+    while not _gone(copier) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(copier)
+    with Engine(settings.engine_config()) as eng:
+        assert_invariants(eng, {"d/f.bin": data})
+        assert eng.lookup("d/f.bin").tier == "nvme"
+        eng.mover.settings.process_min = CHUNK
+        eng.migrate(eng.lookup("d/f.bin").id, "hdd")  # and it moves again, through a new one
+        assert_invariants(eng, {"d/f.bin": data})
