@@ -9,9 +9,12 @@ start (before that line) is ``time.time()`` now less ``spawn``, the wall time th
 read just before it started the process. The phases, in seconds:
 
 - ``startup``: from the spawn to this file's first line (the interpreter's start);
-- ``imports``: torch, transformers and the loader's library (tierd_client, fastsafetensors);
+- ``imports``: torch and transformers (the auto class and the architecture's module);
+- ``loader_import``: the loader's library (tierd_client, fastsafetensors; for
+  ``from_pretrained``, ``safetensors.torch``, which transformers imports when it loads);
 - ``cuda``: the device's CUDA context (``torch.zeros(1, device=...)``, synchronised; 0 on cpu);
-- ``setup``: the loader's object (tierd's ``Client``, fastsafetensors' file loader);
+- ``setup``: the loader's object (tierd's ``Client``, fastsafetensors' file loader; ``None``
+  for ``from_pretrained``);
 - ``construct``: ``AutoConfig`` and ``AutoModelForCausalLM.from_config`` on the meta device,
   the rotary embedding's buffers made on the device (``None`` for ``from_pretrained``, which
   builds and loads in one call: its ``weights``);
@@ -39,15 +42,20 @@ import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-_LIBRARY = {"transformers": None, "fastsafetensors": "fastsafetensors", "tierd": "tierd_client"}
+_LIBRARY = {
+    "transformers": "safetensors.torch",
+    "fastsafetensors": "fastsafetensors",
+    "tierd": "tierd_client",
+}
 _PROMPT = 16
 
 
 class _Laps:
     """Seconds since the last lap, per phase."""
 
-    def __init__(self, out: dict[str, Any], sync: Callable[[], None]) -> None:
-        self.out, self.sync, self.last = out, sync, T0
+    def __init__(self, out: dict[str, Any]) -> None:
+        self.out, self.last = out, T0
+        self.sync: Callable[[], None] = lambda: None
 
     def __call__(self, phase: str) -> None:
         self.sync()
@@ -119,7 +127,7 @@ def _load(
     """The model with its weights on the device, and what frees the loader's hold on them."""
     device, loader = args["device"], args["loader"]
     if loader == "transformers":
-        laps("setup")
+        laps.out["setup"] = None  # from_pretrained makes no loader object of its own
         # device_map needs accelerate; without it (or on cpu, the default) a cpu load.
         where = {"device_map": device} if args["device_map"] else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -170,6 +178,7 @@ def _check(torch: Any, model: Any, files: list[str], device: str) -> int:
 def main() -> None:
     args = json.loads(sys.argv[-1])
     out: dict[str, Any] = {"startup": W0 - args["spawn"]}
+    laps = _Laps(out)
     torch = importlib.import_module("torch")
     transformers = importlib.import_module("transformers")
     # transformers imports lazily: the auto class and the architecture's own module are
@@ -177,12 +186,11 @@ def main() -> None:
     with open(os.path.join(args["model_dir"], "config.json")) as f:
         for arch in ["AutoModelForCausalLM", *json.load(f)["architectures"]]:
             getattr(transformers, arch)
-    library = _LIBRARY[args["loader"]]
-    if library is not None:
-        importlib.import_module(library)
-    device = args["device"]
-    laps = _Laps(out, _device_sync(torch, device))
     laps("imports")
+    importlib.import_module(_LIBRARY[args["loader"]])
+    laps("loader_import")
+    device = args["device"]
+    laps.sync = _device_sync(torch, device)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)

@@ -28,13 +28,32 @@ import httpx
 from ._measure import gbps
 from ._report import BenchRow, Report
 
-__all__ = ["PHASES", "Engine", "EngineProcessFailed", "Measured", "add_rows", "repeat", "sources"]
+__all__ = [
+    "PHASES",
+    "Engine",
+    "EngineProcessFailed",
+    "Measured",
+    "add_rows",
+    "loader_part",
+    "repeat",
+    "sources",
+]
 
 #: The phases of one process, in order (see :mod:`._engine_child`).
-PHASES = ("startup", "imports", "cuda", "setup", "construct", "weights", "forward")
+PHASES = (
+    "startup",
+    "imports",
+    "loader_import",
+    "cuda",
+    "setup",
+    "construct",
+    "weights",
+    "forward",
+)
 _LABELS = {
     "startup": "interpreter start",
-    "imports": "imports: torch, transformers, the loader",
+    "imports": "imports: torch, transformers",
+    "loader_import": "import of the loader's library",
     "cuda": "CUDA context",
     "setup": "the loader's set-up (client, file loader)",
     "construct": "model on the meta device",
@@ -181,3 +200,13 @@ def add_rows(report: Report, m: Measured, nbytes: int, device: str) -> None:
             row.note = f"{gbps(nbytes, value):.2f} GB/s"
     wf = [r["weights"] + r["forward"] for r in m.runs]
     report.add(BenchRow(f"{k}_wf", "  weights + first forward", statistics.median(wf), "s"))
+    label = "  the loader's part: its import, set-up, the model, weights, first forward"
+    report.add(BenchRow(f"{k}_load", label, statistics.median(map(loader_part, m.runs)), "s"))
+
+
+def loader_part(run: dict[str, Any]) -> float:
+    """What differs between loaders in one process: the time to the first token less the
+    interpreter's start, torch's and transformers' imports and the CUDA context, which every
+    row pays alike (and whose spread, seconds on a GPU host, would hide the loads')."""
+    parts = ("loader_import", "setup", "construct", "weights", "forward")
+    return sum(float(run[p] or 0.0) for p in parts)

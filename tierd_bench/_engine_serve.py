@@ -61,9 +61,6 @@ def rows(
         out.append(repeat(engine, m, procs, n, say, url=url))
 
     out: list[Measured] = []
-    if engine.device.startswith("cuda"):
-        say("an untimed tierd load first: the server's first CUDA work")
-        engine.one(tierd())
     if "tierd" in wanted:
         row(Measured("page_cache", "tierd REST load_state_dict, page cache"), lambda: [tierd()])
     with Client(url, timeout=600) as api:
@@ -108,6 +105,8 @@ def _replicas(
         for m in (tierd_m, fst_m, tp):
             m.note = why
         return [tierd_m, fst_m, tp]
+    say("untimed: the server's first load into each GPU")
+    engine.together([tierd(device=g) for g in gpus])
     tierd_m = repeat(
         engine, tierd_m, lambda: [tierd(device=g) for g in gpus], repeats, say, url=url
     )

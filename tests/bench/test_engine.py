@@ -44,13 +44,16 @@ def test_every_row_runs_and_loads_the_right_weights(tmp_path: Path) -> None:
     for key in measured:
         _checked(report, key)
         assert r[key].value is not None and r[key].value > 0, key
-        # Every phase but construction (from_pretrained builds and loads in one call).
+        # Every phase (from_pretrained makes no loader and builds the model as it loads).
         for phase in PHASES:
-            if phase != "construct" or key != "from_pretrained":
+            if phase not in ("setup", "construct") or key != "from_pretrained":
                 assert r[f"{key}_{phase}"].value is not None, (key, phase)
+        assert 0 < r[f"{key}_load"].value < r[key].value
         if key != "from_pretrained":
             assert r[key].vs == "from_pretrained" and r[key].ratio is not None
-    assert "from_pretrained_construct" not in r
+            assert r[f"{key}_load"].vs == "from_pretrained_load"
+    assert "from_pretrained_construct" not in r and "from_pretrained_setup" not in r
+    assert r["target_lowest_ttft"].value is not None and r["target_lowest_load"].value
     # One model, one prompt: every row's first token is the same.
     assert len({t for ts in setup["first_tokens"].values() for t in ts}) == 1
     # Where tierd's bytes came from, read from the server's metrics.
