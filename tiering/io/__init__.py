@@ -17,7 +17,7 @@ from ._decode_gpu import available as gpu_decode_available
 from ._device import Device, import_cupy, parse_device
 from ._file import GdsFile
 from ._results import BatchResult, ReadResult
-from ._shards import ShardLayout
+from ._shards import ShardLayout, TransferRanges
 from ._stats import SOURCES, GdsStatsSnapshot, IoPath, IoReport, LoadSource, PathStats, Stats
 from ._storage import GpuDirectStorage
 from ._write import TMP_SUFFIX
@@ -51,6 +51,7 @@ __all__ = [
     "Stats",
     "TensorInfo",
     "TierIo",
+    "TransferRanges",
     "load_state_dict",
     "gpu_decode_available",
     "import_cupy",

@@ -31,7 +31,14 @@ from .safetensors import (
     select_tensors,
 )
 
-__all__ = ["Allocate", "ShardLayout", "ShardStorage", "load_shards", "load_shards_raw"]
+__all__ = [
+    "Allocate",
+    "ShardLayout",
+    "ShardStorage",
+    "TransferRanges",
+    "load_shards",
+    "load_shards_raw",
+]
 
 R = TypeVar("R")
 
@@ -63,6 +70,15 @@ class ShardStorage(Protocol):
     ) -> IoReport:
         """Read each ``(file_offset, nbytes, dst_offset)`` into flat uint8 ``dst``."""
         ...
+
+
+TransferRanges = Callable[
+    [GdsFile, int, Any, Sequence[tuple[int, int, int]], Fence | None], IoReport
+]
+"""``transfer(file, fd, dst, reads, fence)``: a shard's planned reads into its allocation, as
+:meth:`ShardStorage.transfer_ranges` makes them; a caller may put its own in between (tierd's
+service reads one file's same ranges once for concurrent loads, see
+:mod:`tiering.serving.sharedreads`)."""
 
 
 # Slot alignment inside a packed shard allocation: enough for any dtype and for coalescing.
@@ -154,12 +170,14 @@ def load_shards_raw(
     names: Iterable[str] | None,
     allocate: Allocate | None = None,
     fence: Fence | None = None,
+    transfer: TransferRanges | None = None,
 ) -> list[ShardLayout]:
     """Read the selected tensors of each shard into one allocation per shard.
 
     Every header is read and checked before ``allocate`` is called. Open :class:`GdsFile`
     items are used as they are and left open; paths are opened and closed here. ``fence``:
-    see :meth:`GpuDirectStorage.load_safetensors_raw`.
+    see :meth:`GpuDirectStorage.load_safetensors_raw`; ``transfer``: see :data:`TransferRanges`
+    (default: the storage's own).
     """
     files: list[GdsFile] = []
     owned: list[GdsFile] = []
@@ -181,7 +199,8 @@ def load_shards_raw(
             for f, h, picked in zip(files, headers, chosen, strict=True)
         ]
         alloc: Allocate = allocate or storage.device.empty
-        return storage.fan_out(_loader(storage, alloc, fence), [(j,) for j in jobs])
+        move = transfer or storage.transfer_ranges
+        return storage.fan_out(_loader(alloc, fence, move), [(j,) for j in jobs])
     finally:
         for f in owned:
             f.close()
@@ -206,7 +225,7 @@ def load_shards(
     return LoadedTensors(tensors, dtypes, reports)
 
 
-def _loader(storage: ShardStorage, allocate: Allocate, fence: Fence | None = None) -> Any:
+def _loader(allocate: Allocate, fence: Fence | None, transfer: TransferRanges) -> Any:
     """The per-shard job: one allocation, the planned reads into it."""
 
     def load_one(job: tuple[GdsFile, SafetensorsHeader, list[TensorInfo]]) -> ShardLayout:
@@ -216,7 +235,7 @@ def _loader(storage: ShardStorage, allocate: Allocate, fence: Fence | None = Non
         )
         buf = allocate(total)
         with f.guard() as fd:
-            report = storage.transfer_ranges(f, fd, buf, reads, fence)
+            report = transfer(f, fd, buf, reads, fence)
         return ShardLayout(h.path, buf, {t.name: (where[t.name], t) for t in selected}, report)
 
     return load_one

@@ -38,7 +38,7 @@ from ._open import open_gds_file
 from ._pools import Pools
 from ._remote import RemoteFile
 from ._results import BatchResult, ReadResult
-from ._shards import ShardLayout, load_shards, load_shards_raw
+from ._shards import ShardLayout, TransferRanges, load_shards, load_shards_raw
 from ._stats import GdsStatsSnapshot, IoReport, Stats
 from ._transfer import Transfer
 from ._vectors import Vectors
@@ -426,6 +426,7 @@ class GpuDirectStorage(Closing, AsyncTwins):
         names: Iterable[str] | None = None,
         allocate: Callable[[int], Any] | None = None,
         fence: Fence | None = None,
+        transfer: TransferRanges | None = None,
     ) -> list[ShardLayout]:
         """Like :meth:`load_safetensors`, but return each shard's allocation and layout.
 
@@ -434,13 +435,15 @@ class GpuDirectStorage(Closing, AsyncTwins):
         is called once per shard, only after every header has been read and checked. Open
         :class:`GdsFile` items are read as they are and left open. Copies of bytes held in
         memory may leave their wait to ``fence`` (the caller seals it; see
-        :mod:`tiering.io.fences`); every other read has landed on return.
+        :mod:`tiering.io.fences`); every other read has landed on return. ``transfer``
+        (``transfer(file, fd, dst, reads, fence)``) makes each shard's reads in place of
+        :meth:`transfer_ranges`, which it may call.
 
         Raises
         ------
         MalformedFile, InvalidDtype, InvalidInput, FileNotFound
         """
-        return load_shards_raw(self, list(files), names, allocate, fence)
+        return load_shards_raw(self, list(files), names, allocate, fence, transfer)
 
     def write_from_gpu(
         self, buffer: Any, path: str | os.PathLike[str], *, overwrite: bool = False

@@ -25,6 +25,7 @@ from tiering.serving.config import FileRef, LoaderConfig, Observer
 from tiering.serving.held import Holder, still_current
 from tiering.serving.leases import LeaseTable, Reservation
 from tiering.serving.residency import Residency
+from tiering.serving.sharedreads import SharedReads
 from tiering.tiers import Stat
 
 __all__ = ["LoadContext", "fill", "flat"]
@@ -64,6 +65,7 @@ class LoadContext:
         #: Who may hold copies of files in memory, asked in order before a file is read from
         #: its tier (the GPU residency first, then the memory tier; see serving.held).
         self.holders: list[Holder] = [self.residency]
+        self.reads = SharedReads()  # concurrent loads of one file's bytes read them once
         #: Reads of shared files from other hosts of the fleet (with the fleet credential).
         cfg = engine.config
         self.peers = (

@@ -105,7 +105,7 @@ def load_shards(
             try:
                 with storage.device.current():
                     shards = storage.load_safetensors_raw(
-                        [f for f, _ in opened], names, alloc, fence
+                        [f for f, _ in opened], names, alloc, fence, ctx.reads.on(storage)
                     )
             finally:
                 if fence is not None:
@@ -283,7 +283,9 @@ def _load_shared(
                 wanted = None if names is None else [n for i in todo for n in chosen[i]]
                 with storage.device.current():
                     todo_files = [opened[i][0] for i in todo]
-                    shards = storage.load_safetensors_raw(todo_files, wanted, alloc)
+                    shards = storage.load_safetensors_raw(
+                        todo_files, wanted, alloc, transfer=ctx.reads.on(storage)
+                    )
                 for i, shard in zip(todo, shards, strict=True):
                     res = alloc.by_array[id(shard.buffer)]
                     lease = _grant(ctx, res, shard, recs[i].id, ttl_s, read_only=True)
