@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from ._engine_rows import Engine, Measured, repeat
+from ._fleethosts import FleetBenchFailed, Host
 
 __all__ = ["peer_row"]
 
@@ -65,10 +67,8 @@ def peer_row(
         return m
 
 
-def _wait(host: object, job: dict[str, object]) -> None:
-    from ._fleethosts import FleetBenchFailed, Host
-
-    assert isinstance(host, Host)
+def _wait(host: Host, job: dict[str, Any]) -> None:
+    """Until ``host``'s prefetch ``job`` is done (:class:`FleetBenchFailed` if it fails)."""
     deadline = time.monotonic() + _JOB_TIMEOUT_S
     while job["state"] in ("queued", "running"):
         if time.monotonic() > deadline:

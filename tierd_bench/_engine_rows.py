@@ -10,18 +10,20 @@ before and after the processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -107,24 +109,37 @@ class Engine:
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        procs = []
-        for args in many:
-            args = {**args, "spawn": time.time()}
-            cmd = [sys.executable, "-c", _BOOT, str(_CHILD), json.dumps(args)]
-            procs.append(
-                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-            )
-        outs = [p.communicate(timeout=_TIMEOUT_S) for p in procs]
-        seen = []
-        for p, (out, err) in zip(procs, outs, strict=True):
-            if p.returncode != 0:
-                tail = err.decode(errors="replace").strip()[-3000:]
-                raise EngineProcessFailed(f"an engine process exited with {p.returncode}: {tail}")
-            seen.append(json.loads(out.decode().strip().splitlines()[-1]))
-        return seen
+        # Output to files, not pipes: a process blocked on a full pipe while this one waits
+        # on another would be timed waiting.
+        with contextlib.ExitStack() as stack:
+            procs = []
+            for args in many:
+                out, err = (stack.enter_context(tempfile.TemporaryFile()) for _ in range(2))
+                cmd = [sys.executable, "-c", _BOOT, str(_CHILD)]
+                cmd.append(json.dumps({**args, "spawn": time.time()}))
+                procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=env), out, err))
+            try:
+                return [_result(p, out, err) for p, out, err in procs]
+            finally:
+                for p, _, _ in procs:  # after a failure: the others are not left running
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
 
     def one(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.together([args])[0]
+
+
+def _result(p: subprocess.Popen[bytes], out: IO[bytes], err: IO[bytes]) -> dict[str, Any]:
+    """The phases process ``p`` printed, once it has exited (its output in ``out``, ``err``)."""
+    p.wait(timeout=_TIMEOUT_S)
+    out.seek(0)
+    err.seek(0)
+    if p.returncode != 0:
+        tail = err.read().decode(errors="replace").strip()[-3000:]
+        raise EngineProcessFailed(f"an engine process exited with {p.returncode}: {tail}")
+    seen: dict[str, Any] = json.loads(out.read().decode().strip().splitlines()[-1])
+    return seen
 
 
 _SERIES = re.compile(r"^tierd_loads_by_source_total\{([^}]*)\}\s+(\S+)", re.MULTILINE)
