@@ -39,6 +39,7 @@ from tierd_bench._cliopts import (
     _rate,
     _size,
 )
+from tierd_bench._cliserving import bench_serving
 from tierd_bench._clitracker import bench_tracker
 
 __all__ = ["bench_cli"]
@@ -214,47 +215,6 @@ def bench_rest(
     from tierd_bench.rest import run
 
     report = run(_size(size, minimum=4096), device, repeats=repeats, small=small, say=progress())
-    _finish(report, json_path)
-
-
-@bench_cli.command("serving")
-def bench_serving(
-    duration: Annotated[
-        float, typer.Option("--duration", help="Seconds of each idle and busy window.", min=0.5)
-    ] = 5.0,
-    repeats: Annotated[
-        int, typer.Option("--repeats", "--repeat", help="Pairs of windows (idle, busy).", min=1)
-    ] = 4,
-    clients: Annotated[int, typer.Option("--clients", help="Concurrent clients.", min=1)] = 16,
-    movers: Annotated[
-        int, typer.Option("--movers", help="Files moving at once, each back and forth.", min=1)
-    ] = 2,
-    size: Annotated[str, typer.Option("--size", help="Size of each file moved.")] = "24MiB",
-    cap: Annotated[
-        float | None,
-        typer.Option(
-            "--cap", help="Bandwidth cap on moves, MiB/s (0: none; default: the policy's).", min=0
-        ),
-    ] = None,
-    directory: Annotated[
-        Path | None,
-        typer.Option("--dir", help="Where the tiers go. Default: the temp dir.", file_okay=False),
-    ] = None,
-    json_path: JsonOpt = None,
-) -> None:
-    """Requests over REST at idle and while files move between tiers: p50/p99, rate, ratios."""
-    from tierd_bench.serving import run
-
-    report = run(
-        duration,
-        repeats=repeats,
-        clients=clients,
-        movers=movers,
-        move_size=_size(size),
-        cap_mib_s="policy" if cap is None else (cap or None),
-        directory=directory,
-        say=progress(),
-    )
     _finish(report, json_path)
 
 
@@ -441,6 +401,7 @@ def bench_catalog(
     _finish(report, json_path)
 
 
+bench_cli.command("serving")(bench_serving)
 bench_cli.command("tracker")(bench_tracker)
 bench_cli.command("engine")(bench_engine)
 bench_cli.command("fleet")(bench_fleet)

@@ -1,4 +1,5 @@
-"""``tierd bench serving``: what moves between tiers cost the requests served meanwhile.
+"""``tierd bench serving``: what moves between tiers and a large load cost the small requests
+served meanwhile.
 
 Starts the service (uvicorn, its own process, the embedded default's tiers and its file
 watcher, under a temporary data dir) holding small files on ``nvme`` that clients read, and
@@ -14,17 +15,19 @@ in turn:
 Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
 are checked at the end: a wrong byte or a failed request stops the bench, never a figure.
 
-The run alternates windows of ``duration_s``: idle (no move), then busy (``movers`` threads
-each moving its own file back and forth with ``POST /v1/migrations?wait=true``, so the moves
-run on the server's workers under the policy's bandwidth cap, 256 MiB/s by default). A request
-counts in a window when it started and ended inside it; a window's rate counts the requests
-completed in it. Latencies (p50, p99) pool the requests of every window of a phase, as one
-window holds too few for a steady p99; the request rate is the median of the windows, and its
-ratio the median of each busy window's rate over the idle window just before it. Alternating
-windows make a drift in the host's load (other work on a shared machine) fall on both phases
-alike. The ratios carry the targets of issue 11: p99 at most 1.5x idle, rate at least 0.8x.
-The server's CPU and the client processes' (from ``/proc``) are reported per phase, so a reader
-sees where the cores went.
+Before the clients start, the movers run alone for a window: a move's time with no client, the
+reference of its slowdown. Then the run alternates windows of ``duration_s``: idle (no
+background work), moves (``movers`` threads each moving its own file back and forth with
+``POST /v1/migrations?wait=true``, so the moves run on the server's workers under the policy's
+bandwidth cap, 256 MiB/s by default), and with ``origin``, idle again and a large load (see
+:mod:`tierd_bench._serving_load`). A request counts in a window when it started and ended
+inside it. Alternating windows make a drift in the host's load (other work on a shared machine)
+fall on every phase alike; ``runs`` repeats the whole run on a fresh server, and the report
+gives medians of the runs (see :mod:`tierd_bench._serving_report`, which also says how windows
+pool). The targets are issue 43's: during moves, p99 at most 1.5x idle, rate at least 0.8x, a
+move at most 1.5x its time alone; during the large load, p99 at most 3x idle. The server's CPU
+and the client processes' (from ``/proc``) are reported per phase, and the host's load average
+with each run, so a reader sees where the cores went.
 
 The clients are processes because a server's clients are: threads of one process would share
 its GIL, and on a small host that process, not the server, would pace them, hiding part of
@@ -33,14 +36,15 @@ what a move costs the server (issue 28: threads measured 0.75x where processes s
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,50 +53,49 @@ import numpy as np
 
 from tiering.checksum import Hasher
 
-from ._measure import MiB, format_size, percentile
+from ._measure import MiB, format_size
 from ._objrun import cpu_of
-from ._report import BenchRow, Report
-from ._serving_clients import KINDS, START_S, Sample, client_process, collect
+from ._report import Report
+from ._serving_clients import KINDS, START_S, client_process, collect
+from ._serving_load import LOAD_ORIGINS, MODEL, check_load, load_once, origin_settings
+from ._serving_report import PHASES, RunResult, Window, build_report
 from .rest import server_process
 
-__all__ = ["KINDS", "run"]
+__all__ = ["KINDS", "LOAD_ORIGINS", "PHASES", "run"]
 
-#: Targets of issue 11: busy p99 over idle p99 at most, busy rate over idle rate at least.
-P99_AT_MOST, RATE_AT_LEAST = 1.5, 0.8
 _SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
 _WARMUP_S = 1.0  # connections, pools and first leases, before the first window
-_SETTLE_S = 0.5  # after the movers stop, before the next idle window: the last fsyncs land
-
-
-@dataclass
-class _Window:
-    busy: bool
-    t0: float
-    t1: float = 0.0
-    server_cpu: float = 0.0
-    client_cpu: float = 0.0
-    moves: int = 0
-    requests: int = 0  # completed, from the clients' counters (the progress line's figure)
-
-    @property
-    def rate(self) -> float:
-        return self.requests / (self.t1 - self.t0)
+_SETTLE_S = 0.5  # after the background work stops, before the next window: the last fsyncs land
+_LOADS_ALONE = 3  # large loads timed with no client, the reference of their slowdown
 
 
 @dataclass
 class _Shared:
-    """What the mover threads share with the measuring thread; ``stop`` also reaches the
+    """What the background threads share with the measuring thread; ``stop`` also reaches the
     client processes."""
 
     stop: Any  # a multiprocessing Event
     failed: list[BaseException] = field(default_factory=list)
-    moves: int = 0
+    moves: list[tuple[float, float]] = field(default_factory=list)
+    loads: list[tuple[float, float]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail(self, exc: BaseException) -> None:
         """Hand ``exc`` to the measuring thread (which raises it) and stop everyone."""
         self.failed.append(exc)
         self.stop.set()
+
+
+@dataclass
+class _Setup:
+    """One run's server and what its background work acts on."""
+
+    url: str
+    pid: int
+    paths: dict[int, str]  # the served files: id -> path (the clients read them to compare)
+    moving: list[int]
+    load_fid: int | None = None
+    device: str = "cpu"
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -123,6 +126,7 @@ def _mover_loop(
             while not stop.is_set() and not shared.stop.is_set():
                 to = tiers[1] if where == tiers[0] else tiers[0]
                 body = {"file_id": fid, "to_tier": to}
+                t0 = time.monotonic()
                 r = http.post("/v1/migrations", params={"wait": "true"}, json=body)
                 if r.status_code != 200:
                     raise RuntimeError(
@@ -133,7 +137,22 @@ def _mover_loop(
                     raise RuntimeError(f"move of file {fid} to {to} ended {mig['state']}: {mig}")
                 where = to
                 with shared.lock:
-                    shared.moves += 1
+                    shared.moves.append((t0, time.monotonic()))
+    except BaseException as exc:
+        shared.fail(exc)
+
+
+def _loader_loop(url: str, fid: int, device: str, stop: threading.Event, shared: _Shared) -> None:
+    """Load file ``fid`` whole into ``device`` back to back until ``stop``."""
+    from tierd_client import Client  # the client is its own package; only this phase needs it
+
+    try:
+        with Client(url, timeout=600) as api:
+            while not stop.is_set() and not shared.stop.is_set():
+                t0 = time.monotonic()
+                load_once(api, fid, device)
+                with shared.lock:
+                    shared.loads.append((t0, time.monotonic()))
     except BaseException as exc:
         shared.fail(exc)
 
@@ -142,24 +161,30 @@ def run(
     duration_s: float = 5.0,
     *,
     repeats: int = 4,
+    runs: int = 1,
     clients: int = 16,
     movers: int = 2,
     move_size: int = 24 * MiB,
     cap_mib_s: float | None | Literal["policy"] = "policy",
+    origin: str | None = None,
+    load_size: int = 256 * MiB,
+    device: str = "cpu",
     directory: Path | None = None,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
-    """Measure requests from ``clients`` processes at idle and while ``movers`` files of
-    ``move_size`` bytes move between tiers, in ``repeats`` pairs of windows of ``duration_s``.
+    """Measure requests from ``clients`` processes at idle, while ``movers`` files of
+    ``move_size`` bytes move between tiers and, with ``origin`` (one of
+    :data:`LOAD_ORIGINS`), while a file of ``load_size`` bytes on it loads into ``device``:
+    ``repeats`` rounds of windows of ``duration_s``, ``runs`` times on a fresh server.
 
     ``cap_mib_s``: the policy's bandwidth cap on moves, MiB/s; None for no cap, ``"policy"``
     (the default) keeps the policy's default. The data dir goes under ``directory`` (default:
     the system's temporary directory).
     """
-    if duration_s <= 0 or repeats < 1 or clients < 1 or movers < 1 or move_size < 1:
-        raise ValueError("duration, repeats, clients, movers and move size must be positive")
-    rng = np.random.default_rng(11)
-    serve = [rng.integers(0, 256, _SERVE_SIZE, dtype=np.uint8) for _ in range(_SERVE_FILES)]
+    if duration_s <= 0 or min(repeats, runs, clients, movers, move_size, load_size) < 1:
+        raise ValueError("duration, repeats, runs, clients, movers and sizes must be positive")
+    if origin is not None and origin not in LOAD_ORIGINS:
+        raise ValueError(f"origin must be one of {', '.join(LOAD_ORIGINS)}")
     setup: dict[str, Any] = {
         "duration_s": duration_s,
         "repeats": repeats,
@@ -169,7 +194,32 @@ def run(
         "serve_files": _SERVE_FILES,
         "serve_file_bytes": _SERVE_SIZE,
         "kinds": [k[0] for k in KINDS],
+        "runs": [],
     }
+    if origin is not None:
+        setup["load"] = {"origin": origin, "size_bytes": load_size, "device": device}
+    results = []
+    for r in range(runs):
+        if runs > 1:
+            say(f"run {r + 1} of {runs}")
+        loadavg0 = os.getloadavg()[0]
+        res, windows_doc = _one_run(setup, cap_mib_s, directory, say)
+        res.loadavg = (loadavg0, os.getloadavg()[0])
+        setup["runs"].append({"loadavg_1m": list(res.loadavg), "windows": windows_doc})
+        results.append(res)
+    return build_report(setup, results)
+
+
+def _one_run(
+    setup: dict[str, Any],
+    cap_mib_s: float | None | Literal["policy"],
+    directory: Path | None,
+    say: Callable[[str], None],
+) -> tuple[RunResult, list[dict[str, Any]]]:
+    rng = np.random.default_rng(11)
+    serve = [rng.integers(0, 256, _SERVE_SIZE, dtype=np.uint8) for _ in range(_SERVE_FILES)]
+    movers, move_size = setup["movers"], setup["move_size_bytes"]
+    load = setup.get("load")
     with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=directory) as tmp:
         data = Path(tmp) / "data"
         setup["data_dir"] = str(data)
@@ -183,8 +233,15 @@ def run(
             _write(data / "ssd" / "move" / f"m{j}.bin", os.urandom(move_size))
             for j in range(movers)
         ]
-        # The watcher on, as `tierd serve` runs: it sees every move's writes.
-        with server_process(data, env={"TIERD_WATCH": "true"}) as (url, pid):
+        with contextlib.ExitStack() as stack:
+            env = {"TIERD_WATCH": "true"}  # the watcher on, as `tierd serve` runs
+            want = None
+            if load is not None:
+                more, want = stack.enter_context(
+                    origin_settings(load["origin"], data, load["size_bytes"], say)
+                )
+                env |= more
+            url, pid = stack.enter_context(server_process(data, env=env))
             with httpx.Client(base_url=url, timeout=60) as http:
                 paths = {
                     _file_id(http, f"serve/f{i}.bin"): str(data / "nvme" / "serve" / f"f{i}.bin")
@@ -192,12 +249,26 @@ def run(
                 }
                 moving = {_file_id(http, f"move/m{j}.bin"): sums[j] for j in range(movers)}
                 setup["cap_bytes_per_s"] = _set_policy(http, cap_mib_s, movers)
-            windows, samples = _measure(
-                url, pid, paths, list(moving), duration_s, repeats, clients, say
-            )
+                run = _Setup(url, pid, paths, list(moving))
+                if load is not None:
+                    run.load_fid, run.device = _file_id(http, MODEL), load["device"]
+            res = _measure(run, setup, want, say)
             with httpx.Client(base_url=url, timeout=60) as http:
                 _check_moved(http, moving)
-    return _report(setup, windows, samples)
+    doc = [
+        {
+            "phase": w.phase,
+            "busy": w.phase != "idle",
+            "seconds": w.t1 - w.t0,
+            "requests_per_s": w.rate,
+            "moves": sum(1 for a, b in res.moves if w.t0 <= a and b <= w.t1),
+            "loads": sum(1 for a, b in res.loads if w.t0 <= a and b <= w.t1),
+            "server_cpu_s": w.server_cpu,
+            "client_cpu_s": w.client_cpu,
+        }
+        for w in res.windows
+    ]
+    return res, doc
 
 
 def _set_policy(
@@ -227,53 +298,65 @@ def _check_moved(http: httpx.Client, moving: dict[int, str]) -> None:
             raise AssertionError(f"moved file {fid}: the bytes differ ({h.value()} != {want})")
 
 
+def _alone(run: _Setup, setup: dict[str, Any], want: str | None, shared: _Shared) -> RunResult:
+    """The background work with no client: the movers for one window, then a few large loads
+    (the first one's bytes checked). Their times are the references of their slowdowns."""
+    res = RunResult([], [])
+    _with_background(run, "moves", shared, lambda: shared.stop.wait(setup["duration_s"]))
+    res.alone, shared.moves = shared.moves, []
+    if run.load_fid is not None and want is not None:
+        from tierd_client import Client
+
+        with Client(run.url, timeout=600) as api:
+            for _ in range(_LOADS_ALONE):
+                t0 = time.monotonic()
+                seconds = check_load(api, run.load_fid, run.device, want)
+                res.loads_alone.append((t0, t0 + seconds))
+    return res
+
+
 def _measure(
-    url: str,
-    pid: int,
-    paths: dict[int, str],
-    moving: list[int],
-    duration_s: float,
-    repeats: int,
-    clients: int,
-    say: Callable[[str], None],
-) -> tuple[list[_Window], list[Sample]]:
+    run: _Setup, setup: dict[str, Any], want: str | None, say: Callable[[str], None]
+) -> RunResult:
     # Processes (see the module docstring). spawn, not fork: a forked child would share this
     # process's connections and threads.
     ctx = multiprocessing.get_context("spawn")
     shared = _Shared(ctx.Event())
+    clients, duration_s = setup["clients"], setup["duration_s"]
+    say(f"{len(run.moving)} files moving with no client, {duration_s:g} s")
+    res = _alone(run, setup, want, shared)
     ready, done, out = ctx.Barrier(clients + 1), ctx.Array("q", clients, lock=False), ctx.Queue()
     procs = [
         ctx.Process(
             target=client_process,
-            args=(url, paths, c, ready, shared.stop, done, out),
+            args=(run.url, run.paths, c, ready, shared.stop, done, out),
             name=f"tierd-bench-client-{c}",
             daemon=True,
         )
         for c in range(clients)
     ]
-    windows: list[_Window] = []
 
     def clients_cpu() -> float:
         return sum(cpu_of(p.pid) for p in procs if p.pid is not None)
 
-    def window(busy: bool) -> _Window:
-        w = _Window(busy, time.monotonic(), server_cpu=cpu_of(pid), client_cpu=clients_cpu())
-        moves0, requests0 = shared.moves, sum(done)
+    def window(phase: str) -> Window:
+        w = Window(phase, time.monotonic(), server_cpu=cpu_of(run.pid), client_cpu=clients_cpu())
+        requests0 = sum(done)
         shared.stop.wait(duration_s)
         w.t1 = time.monotonic()
-        w.server_cpu = cpu_of(pid) - w.server_cpu
+        w.server_cpu = cpu_of(run.pid) - w.server_cpu
         w.client_cpu = clients_cpu() - w.client_cpu
-        w.moves, w.requests = shared.moves - moves0, sum(done) - requests0
-        windows.append(w)
+        w.requests = sum(done) - requests0
+        res.windows.append(w)
         return w
 
+    phases = ["idle", "moves"] + (["idle", "load"] if run.load_fid is not None else [])
     say(
-        f"{clients} client processes: {repeats} x ({duration_s:g} s idle, {duration_s:g} s "
-        f"while {len(moving)} files move)"
+        f"{clients} client processes: {setup['repeats']} x ({', '.join(phases)}), "
+        f"{duration_s:g} s each"
     )
     for p in procs:
         p.start()
-    samples: list[Sample] = []
     try:
         try:
             ready.wait(timeout=START_S)
@@ -281,140 +364,55 @@ def _measure(
             # A client failed (its error comes first, from _collect) or never started.
             shared.fail(RuntimeError(f"the clients did not all start in {START_S:g} s"))
         shared.stop.wait(_WARMUP_S)
-        for r in range(repeats):
-            if shared.stop.is_set():
-                break
-            idle = window(False)
-            busy = _while_moving(url, moving, shared, lambda: window(True))
-            shared.stop.wait(_SETTLE_S)
-            say(
-                f"  pair {r + 1}: idle {idle.rate:.0f} req/s, "
-                f"during {busy.moves} moves {busy.rate:.0f} req/s"
-            )
+        for r in range(setup["repeats"]):
+            line = []
+            for phase in phases:
+                if shared.stop.is_set():
+                    break
+                w = _with_background(run, phase, shared, partial(window, phase))
+                line.append(f"{phase} {w.rate:.0f} req/s")
+                if phase != "idle":
+                    shared.stop.wait(_SETTLE_S)
+            say(f"  round {r + 1}: {', '.join(line)}")
     finally:
         shared.stop.set()
-        samples, errors = collect(procs, out)
+        res.samples, errors = collect(procs, out)
         shared.failed[:0] = errors  # a client's error first: it is why the others stopped
     if shared.failed:
         raise shared.failed[0]
-    return windows, samples
+    res.moves, res.loads = shared.moves, shared.loads
+    return res
 
 
-def _while_moving(
-    url: str, moving: list[int], shared: _Shared, measure: Callable[[], _Window]
-) -> _Window:
-    """Run ``measure`` while one mover thread a file keeps moving ``moving``."""
-    stop_moving = threading.Event()
-    movers = [
-        threading.Thread(
-            target=_mover_loop,
-            args=(url, fid, ("ssd", "nvme"), stop_moving, shared),
-            name=f"tierd-bench-mover-{fid}",
-            daemon=True,
-        )
-        for fid in moving
-    ]
-    for m in movers:
-        m.start()
+def _with_background(run: _Setup, phase: str, shared: _Shared, measure: Callable[[], Any]) -> Any:
+    """Run ``measure`` while ``phase``'s background threads work: one mover a moving file, or
+    the loader (none at idle)."""
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    if phase == "moves":
+        threads = [
+            threading.Thread(
+                target=_mover_loop,
+                args=(run.url, fid, ("ssd", "nvme"), stop, shared),
+                name=f"tierd-bench-mover-{fid}",
+                daemon=True,
+            )
+            for fid in run.moving
+        ]
+    elif phase == "load" and run.load_fid is not None:
+        threads = [
+            threading.Thread(
+                target=_loader_loop,
+                args=(run.url, run.load_fid, run.device, stop, shared),
+                name="tierd-bench-loader",
+                daemon=True,
+            )
+        ]
+    for t in threads:
+        t.start()
     try:
         return measure()
     finally:
-        stop_moving.set()
-        for m in movers:
-            m.join()
-
-
-def _inside(w: _Window, samples: list[Sample]) -> list[Sample]:
-    return [s for s in samples if s.t0 >= w.t0 and s.t1 <= w.t1]
-
-
-def _rate_of(w: _Window, samples: list[Sample]) -> float:
-    return sum(1 for s in samples if w.t0 <= s.t1 < w.t1) / (w.t1 - w.t0)
-
-
-def _label(phase: str) -> str:
-    return "idle" if phase == "idle" else "while files move"
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _report(setup: dict[str, Any], windows: list[_Window], samples: list[Sample]) -> Report:
-    cap = setup.get("cap_bytes_per_s")
-    report = Report(
-        "serving",
-        f"tierd bench serving: {setup['clients']} client processes over REST, idle vs while "
-        f"{setup['movers']} files of {format_size(setup['move_size_bytes'])} move between "
-        f"tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'}); "
-        f"{setup['repeats']} pairs of {setup['duration_s']:g} s windows",
-        setup,
-    )
-    phases = {"idle": [w for w in windows if not w.busy], "busy": [w for w in windows if w.busy]}
-    rates = {phase: [_rate_of(w, samples) for w in ws] for phase, ws in phases.items()}
-    setup["windows"] = [
-        {
-            "busy": w.busy,
-            "seconds": w.t1 - w.t0,
-            "requests_per_s": _rate_of(w, samples),
-            "moves": w.moves,
-            "server_cpu_s": w.server_cpu,
-            "client_cpu_s": w.client_cpu,
-        }
-        for w in windows
-    ]
-    pooled = {phase: [s for w in ws for s in _inside(w, samples)] for phase, ws in phases.items()}
-    for k, name in ((None, "all"), *((k, kind[0]) for k, kind in enumerate(KINDS))):
-        for phase, got in pooled.items():
-            ms = [s.seconds * 1e3 for s in got if k is None or s.kind == k]
-            report.add(
-                BenchRow(
-                    f"{name}_p99_{phase}_ms",
-                    f"{'every request' if k is None else name}, p99, {_label(phase)}",
-                    percentile(ms, 99) if ms else None,
-                    "ms",
-                    note=f"(p50 {percentile(ms, 50):.2f} ms, {len(ms)} requests)"
-                    if ms
-                    else "no requests",
-                )
-            )
-        report.compare(f"{name}_p99_busy_ms", f"{name}_p99_idle_ms", at_most=P99_AT_MOST)
-    for phase, values in rates.items():
-        report.add(
-            BenchRow(
-                f"rate_{phase}",
-                f"requests completed per second, {_label(phase)}",
-                _median(values),
-                "req/s",
-                note=f"(median of {len(values)} windows)",
-            )
-        )
-    pairs = [b / a for a, b in zip(rates["idle"], rates["busy"], strict=False) if a > 0]
-    row = report.rows["rate_busy"]
-    if pairs and row.value is not None:
-        # Each busy window over the idle one before it (see the module docstring).
-        row.vs, row.ratio = "rate_idle", statistics.median(pairs)
-        row.target, row.met = f">= {RATE_AT_LEAST:g}x", row.ratio >= RATE_AT_LEAST
-        row.note = f"(median of {len(pairs)} windows; the ratio: median of the pairs')"
-    for phase, ws in phases.items():
-        clients = _median([w.client_cpu / (w.t1 - w.t0) for w in ws])
-        report.add(
-            BenchRow(
-                f"server_cpu_{phase}",
-                f"server CPU, {_label(phase)}",
-                _median([w.server_cpu / (w.t1 - w.t0) for w in ws]),
-                "cores",
-                note=f"(the client processes: {clients:.2f} cores)" if clients else "",
-            )
-        )
-    busy = phases["busy"]
-    report.add(
-        BenchRow(
-            "moved_mib_s",
-            "bytes moved while serving",
-            _median([w.moves * setup["move_size_bytes"] / MiB / (w.t1 - w.t0) for w in busy]),
-            "MiB/s",
-            note=f"({sum(w.moves for w in busy)} moves in {len(busy)} windows)",
-        )
-    )
-    return report
+        stop.set()
+        for t in threads:
+            t.join()
