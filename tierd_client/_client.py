@@ -16,7 +16,7 @@ import numpy as np
 from tiering.closing import Closing
 from tiering.io.fences import wait_ready
 
-from ._buffers import Buffer, Tensors
+from ._buffers import Buffer, Tensors, prewarm_cuda
 from ._exceptions import TierdClientError, TransportError, error_from_response
 from ._loads import drop_none, file_ref, open_tensors, parse_target, safetensors_body
 from ._models import ModelsMixin
@@ -61,6 +61,7 @@ class Client(Closing, ModelsMixin):
             transport=transport,
             verify=tls_context(),
         )
+        prewarm_cuda()  # a GPU load's binding imported while the caller builds its model
 
     # -- plumbing --------------------------------------------------------------------------
     def request(
