@@ -328,7 +328,10 @@ def prewarm_cuda() -> None:
         if _prewarmed:
             return
         _prewarmed = True
-    if importlib.util.find_spec("cupy") is None:
+    try:
+        if importlib.util.find_spec("cupy") is None:
+            return
+    except (ImportError, ValueError):  # a finder that refuses it: not installed, in effect
         return
 
     def load() -> None:
