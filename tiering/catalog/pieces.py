@@ -56,6 +56,7 @@ from tiering.catalog.tracker import (
     clock,
     holding_of_row,
     holding_rows,
+    poll,
     tell,
     window,
 )
@@ -421,6 +422,13 @@ class Pieces:
                 return None
             return window(s, file_id, generation, me=host, after=after, limit=limit, now=at)
 
+        if not self.db.single_writer:  # PostgreSQL: one statement, in autocommit
+            if have is not None:
+                self.db._before_write()  # a fenced host writes nothing
+            with self.db.read() as s:
+                return poll(
+                    s, file_id, generation, me=host, have=have, after=after, limit=limit, now=at
+                )
         if have is None:
             with self.db.read() as s:
                 return body(s)

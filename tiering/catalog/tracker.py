@@ -41,6 +41,7 @@ __all__ = [
     "clock",
     "holding_of_row",
     "holding_rows",
+    "poll",
     "tell",
     "window",
 ]
@@ -187,6 +188,18 @@ _WINDOW = text(
     """
 )
 _ROUND = text(f"SELECT {_COLUMNS} {_OF} AND h.host <= :after ORDER BY h.host LIMIT :limit")
+# PostgreSQL: the whole poll as one statement (the upsert, when ``:write``, and the window), run
+# in autocommit (one round trip where a transaction took four: a poll cost the server 0.25 ms of
+# CPU, most of it in the round trips). The outer join gives one row when the window is empty,
+# so the upsert's answer (``told``) always comes back.
+_POLL = text(
+    f"""
+    WITH told AS ({_TELL.text.replace("WHERE piece_maps", "WHERE :write AND piece_maps")}),
+    seen AS ({_WINDOW.text})
+    SELECT (SELECT count(*) FROM told) AS told, seen.*
+    FROM (SELECT 1) AS one LEFT JOIN seen ON true
+    """
+)
 
 
 def tell(s: Session, file_id: int, host: str, generation: int, have: bytes, now: float) -> bool:
@@ -197,6 +210,39 @@ def tell(s: Session, file_id: int, host: str, generation: int, have: bytes, now:
     args = {"file_id": file_id, "host": host, "generation": generation, "now": now}
     args |= {"have": have, "pieces": _count(have)}
     return s.execute(_TELL, args).first() is not None
+
+
+def poll(
+    s: Session,
+    file_id: int,
+    generation: int,
+    *,
+    me: str,
+    have: bytes | None,
+    after: str,
+    limit: int,
+    now: float,
+) -> Exchange | None:
+    """:func:`tell` (with ``have``) and :func:`window` as one statement, on PostgreSQL, for a
+    session in autocommit (the statement is atomic by itself); None when ``have`` was
+    refused."""
+    args = {"file_id": file_id, "generation": generation, "me": me, "after": after, "now": now}
+    args |= {"host": me, "write": have is not None, "have": have or b"", "limit": limit}
+    args["pieces"] = _count(have or b"")
+    got = s.execute(_POLL, args).all()
+    if have is not None and not got[0].told:
+        return None
+    return _gather(s, [r for r in got if r.part is not None], args, limit)
+
+
+def _gather(s: Session, got: list[Any], args: dict[str, Any], limit: int) -> Exchange:
+    rows = [r for r in got if r.part == 0]  # in host order, as the subquery gave them
+    if len(rows) < limit:  # the end of the fleet: on from its start
+        rows += s.execute(_ROUND, args | {"limit": limit - len(rows)}).all()
+    seen = {r.host for r in rows}
+    found = [holding_of_row(r) for r in rows]
+    found += [holding_of_row(r) for r in got if r.part == 1 and r.host not in seen]
+    return Exchange(found, rows[-1].host if rows else args["after"])
 
 
 def window(
@@ -213,14 +259,7 @@ def window(
     round), and of every host with a live claim on the bucket; ``me``'s own row left out. One
     statement, and a second at the end of the fleet."""
     args = {"file_id": file_id, "generation": generation, "me": me, "after": after, "now": now}
-    got = s.execute(_WINDOW, args | {"limit": limit}).all()
-    rows = [r for r in got if r.part == 0]  # in host order, as the subquery gave them
-    if len(rows) < limit:  # the end of the fleet: on from its start
-        rows += s.execute(_ROUND, args | {"limit": limit - len(rows)}).all()
-    seen = {r.host for r in rows}
-    found = [holding_of_row(r) for r in rows]
-    found += [holding_of_row(r) for r in got if r.part == 1 and r.host not in seen]
-    return Exchange(found, rows[-1].host if rows else after)
+    return _gather(s, list(s.execute(_WINDOW, args | {"limit": limit})), args, limit)
 
 
 def clock(now: float | None) -> float:
