@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.serving.test_residency_gpu import _child, _leased, _load
+from tests.serving.test_residency_gpu import _child, _load
 from tests.serving.test_residency_gpu import http as http  # noqa: F401 (fixtures)
 from tests.serving.test_residency_gpu import srv as srv  # noqa: F401
 from tierd_client import Client
@@ -46,6 +46,12 @@ def _shards(
         paths.append(p)
         ids.append(int(r.json()["id"]))
     return tensors, paths, ids
+
+
+def _allocated(http: httpx.Client) -> int:
+    """Bytes of GPU allocations the service holds for loads: leased ones and kept copies."""
+    b = http.get("/v1/buffers").json()
+    return sum(b["leased_bytes"].values()) + sum(b["kept_bytes"].values())
 
 
 def _page_cache(http: httpx.Client) -> int:
@@ -98,8 +104,8 @@ def test_every_load_of_a_kept_model_copies_on_the_gpu(srv, http, tmp_path):
     with Client(srv.url) as api, api.load(ids[0], device="cpu") as host:
         assert np.asarray(host).tobytes() == paths[0].read_bytes()
         assert host.source == "gpu"
-    # A shared selection is handed the kept allocation: no new bytes.
-    before = _leased(http)
+    # A shared selection is handed the kept allocation: no new bytes (kept becomes leased).
+    before = _allocated(http)
     sel = _post(
         http,
         "/v1/load/safetensors",
@@ -107,7 +113,7 @@ def test_every_load_of_a_kept_model_copies_on_the_gpu(srv, http, tmp_path):
     )
     (b,) = sel["buffers"]
     assert b["reused"] and b["source"] == "gpu"
-    assert _leased(http) - before == 0
+    assert _allocated(http) == before
     assert _page_cache(http) == read  # not one byte more from the files
     with Client(srv.url) as api, api.load_safetensors(ids, device="cpu") as host_tensors:
         for k, v in tensors.items():  # device -> host, at the copy's offsets

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import LiveServer
-from tiering.io import GpuDirectStorage
+from tests.conftest import LiveServer, _gpu_present
 
 
 def _gpu() -> bool:
-    if not GpuDirectStorage.is_available():
-        return False
-    from tiering.io import import_cupy
-
-    try:
-        return int(import_cupy().cuda.runtime.getDeviceCount()) > 0
-    except Exception:
-        return False
+    # CUDA, not GDS proper (GpuDirectStorage.is_available()): the warm-up's own test.
+    return _gpu_present()
 
 
 def test_a_host_without_a_gpu_warms_nothing(server: LiveServer) -> None:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tiering.io import Device, GpuDirectStorage, import_cupy
+from tiering.io import Device, import_cupy
 from tiering.serving.context import LoadContext
 
 __all__ = ["WARM_BYTES", "warm_devices"]
@@ -33,11 +33,12 @@ WARM_BYTES = 64 << 20
 
 
 def _cuda_devices() -> list[Device]:
-    if not GpuDirectStorage.is_available():
-        return []
+    # CUDA, not GDS proper: GpuDirectStorage.is_available() says whether cuFile and
+    # nvidia-fs are there, which most hosts lack, and whose data path (KvikIO's compat mode)
+    # is the one to warm all the same.
     try:
         count = int(import_cupy().cuda.runtime.getDeviceCount())
-    except Exception:  # no driver, no device: nothing to warm (loads say why if asked)
+    except Exception:  # no CuPy, no driver, no device: nothing to warm (loads say why)
         return []
     return [Device.parse(f"cuda:{i}") for i in range(count)]
 
@@ -55,38 +56,47 @@ def _scratch(path: str) -> None:
 
 def warm_devices(ctx: LoadContext) -> dict[str, float]:
     """Warm every visible GPU's data path, at once; seconds per device. Failures are logged
-    and left to the first load, which reports them as a load's error."""
+    and left to the first load, which reports them as a load's error: a service that could
+    not warm up still starts."""
     devices = _cuda_devices()
     if not devices:
         return {}
-    with tempfile.TemporaryDirectory(prefix="tierd-warm-") as tmp:
-        path = os.path.join(tmp, "scratch.safetensors")
-        _scratch(path)
-
-        def warm(dev: Device) -> float:
-            t0 = time.perf_counter()
-            ctx.budget(dev)
-            storage = ctx.storage(dev)
-            result = storage.load_file(path)
-            del result
-            # A load's own steps: an exportable allocation from the lease pool (cudaMalloc,
-            # its IPC handle), a safetensors header and plan, the shard's read into it.
-            pool = ctx.leases.pool
-            buf = pool.get(dev, WARM_BYTES)
-            try:
-                storage.load_safetensors_raw([path], None, lambda n: buf.array()[:n])
-                buf.handle()
-            finally:
-                pool.put(buf)  # the first load may take it
-            return time.perf_counter() - t0
-
-        out: dict[str, float] = {}
-        with ThreadPoolExecutor(len(devices), "tierd-warm") as pool:
-            futures = {str(d): pool.submit(warm, d) for d in devices}
-            for name, fut in futures.items():
-                try:
-                    out[name] = fut.result()
-                except Exception as exc:
-                    log.warning("could not warm %s at start: %s", name, exc)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tierd-warm-") as tmp:
+            path = os.path.join(tmp, "scratch.safetensors")
+            _scratch(path)
+            out = _warm_all(ctx, devices, path)
+    except OSError as exc:  # no room for the scratch file, say: the first load pays instead
+        log.warning("could not warm the GPUs at start: %s", exc)
+        return {}
     log.info("GPU data paths warmed: %s", {k: round(v, 3) for k, v in out.items()})
+    return out
+
+
+def _warm_all(ctx: LoadContext, devices: list[Device], path: str) -> dict[str, float]:
+    def warm(dev: Device) -> float:
+        t0 = time.perf_counter()
+        ctx.budget(dev)
+        storage = ctx.storage(dev)
+        result = storage.load_file(path)
+        del result
+        # A load's own steps: an exportable allocation from the lease pool (cudaMalloc, its
+        # IPC handle), a safetensors header and plan, the shard's read into it.
+        pool = ctx.leases.pool
+        buf = pool.get(dev, WARM_BYTES)
+        try:
+            storage.load_safetensors_raw([path], None, lambda n: buf.array()[:n])
+            buf.handle()
+        finally:
+            pool.put(buf)  # the first load may take it
+        return time.perf_counter() - t0
+
+    out: dict[str, float] = {}
+    with ThreadPoolExecutor(len(devices), "tierd-warm") as threads:
+        futures = {str(d): threads.submit(warm, d) for d in devices}
+        for name, fut in futures.items():
+            try:
+                out[name] = fut.result()
+            except Exception as exc:
+                log.warning("could not warm %s at start: %s", name, exc)
     return out
