@@ -34,8 +34,8 @@ def bench_tracker(
     json_path: JsonOpt = None,
 ) -> None:
     """The fleet's tracker (its PostgreSQL catalog) under N hosts filling one model at once:
-    piece events/s, landing and planning-read latency, PostgreSQL's CPU and WAL, and the
-    rollout time the tracker alone allows."""
+    piece events/s and polls/s, a poll's latency, the clients' lag, PostgreSQL's CPU and WAL,
+    and the rollout time the tracker alone allows."""
     from tierd_bench._postgres import NoScratchDatabase
     from tierd_bench.tracker import TrackerBenchUnavailable, run
 

@@ -2,22 +2,24 @@
 one model at once, with no byte moved.
 
 A fleet distribution's bookkeeping is the catalog's: one piece map per file generation (its
-digests, read by every receiver) and one holding row per host (a bitmap of the pieces it has
-verified, grown as each lands, read by every receiver to plan its next pieces). Each simulated
-host makes exactly the catalog calls a real fill makes (:mod:`tiering.copies.piecefill`), at
-the rate its link allows: it lands a piece every ``piece_size / link`` seconds
-(told to the catalog in batches, :meth:`~tiering.catalog.pieces.Pieces.mark`, as a fill
-tells what it took from peers) and reads every holding every
-:data:`~tiering.copies.piecefill.POLL_S` (:meth:`~tiering.catalog.pieces.Pieces.holdings`),
-and the map until it is final (:meth:`~tiering.catalog.pieces.Pieces.map`). Hosts are
-threads, spread over worker processes with their own connections.
+digests, read once by every receiver) and one holding row per host (a bitmap of the pieces it
+has verified). Each simulated host makes exactly the catalog calls a real fill makes
+(:mod:`tiering.copies.piecefill`), through the same class
+(:class:`~tiering.fleet.peerwindow.PeerWindow`): at its start the map, a read of every holding
+and a claim on the bucket (no claimer is live when a distribution starts), then a poll every
+:data:`~tiering.copies.piecefill.POLL_S` (its holding written with the pieces landed since the
+last, and the next window of peers' holdings read), and a last flush. Pieces land at the rate
+its link allows while the host is not waiting on the tracker (a fill's loop starts no fetch
+while it polls). Hosts are scheduled on a few threads per client process sharing one
+connection pool, as a PgBouncer shares a server's connections among a fleet.
 
-Per fleet size it reports the piece events per second the catalog took against those the
-hosts asked for, the p50/p99 of a landing and of a planning read, PostgreSQL's CPU (its
-processes on this machine, from /proc) and WAL bytes, and the rollout time the tracker alone
-would allow: the fill's piece events over the rate it took, against the link's time for the
-model. Where the client processes are the bottleneck (a 2-core machine runs out of cores
-before PostgreSQL does), the figures say so: read them as a floor.
+Per fleet size it reports the piece events per second taken against those the hosts asked for,
+the polls, their p50/p99, how late the clients started them (their lag: when it is large the
+clients, not the tracker, were the bound), PostgreSQL's CPU (its own server's processes, from
+/proc) and WAL bytes, the clients' CPU, the share of the fills' time spent waiting on the
+tracker, and the rollout time the tracker alone would allow against the link's time for the
+model; where the clients could not poll as often as asked, that row says its figure is not the
+tracker's.
 """
 
 from __future__ import annotations

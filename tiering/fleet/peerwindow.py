@@ -100,6 +100,8 @@ class PeerWindow:
         with self._lock:
             if self._since == float("inf"):
                 return None
+            if self._have.bit_length() > self.count:
+                raise ValueError(f"piece {self._have.bit_length() - 1} of {self.count} landed")
             self._since = float("inf")
             return self._have.to_bytes((self.count + 7) // 8, "little")
 
