@@ -76,6 +76,9 @@ def test_every_load_of_a_kept_shard_copies_from_it(api, upload, tmp_path):
             assert torch.equal(sd[k], torch.from_numpy(v)), k
         del sd
         assert _page_cache_bytes(api) == read  # not one byte more from the files
+        # Rows gathered from the file need it whole in host memory: read from the file.
+        with api.gather(ids[0], dim=1, dtype="uint8", indices=[0, 1, 9, 200]) as rows:
+            assert np.asarray(rows).ravel().tobytes() == bytes(blobs[0][i] for i in (0, 1, 9, 200))
 
         # A shared load of a selection is handed the kept allocation, at its tensors' offsets.
         with api.load_safetensors(ids, names=["layer.0.bias", "lm_head.weight"], shared=True) as s:

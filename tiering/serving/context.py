@@ -238,7 +238,10 @@ class LoadContext:
             held = holder.acquire(rec, storage.device)
             if held is None:
                 continue
-            if (host_only and held.held_on.is_cuda) or not still_current(held, rec, tier):
+            # Host rows are one array of the whole file: not a GPU copy, nor one whose head
+            # (a shard's header) is kept apart.
+            apart = held.held_on.is_cuda or bool(held.head)
+            if (host_only and apart) or not still_current(held, rec, tier):
                 held.release()
                 continue
             try:
