@@ -275,6 +275,28 @@ def _fleet(
     _rows(report, n, count, pps, results, wall, cpu, wal)
 
 
+def _latencies(report: Report, k: str, polls: list[float], late: list[float]) -> None:
+    """The p50/p99 rows of the polls and of the clients' lag."""
+    for key, label, xs, target in (
+        ("read", "poll", polls, 0.05),
+        ("late", "poll started late (the clients' lag)", late, None),
+    ):
+        p50, p99 = _pct(xs, 0.5), _pct(xs, 0.99)
+        report.add(
+            BenchRow(f"{k}_{key}_p50", f"  {label} p50", None if p50 is None else p50 * 1e3, "ms")
+        )
+        report.add(
+            BenchRow(
+                f"{k}_{key}_p99",
+                f"  {label} p99",
+                None if p99 is None else p99 * 1e3,
+                "ms",
+                target=None if target is None else f"< {target * 1e3:g}",
+                met=None if p99 is None or target is None else p99 < target,
+            )
+        )
+
+
 def _rows(
     report: Report,
     n: int,
@@ -305,27 +327,22 @@ def _rows(
     polled = len(polls) / (elapsed / n) if elapsed else 0.0
     note = f"asked {asked_polls:,.0f}/s ({polled / asked_polls:.0%})"
     report.add(BenchRow(f"{k}_polls", "  polls/s (one transaction each)", polled, "/s", note=note))
-    for key, label, xs, target in (
-        ("read", "poll", polls, 0.05),
-        ("late", "poll started late (the clients' lag)", late, None),
-    ):
-        p50, p99 = _pct(xs, 0.5), _pct(xs, 0.99)
-        report.add(
-            BenchRow(f"{k}_{key}_p50", f"  {label} p50", None if p50 is None else p50 * 1e3, "ms")
-        )
-        report.add(
-            BenchRow(
-                f"{k}_{key}_p99",
-                f"  {label} p99",
-                None if p99 is None else p99 * 1e3,
-                "ms",
-                target=None if target is None else f"< {target * 1e3:g}",
-                met=None if p99 is None or target is None else p99 < target,
-            )
-        )
+    _latencies(report, k, polls, late)
     # A server given by URL is not this machine's to measure.
     pg = cpu / wall if cpu else None
     report.add(BenchRow(f"{k}_pg_cpu", "  PostgreSQL CPU", pg, "cores"))
+    # What sizes a fleet's PostgreSQL: its CPU a poll (the fleet's start, a few calls a host,
+    # counted in), and so the hosts one core of it serves at a poll every POLL_S.
+    per = cpu / len(polls) if cpu and polls else None
+    report.add(
+        BenchRow(
+            f"{k}_pg_per_poll",
+            "  PostgreSQL CPU a poll",
+            None if per is None else per * 1e3,
+            "ms",
+            note="" if per is None else f"{POLL_S / per:,.0f} hosts a core",
+        )
+    )
     clients = sum(r["cpu"] for r in results) / wall
     report.add(BenchRow(f"{k}_client_cpu", "  the simulated hosts' CPU", clients, "cores"))
     report.add(BenchRow(f"{k}_wal", "  WAL written", wal / wall / 1e6, "MB/s"))

@@ -17,7 +17,7 @@ def test_a_tiny_fleet_is_measured() -> None:
     report = run([2], 64 << 20, seconds=0.5, workers=1)
     rows = report.rows
     assert rows["n2_events"].value and rows["n2_events"].value > 0
-    for key in ("n2_polls", "n2_read_p50", "n2_read_p99", "n2_rollout", "n2_client_cpu"):
+    for key in ("n2_polls", "n2_read_p50", "n2_read_p99", "n2_rollout", "n2_pg_per_poll"):
         assert rows[key].value is not None and rows[key].value > 0, key
     assert rows["n2_late_p99"].value is not None and rows["n2_blocked"].value is not None
     assert rows["n2_wal"].value is not None and rows["n2_wal"].value > 0
