@@ -29,6 +29,7 @@ SIZE = 5 * CHUNK - 1000  # five chunks, the last one short
 def outside(eng: Engine) -> Engine:
     eng.mover.chunk_size = CHUNK
     eng.mover.settings.process_min = CHUNK  # small files, so the test stays cheap
+    eng.mover.settings.process_chunk = CHUNK
     return eng
 
 
@@ -137,7 +138,7 @@ def _child(settings: Settings, file_id: int, step: str, pid_file: Path) -> None:
     try:
         eng = Engine(settings.engine_config()).open()
         eng.mover.chunk_size = CHUNK
-        eng.mover.settings.process_min = CHUNK
+        eng.mover.settings.process_min = eng.mover.settings.process_chunk = CHUNK
 
         def hook(s: str) -> None:
             if s == step:

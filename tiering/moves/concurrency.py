@@ -129,14 +129,16 @@ class ServingGate:
     on 2 cores, moves cost a fifth of the requests). The copy thread's lower CPU priority does
     not give it back: the kernel's writeback and the move's other steps run at the process's.
     Resting does, whatever the resource: a move takes at most ``1 + share`` times as long while
-    serving is busy (1.5 times, by default: issue 43's limit; each rest at most
-    ``MAX_REST_S``), and runs at full speed otherwise.
+    serving is busy (1.25 times by default, within issue 43's 1.5 with room for what the
+    busy cores cost it too; each rest at most ``MAX_REST_S``), and runs at full speed
+    otherwise. Under a bandwidth cap the rest follows the cap's wait (see
+    :meth:`~tiering.moves.copying.Pace.after_chunk`).
 
     Serving calls :meth:`touch` as each request opens a file (one float stored, no lock: the
     request path pays nothing measurable); a request within the last ``active_s`` means busy.
     """
 
-    SHARE = 0.5
+    SHARE = 0.25
     ACTIVE_S = 0.25
     MAX_REST_S = 0.5
 

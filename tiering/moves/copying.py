@@ -26,7 +26,7 @@ from tiering.moves.concurrency import (
 from tiering.moves.failures import Cancelled, storage_error
 from tiering.tiers import Source, Tier, Writer
 
-__all__ = ["CHUNK", "COPY_NICE", "PROCESS_MIN", "Copier", "MoveSettings", "Pace"]
+__all__ = ["CHUNK", "COPY_NICE", "PROCESS_CHUNK", "PROCESS_MIN", "Copier", "MoveSettings", "Pace"]
 
 CHUNK = 4 << 20
 #: How many nice levels below the process the thread that copies a move's bytes runs.
@@ -34,6 +34,10 @@ COPY_NICE = 10
 #: Files from this size on are copied in the copy process (see :mod:`tiering.moves._copyproc`).
 #: A smaller file's copy is a few system calls: the messages to the process would cost more.
 PROCESS_MIN = 8 << 20
+#: Bytes the copy process copies per request. Larger than :data:`CHUNK`: each request wakes
+#: the move's thread in the server (its GIL) and each write is an event for the file watcher,
+#: while the copy costs the server nothing; a rest still follows every chunk.
+PROCESS_CHUNK = 16 << 20
 
 
 @dataclass
@@ -53,6 +57,8 @@ class MoveSettings:
     #: Files of at least this many bytes, local at both ends, are copied in the copy process;
     #: None copies every file in this process.
     process_min: int | None = PROCESS_MIN
+    #: Bytes per request to the copy process.
+    process_chunk: int = PROCESS_CHUNK
     #: Test-only: called with each step's name (see STEPS).
     hook: Callable[[str], None] | None = None
 
@@ -75,13 +81,14 @@ class Pace:
     cancel: threading.Event | None
     since: float = field(default_factory=time.monotonic)
 
-    def rest(self) -> None:
-        """Rest (while serving is busy) for the work done since the last rest."""
-        self.gate.rest(time.monotonic() - self.since, self.cancel)
-        self.since = time.monotonic()
-
-    def restart(self) -> None:
-        """What passed since the last rest was no work (a wait for the bandwidth cap)."""
+    def after_chunk(self, limiter: RateLimiter, n: int) -> None:
+        """After a chunk of ``n`` bytes: wait for the bandwidth cap, then rest (while serving
+        is busy) for the work done since the last rest. The rest comes after the cap's wait,
+        not in its place: under a cap a move mostly waits, and a rest taken first only
+        shortened that wait, so a capped move yielded nothing to serving."""
+        worked = time.monotonic() - self.since
+        limiter.acquire(n, self.cancel)
+        self.gate.rest(worked, self.cancel)
         self.since = time.monotonic()
 
 
@@ -213,7 +220,7 @@ class Copier:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the engine is stopping; the move was abandoned")
                 try:
-                    n = chan.copy(self.settings.chunk_size)
+                    n = chan.copy(self.settings.process_chunk)
                 except WorkerGone as exc:
                     raise storage_error(exc, f"copying {rel!r}") from exc
                 except OSError as exc:
@@ -231,9 +238,7 @@ class Copier:
                     progress(off, size)
                 if off == n:
                     self.settings.at("copying")
-                pace.rest()
-                self.limiter.acquire(n, cancel)
-                pace.restart()
+                pace.after_chunk(self.limiter, n)
             try:
                 checksum = chan.finish()
             except OSError as exc:
@@ -289,8 +294,6 @@ class Copier:
                 progress(off, size)
             if off == n:
                 self.settings.at("copying")
-            pace.rest()
-            self.limiter.acquire(n, cancel)
-            pace.restart()
+            pace.after_chunk(self.limiter, n)
             chunk = self._next(claim, chunks, cancel, stop)
         return off

@@ -99,6 +99,13 @@ class _OverflowSpy(logging.Handler):
             self.watcher.overflowed()
 
 
+def _temp_only(event: FileSystemEvent) -> bool:
+    """Whether every path of ``event`` is a temp file's: a move makes a dozen such events, and
+    waking the worker for each cost the server's GIL (issue 43)."""
+    paths = (event.src_path, event.dest_path) if event.dest_path else (event.src_path,)
+    return all(is_temp_name(os.path.basename(os.fsdecode(p))) for p in paths)
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, watcher: TierWatcher) -> None:
         self.watcher = watcher
@@ -265,6 +272,8 @@ class TierWatcher:
         return None
 
     def _on_event(self, event: FileSystemEvent) -> None:
+        if not event.is_directory and _temp_only(event):
+            return  # a writer's temp file (a move's, an upload's): the worker would drop it
         src = self._locate(event.src_path)
         dest = self._locate(event.dest_path) if event.dest_path else None
         now = time.monotonic()
