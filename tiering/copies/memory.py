@@ -7,6 +7,11 @@ table and forgets it when the copy goes, and runs two background jobs: the cache
 passes (:func:`~tiering.placement.cache.plan_cache`, woken by the scheduler) and the watch on
 the host's free memory (under its floor, the coldest copies no load holds are dropped).
 
+On a fleet, a fill of a shared file takes its bytes through this host's copy of it on a
+directory tier, made from the pieces the hosts exchange where there is none, so hosts filling
+their memory with one model at once make the bucket send it about once (see
+:mod:`~tiering.copies.fillsource`).
+
 On a catalog several hosts share, a file on a shared (object-store) tier is ranked by the heat
 policy ``promotion_heat`` names, this host's own or the fleet's (see
 :mod:`~tiering.placement.fleetheat`), in the planner's passes and in the order copies are
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
 from tiering.config import EngineConfig
+from tiering.copies.fillsource import FillProgress, FillSource
+from tiering.copies.hostcopies import HostCopies
 from tiering.errors import FileBusy, FileChanged, IntegrityError, TierdError
 from tiering.moves import FileOps, RateLimiter
 from tiering.periodic import Periodic
@@ -83,7 +90,8 @@ class MemoryCache:
         self.limiter = limiter or RateLimiter()
         self._catalog: Catalog | None = None
         self._copies: Copies | None = None
-        self._files: FileOps | None = None
+        #: Where a fill's bytes come from (this host's copy, a peer, the file's tier).
+        self.source = FillSource(tier.name)
         tier.on_drop = self._forget
         self._stopped = threading.Event()  # cancels a fill in flight at stop
         self._passes = Periodic(self.run_pass, None, "tierd-memory-fill")
@@ -91,10 +99,6 @@ class MemoryCache:
         self._pressure = Periodic(self.relieve_pressure, pressure_interval_s, "tierd-memory-watch")
         self.passes = 0
         self.last_pass: CachePassReport | None = None
-        #: Another host's verified copy of a shared file, as a source (None: no peer holds
-        #: the whole current generation). Set by the serving layer, which holds the fleet's
-        #: peer reads: a fill reads peers before the bucket, as loads do.
-        self.peer_source: Callable[[FileRecord], Source | None] | None = None
 
     @classmethod
     def build(
@@ -135,10 +139,31 @@ class MemoryCache:
     def entries(self) -> list[MemoryEntry]:
         return self.tier.entries()
 
+    @property
+    def peer_source(self) -> Callable[[FileRecord], Source | None] | None:
+        """Another host's verified whole copy of a shared file, as a source (None: no peer
+        holds the current generation). Set by the serving layer, which holds the fleet's
+        peer reads: a fill reads peers before the bucket, as loads do."""
+        return self.source.peer_source
+
+    @peer_source.setter
+    def peer_source(self, value: Callable[[FileRecord], Source | None] | None) -> None:
+        self.source.peer_source = value
+
+    @property
+    def host_copies(self) -> HostCopies | None:
+        """This host's copies of the fleet's shared files (set by the engine once it has
+        them): a fill of a shared file takes its bytes through one."""
+        return self.source.host_copies
+
+    @host_copies.setter
+    def host_copies(self, value: HostCopies | None) -> None:
+        self.source.host_copies = value
+
     # -- life ----------------------------------------------------------------------------------
     def open(self, catalog: Catalog, copies: Copies, files: FileOps) -> None:
         """Bind to the open catalog (the engine's ``open``)."""
-        self._catalog, self._copies, self._files = catalog, copies, files
+        self._catalog, self._copies, self.source.files = catalog, copies, files
 
     def start(self, keep_locations: list[str]) -> int:
         """Forget this host's copies the catalog still lists (memory did not survive the
@@ -205,14 +230,17 @@ class MemoryCache:
         progress: Callable[[int], None] | None = None,
         throttle: bool = False,
         keep_s: float = 0.0,
+        sources: Callable[[str, int], None] | None = None,
     ) -> MemoryEntry:
         """Copy a stable file into memory (or find its current copy there); returns the copy.
 
-        The whole file is read from its tier and hashed on the way; the copy is kept only if
-        the hash is the catalog's checksum and the file is still at the generation read.
-        Colder copies no load holds are dropped for room if the quota is short. ``keep_s``
-        keeps the copy that long whatever its heat (a prefetch); ``throttle`` counts the
-        bytes against the migrations' bandwidth cap.
+        The whole file is read from its tier (a fleet's shared file: through this host's copy
+        of it, see the module docstring) and hashed on the way; the copy is kept only if the
+        hash is the catalog's checksum and the file is still at the generation read. Colder
+        copies no load holds are dropped for room if the quota is short. ``keep_s`` keeps the
+        copy that long whatever its heat (a prefetch); ``throttle`` counts the bytes against
+        the migrations' bandwidth cap; ``sources`` is told the bytes taken from each source
+        of a shared file (``bucket``, ``peer:<host>``), as a host copy's fill tells them.
 
         Raises
         ------
@@ -257,7 +285,8 @@ class MemoryCache:
             colder_than=heat_for_promotion(policy, rec, now, local),
         )
         try:
-            return self._fill(rec, entry, stop, progress, throttle, keep_until)
+            told = FillProgress(rec.size, progress)
+            return self._fill(rec, entry, stop, told, throttle, keep_s, sources)
         except BaseException:
             self.tier.abort(entry)
             raise
@@ -267,22 +296,18 @@ class MemoryCache:
         rec: FileRecord,
         entry: MemoryEntry,
         stop: threading.Event,
-        progress: Callable[[int], None] | None,
+        progress: FillProgress,
         throttle: bool,
-        keep_until: float,
+        keep_s: float,
+        sources: Callable[[str, int], None] | None,
     ) -> MemoryEntry:
-        assert self._files is not None
         limit = (lambda n: self.limiter.acquire(n, stop)) if throttle else None
-        # A peer's verified copy first; checked below against the catalog's checksum, as any.
-        source = self.peer_source(rec) if self.peer_source is not None else None
-        if source is None:
-            content = self._files.open_content(rec.id)
-            source = content.source
-            if content.record.generation != rec.generation:
-                source.close()
-                raise FileChanged(f"{rec.relpath!r} changed before it was copied into memory")
+        source = self.source.open(
+            rec, stop=stop, progress=progress, throttle=throttle, keep_s=keep_s, sources=sources
+        )
         with source:
             checksum = self.tier.fill(entry, source, cancel=stop, throttle=limit, progress=progress)
+        keep_until = time.time() + keep_s if keep_s > 0 else 0.0  # from when it is in memory
         if rec.checksum is not None and checksum != rec.checksum:
             raise IntegrityError(
                 f"{rec.relpath!r} on {rec.tier} does not match the catalog's checksum (read "

@@ -180,6 +180,8 @@ class Engine(Steering):
             limiter=self.limiter,
             config=self.config,
         )
+        if self.memory is not None:  # its fills of shared files go through a copy here
+            self.memory.host_copies = self.host_copies
         self.peers = PeerUploads(
             memory=self.memory.tier if self.memory is not None else None,
             copies=self.host_copies,

@@ -287,7 +287,9 @@ def _prefetch_page_cache(ctx: LoadContext, job: Job, recs: list[FileRecord]) -> 
 def _prefetch_memory(ctx: LoadContext, job: Job, recs: list[FileRecord], keep_s: float) -> None:
     """Copy each file into the memory tier (one access counted each), kept there ``keep_s``
     whatever its heat; a file already there is done at once. A file that does not fit (the
-    copies there are hotter, or host memory is low) is the job's error for that file."""
+    copies there are hotter, or host memory is low) is the job's error for that file. On a
+    fleet, a shared file comes through this host's copy on disk, made from the pieces the
+    hosts exchange (see :mod:`tiering.copies.fillsource`): the job's ``sources`` say whose."""
     memory = ctx.engine.memory
     assert memory is not None
     for rec in recs:
@@ -300,7 +302,13 @@ def _prefetch_memory(ctx: LoadContext, job: Job, recs: list[FileRecord], keep_s:
         try:
             if ctx.engine.access is not None:
                 ctx.engine.access.record(rec.id)
-            memory.fill(rec.id, cancel=job.cancel, progress=progress, keep_s=keep_s)
+            memory.fill(
+                rec.id,
+                cancel=job.cancel,
+                progress=progress,
+                keep_s=keep_s,
+                sources=job.add_source,  # a shared file's: its pieces' (see copies.fillsource)
+            )
         except FillCancelled as exc:
             raise JobCancelled from exc
         except TierdError as exc:
