@@ -15,8 +15,8 @@ in turn:
 Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
 are checked at the end: a wrong byte or a failed request stops the bench, never a figure.
 
-Before the clients start, the movers run alone for a window: a move's time with no client, the
-reference of its slowdown. Then the run alternates windows of ``duration_s``: idle (no
+Before the clients start, the movers run alone for a window (at most 10 s): a move's time
+with no client, the reference of its slowdown. Then the run alternates windows of ``duration_s``: idle (no
 background work), moves (``movers`` threads each moving its own file back and forth with
 ``POST /v1/migrations?wait=true``, so the moves run on the server's workers under the policy's
 bandwidth cap, 256 MiB/s by default), and with ``origin``, idle again and a large load (see
@@ -67,6 +67,7 @@ _SERVE_FILES, _SERVE_SIZE = 4, 4 * MiB
 _WARMUP_S = 1.0  # connections, pools and first leases, before the first window
 _SETTLE_S = 0.5  # after the background work stops, before the next window: the last fsyncs land
 _LOADS_ALONE = 3  # large loads timed with no client, the reference of their slowdown
+_ALONE_S = 10.0  # at most, the movers' window with no client (dozens of moves)
 
 
 @dataclass
@@ -302,7 +303,8 @@ def _alone(run: _Setup, setup: dict[str, Any], want: str | None, shared: _Shared
     """The background work with no client: the movers for one window, then a few large loads
     (the first one's bytes checked). Their times are the references of their slowdowns."""
     res = RunResult([], [])
-    _with_background(run, "moves", shared, lambda: shared.stop.wait(setup["duration_s"]))
+    alone_s = min(setup["duration_s"], _ALONE_S)
+    _with_background(run, "moves", shared, lambda: shared.stop.wait(alone_s))
     res.alone, shared.moves = shared.moves, []
     if run.load_fid is not None and want is not None:
         from tierd_client import Client
@@ -323,7 +325,7 @@ def _measure(
     ctx = multiprocessing.get_context("spawn")
     shared = _Shared(ctx.Event())
     clients, duration_s = setup["clients"], setup["duration_s"]
-    say(f"{len(run.moving)} files moving with no client, {duration_s:g} s")
+    say(f"{len(run.moving)} files moving with no client, {min(duration_s, _ALONE_S):g} s")
     res = _alone(run, setup, want, shared)
     ready, done, out = ctx.Barrier(clients + 1), ctx.Array("q", clients, lock=False), ctx.Queue()
     procs = [
