@@ -15,12 +15,12 @@ in turn:
 Every reply's bytes are compared with the file's, off the clock, and the moved files' bytes
 are checked at the end: a wrong byte or a failed request stops the bench, never a figure.
 
-Before the clients start, the movers run alone for a window (at most 10 s): a move's time
-with no client, the reference of its slowdown. Then the run alternates windows of ``duration_s``: idle (no
-background work), moves (``movers`` threads each moving its own file back and forth with
-``POST /v1/migrations?wait=true``, so the moves run on the server's workers under the policy's
-bandwidth cap, 256 MiB/s by default), and with ``origin``, idle again and a large load (see
-:mod:`tierd_bench._serving_load`). A request counts in a window when it started and ended
+Before the clients start, the movers run alone for a window (at most 10 s): a move's time with
+no client, the reference of its slowdown. Then the run alternates windows of ``duration_s``:
+idle (no background work), moves (``movers`` threads each moving its own file back and forth
+with ``POST /v1/migrations?wait=true``, so the moves run on the server's workers under the
+policy's bandwidth cap, 256 MiB/s by default), and with ``origin``, idle again and a large load
+(see :mod:`tierd_bench._serving_load`). A request counts in a window when it started and ended
 inside it. Alternating windows make a drift in the host's load (other work on a shared machine)
 fall on every phase alike; ``runs`` repeats the whole run on a fresh server, and the report
 gives medians of the runs (see :mod:`tierd_bench._serving_report`, which also says how windows
