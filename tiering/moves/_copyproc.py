@@ -13,8 +13,8 @@ sleeps in ``recv`` meanwhile (its pacing, the bandwidth cap and :class:`ServingG
 stay in the server, unchanged).
 
 The process (:mod:`tiering.moves._copyworker`) starts at the first move that uses it and serves
-every move of its :class:`~tiering.moves.Mover` (a thread each), at ``copy_nice`` below the
-server. Each move hands it the source's and the temp file's descriptors over a socket (the
+every move of its :class:`~tiering.moves.Mover` (a thread each), at ``process_nice`` (19)
+below the server. Each move hands it the source's and the temp file's descriptors over a socket (the
 temp file is made, synced, verified and published by the server's writer, as before). The
 process writes only a chunk at a time, when asked: if the server dies, its sockets close and
 the chunk in hand is the last one written (recovery then removes the temp, as for any crash
