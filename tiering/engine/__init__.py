@@ -259,7 +259,8 @@ class Engine(Steering):
             except Exception:
                 log.exception("%s failed", what)
             setattr(self, attr, None)
-        self.mover.close()  # its copy process, once no move runs
+        if self._mover is not None:  # its copy process, once no move runs (None: never opened)
+            self._mover.close()
         if self.memory is not None:
             self.memory.stop()  # before the catalog closes: its copies' rows go too
         if self.db is not None:
