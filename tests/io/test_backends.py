@@ -39,6 +39,7 @@ def test_public_names():
             "TMP_SUFFIX",
             "TensorInfo",
             "TierIo",
+            "TransferRanges",
             "gpu_decode_available",
             "import_cupy",
             "load_state_dict",
