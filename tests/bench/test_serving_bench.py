@@ -99,6 +99,9 @@ def test_run_rejects_nonsense() -> None:
         run(0)
 
 
+# Clients, a server, nginx and a load's stream at once: 15 CPU-seconds of the suite's time on
+# two cores; the serving bench's phases and ratios are tested above on every run.
+@pytest.mark.slow
 def test_bench_serving_during_a_large_load_from_a_fast_origin(tmp_path: Path) -> None:
     from tierd_bench._nginx import OriginUnavailable, require
 
