@@ -223,6 +223,9 @@ def test_network_mode_on_loopback(
     assert list(tmp_path.iterdir()) == []
 
 
+# Suite time (~8 s of a worker, hosts, nginx and PostgreSQL at once): network mode runs on
+# loopback above, and the namespaces, their pacing and their sweep are tested below.
+@pytest.mark.slow
 def test_network_mode_in_namespaces(
     tmp_path: Path, pg_server: PgServer, pg_url: str, host_network: None
 ) -> None:
