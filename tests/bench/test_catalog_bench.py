@@ -56,6 +56,9 @@ def test_sqlite_alone_when_no_postgresql_can_be_run(
     assert any("PostgreSQL rows skipped" in line for line in said)
 
 
+# Suite time (7 s of a worker): the bench's SQLite run stays in CI; the catalog's own tests run
+# every query on PostgreSQL.
+@pytest.mark.slow
 def test_against_an_existing_postgresql(tmp_path: Path, pg_server: PgServer, pg_url: str) -> None:
     before = _databases(pg_server)
     out = tmp_path / "catalog.json"

@@ -102,6 +102,9 @@ def check(ours: Any, device: str = "cpu") -> None:
     assert sims[0, 1] > 0.5 > sims[0, 2]
 
 
+# Suite time (9 s of a worker): a transformers model loaded over REST against from_pretrained
+# is what tests/bench/test_engine.py runs in CI (every tensor's bytes, the same first token).
+@pytest.mark.slow
 def test_minilm_over_rest_equals_from_pretrained(api: Client, tmp_path: Path) -> None:
     sd = api.load_state_dict(NAME)
     assert len(sd) == 104
