@@ -46,7 +46,7 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings, get_settings
-from tests.helpers import SHM, engine_settings
+from tests.helpers import SHM, engine_settings, seeded
 from tierd_client._tls import tls_context
 from tiering.engine import Engine
 
@@ -150,7 +150,7 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
 
 def make_settings(root: Path, **overrides: Any) -> Settings:
     overrides.setdefault("access_flush_interval_s", 0.05)
-    return get_settings(data_dir=root, **overrides)
+    return seeded(get_settings(data_dir=root, **overrides))
 
 
 @pytest.fixture

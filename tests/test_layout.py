@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "tiering", "tierd_client", "tierd_bench")
@@ -173,13 +171,19 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _none_found(modules: Iterable[str], check: Callable[[str], list[str]], why: str) -> None:
+    """Run ``check`` on every module and fail once, naming each module and what it found: one
+    test per rule, not per module (1,800 test items cost every xdist worker its collection)."""
+    found = {m: f for m in sorted(modules) if (f := check(m))}
+    assert not found, why + ":\n" + "\n".join(f"  {m}: {f}" for m, f in found.items())
+
+
 def test_every_tiering_module_belongs_to_a_ranked_room() -> None:
     unranked = {_room(m) for m in MODULES if m.startswith("tiering.") and _room(m) not in RANKS}
     assert not unranked, f"give these rooms a rank in RANKS: {sorted(unranked)}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("app")))
-def test_imports_flow_down(module: str) -> None:
+def _upward_imports(module: str) -> list[str]:
     here = _room(module)
     wrong = []
     for target in _graph()[module]:
@@ -192,15 +196,23 @@ def test_imports_flow_down(module: str) -> None:
             wrong.append(f"{target} (the client installs without the server)")
         elif RANKS.get(there, 99) >= RANKS.get(here, -1):
             wrong.append(f"{target} (rank {RANKS.get(there)} is not below {RANKS.get(here)})")
-    assert not wrong, f"{module} imports upward or sideways: {wrong}"
+    return wrong
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("app")))
-def test_engine_and_client_never_import_the_web_stack(module: str) -> None:
+def test_imports_flow_down() -> None:
+    below_app = [m for m in MODULES if not m.startswith("app")]
+    _none_found(below_app, _upward_imports, "these import upward or sideways")
+
+
+def _web_stack_imports(module: str) -> list[str]:
     third_party = {m.split(".")[0] for m in _imports(module, MODULES[module])}
-    assert not third_party & set(SERVER_ONLY[:3]), f"{module} imports {third_party}"
-    if module.startswith("tierd_client") or _room(module) in CLIENT_MAY_IMPORT:
-        assert not third_party & set(SERVER_ONLY), f"{module} imports {third_party}"
+    client_side = module.startswith("tierd_client") or _room(module) in CLIENT_MAY_IMPORT
+    return sorted(third_party & set(SERVER_ONLY if client_side else SERVER_ONLY[:3]))
+
+
+def test_engine_and_client_never_import_the_web_stack() -> None:
+    below_app = [m for m in MODULES if not m.startswith("app")]
+    _none_found(below_app, _web_stack_imports, "the engine or the client imports the web stack")
 
 
 def test_the_library_never_imports_the_bench() -> None:
@@ -276,13 +288,13 @@ def test_tier_type_check_finder_finds_them() -> None:
     assert [f.split(":")[0] for f in found] == [f"line {n}" for n in range(1, 7)], found
 
 
-@pytest.mark.parametrize(
-    "module", sorted(m for m in MODULES if _room(m) != "tiering.tiers" and m != "tiering.tiers")
-)
-def test_no_module_outside_tiers_asks_what_a_tier_is(module: str) -> None:
-    tree = _tree(module)
-    found = list(_tier_type_checks(tree, may_parse_kind=module in KIND_PARSERS))
-    assert not found, f"{module} branches on a tier's kind: {found}"
+def test_no_module_outside_tiers_asks_what_a_tier_is() -> None:
+    outside = [m for m in MODULES if _room(m) != "tiering.tiers" and m != "tiering.tiers"]
+    _none_found(
+        outside,
+        lambda m: list(_tier_type_checks(_tree(m), may_parse_kind=m in KIND_PARSERS)),
+        "these branch on a tier's kind",
+    )
 
 
 # -- the formatter's output is the code --------------------------------------------------------
@@ -310,10 +322,12 @@ def test_fmt_skip_finder_finds_them() -> None:
     assert [f.split(":")[0] for f in _unexplained_fmt_skips(src)] == ["line 1", "line 3", "line 4"]
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_every_fmt_skip_says_why(module: str) -> None:
-    found = list(_unexplained_fmt_skips(_source(module)))
-    assert not found, f"{module}: split at a seam, or say why on the line: {found}"
+def test_every_fmt_skip_says_why() -> None:
+    _none_found(
+        MODULES,
+        lambda m: list(_unexplained_fmt_skips(_source(m))),
+        "split at a seam, or say why on the line",
+    )
 
 
 # -- functions small enough to read at once ------------------------------------------------------
@@ -334,10 +348,12 @@ def test_long_function_finder_finds_them() -> None:
     assert [f.split(" ")[0] for f in _long_functions(ast.parse(src))] == ["long"]
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_function_is_over_80_lines(module: str) -> None:
-    found = list(_long_functions(_tree(module)))
-    assert not found, f"{module}: break these up where their concerns split: {found}"
+def test_no_function_is_over_80_lines() -> None:
+    _none_found(
+        MODULES,
+        lambda m: list(_long_functions(_tree(m))),
+        "break these up where their concerns split",
+    )
 
 
 # -- rooms talk through public faces -----------------------------------------------------------
@@ -452,15 +468,16 @@ def test_private_reach_finder_finds_them() -> None:
     assert in_io == ["line 2"], in_io  # io's own privates are io's; codec's are not
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_rooms_reach_each_other_only_through_public_faces(module: str) -> None:
-    tree = _tree(module)
-    found = [
-        f
-        for f in _private_reaches(module, tree)
-        if (module, f.split(": ", 1)[1]) not in PRIVATE_REACH_ALLOWED
-    ]
-    assert not found, f"{module} reaches into another room's privates: {found}"
+def test_rooms_reach_each_other_only_through_public_faces() -> None:
+    _none_found(
+        MODULES,
+        lambda m: [
+            f
+            for f in _private_reaches(m, _tree(m))
+            if (m, f.split(": ", 1)[1]) not in PRIVATE_REACH_ALLOWED
+        ],
+        "these reach into another room's privates",
+    )
 
 
 # -- no module hands itself to the modules it imports --------------------------------------------
@@ -481,7 +498,9 @@ def test_self_handoff_finder_finds_them() -> None:
     assert [f.split(":")[0] for f in _self_handoffs(ast.parse(src))] == ["line 1"]
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_module_hands_itself_to_another(module: str) -> None:
-    found = list(_self_handoffs(_tree(module)))
-    assert not found, f"{module}: import a shared helper module instead: {found}"
+def test_no_module_hands_itself_to_another() -> None:
+    _none_found(
+        MODULES,
+        lambda m: list(_self_handoffs(_tree(m))),
+        "import a shared helper module instead",
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings, get_settings
+from tests.helpers import seeded
 from tiering.catalog import CopyRow
 from tiering.engine import Engine
 
@@ -26,7 +27,7 @@ def memory_settings(root: Path, *, quota: int = 16 * MiB, **overrides: Any) -> S
     overrides.setdefault("memory_floor_bytes", 0)
     overrides.setdefault("host_id", "host-a")
     overrides.setdefault("watch", False)
-    return get_settings(data_dir=root, tiers=tiers, **overrides)
+    return seeded(get_settings(data_dir=root, tiers=tiers, **overrides))
 
 
 def heat_up(engine: Engine, file_id: int, n: int = 1000) -> None:

@@ -269,6 +269,7 @@ def test_restart_loses_nothing_and_starting_twice_changes_nothing(msettings: Set
 
 def test_a_memory_tier_bigger_than_the_host_is_refused_at_start(tmp_path: Path) -> None:
     settings = memory_settings(tmp_path / "data", quota=1 << 60)
+    (tmp_path / "data" / "catalog.db").unlink()  # no catalog yet: the start must not make one
     eng = Engine(settings.engine_config())
     with pytest.raises(TierUnavailable, match="over this host's memory"):
         eng.start()
