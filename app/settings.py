@@ -209,8 +209,14 @@ class BufferSettings(BaseModel):
 
 
 class IoSettings(BaseModel):
-    """How loads read files from object-store tiers by presigned URL (``GdsConfig``)."""
+    """The engines of loads: of local files, and of files from object-store tiers by presigned
+    URL (``GdsConfig``)."""
 
+    backend: Literal["auto", "gds", "kvikio", "host"] = Field(
+        default=GdsConfig.backend,
+        description="Local files: auto picks the best installed (GDS, else KvikIO's POSIX path, "
+        "else host); gds, kvikio, or host (tierd's own parallel preadv and pinned copies)",
+    )
     remote_backend: Literal["auto", "sockets", "kvikio", "python"] = Field(
         default=GdsConfig.remote_backend,
         description="auto: tierd's own connections for a fast plain-http origin (judged by one "
@@ -232,6 +238,7 @@ class IoSettings(BaseModel):
 
     def gds_config(self) -> GdsConfig:
         return GdsConfig(
+            backend=self.backend,
             remote_backend=self.remote_backend,
             remote_url_threads=self.remote_url_threads,
             remote_url_task_size=self.remote_url_task_size,
@@ -359,7 +366,7 @@ class Settings(BaseSettings):
     )
     io: IoSettings = Field(
         default_factory=IoSettings,
-        description="The engine of loads from object-store tiers by URL (TIERD_IO__*)",
+        description="The engines of loads: local files, object stores by URL (TIERD_IO__*)",
     )
 
     @field_validator("catalog_url")
