@@ -26,7 +26,7 @@ from pydantic_settings import (
 
 from tiering.catalog.backends import normalize_url, sqlite_file
 from tiering.config import EngineConfig, TierConfig
-from tiering.io import GdsConfig
+from tiering.io import BackendName, GdsConfig
 from tiering.serving import LoaderConfig
 from tiering.serving.fleetjobs import FleetWorkerConfig
 from tiering.tiers import overlap
@@ -209,14 +209,9 @@ class BufferSettings(BaseModel):
 
 
 class IoSettings(BaseModel):
-    """The engines of loads: of local files, and of files from object-store tiers by presigned
-    URL (``GdsConfig``)."""
+    """The engines of loads: local files, object-store tiers by URL (``GdsConfig``)."""
 
-    backend: Literal["auto", "gds", "kvikio", "host"] = Field(
-        default=GdsConfig.backend,
-        description="Local files: auto picks the best installed (GDS, else KvikIO's POSIX path, "
-        "else host); gds, kvikio, or host (tierd's own parallel preadv and pinned copies)",
-    )
+    backend: BackendName = Field(default=GdsConfig.backend, description="Local files' engine")
     remote_backend: Literal["auto", "sockets", "kvikio", "python"] = Field(
         default=GdsConfig.remote_backend,
         description="auto: tierd's own connections for a fast plain-http origin (judged by one "
