@@ -288,11 +288,13 @@ class PieceHolding(Base):
     host; a newer generation replaces it, and a host deletes its rows of bytes it dropped."""
 
     __tablename__ = "piece_holdings"
-    # The few rows holding a claim on the bucket, which every receiver's poll reads (0011).
+    # The rows holding a claim on the bucket, by its end: a receiver's poll reads the live ones,
+    # a range of it however many run-out claims lie before them (0011, 0012).
     __table_args__ = (
         Index(
             "ix_piece_holdings_claims",
             "file_id",
+            "origin_until",
             postgresql_where=text("origin_until IS NOT NULL"),
             sqlite_where=text("origin_until IS NOT NULL"),
         ),

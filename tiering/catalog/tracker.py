@@ -176,8 +176,8 @@ _COLUMNS = """h.file_id, h.host, h.generation, h.have, h.pieces, h.updated_at, h
     o.address, o.last_heartbeat"""
 _OF = """FROM piece_holdings h LEFT JOIN hosts o ON o.host_id = h.host
     WHERE h.file_id = :file_id AND h.generation = :generation AND h.host != :me"""
-# The next hosts after the cursor (the primary key's order), and the claimers (the partial
-# index ix_piece_holdings_claims holds only rows with a claim: a few).
+# The next hosts after the cursor (the primary key's order), and the live claimers (a range of
+# the partial index ix_piece_holdings_claims, keyed by the claim's end).
 _WINDOW = text(
     f"""
     SELECT * FROM (SELECT {_COLUMNS}, 0 AS part {_OF} AND h.host > :after
