@@ -8,7 +8,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 from tests.catalog.conftest import run_sql
 from tests.catalog.test_copies import _FILE, _downgrade, _tables
@@ -215,6 +216,31 @@ def test_at_most_k_hosts_claim_the_bucket_and_a_dead_claim_expires(db: Database)
     assert not pieces.claim_origin(1, host="h3", **later)  # type: ignore[arg-type]  # h1's
     pieces.release_origin(1, host="h1")
     assert pieces.claim_origin(1, host="h3", **later)  # type: ignore[arg-type]
+
+
+def test_a_claim_with_every_place_taken_never_waits_for_the_maps_lock(db: Database) -> None:
+    """A fleet's receivers ask for the bucket at every poll; nearly all find every place taken.
+    They learn it without queueing on the map's row lock (a claimer's), which another
+    transaction holds here until the answer has come."""
+    if not db.url.startswith("postgresql"):
+        pytest.skip("SQLite takes one writer at a time anyway: the row lock is PostgreSQL's")
+    pieces = Pieces(db)
+    _open(pieces)
+    claim = {"generation": 0, "readers": 1, "ttl_s": 10.0, "now": 100.0}
+    assert pieces.claim_origin(1, host="h1", **claim)  # type: ignore[arg-type]
+    engine = create_engine(db.url, poolclass=NullPool)
+    answers: list[bool] = []
+    try:
+        with engine.begin() as holder:
+            holder.execute(text("SELECT 1 FROM piece_maps WHERE file_id = 1 FOR UPDATE"))
+            asking = threading.Thread(
+                target=lambda: answers.append(pieces.claim_origin(1, host="h2", **claim))  # type: ignore[arg-type]
+            )
+            asking.start()
+            asking.join(timeout=30)
+            assert not asking.is_alive() and answers == [False]
+    finally:
+        engine.dispose()
 
 
 def test_a_failed_fill_drops_its_unfinished_map(db: Database) -> None:

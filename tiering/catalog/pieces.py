@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable, Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
 from tiering.catalog.backends import FOR_KEY_SHARE
@@ -72,6 +72,18 @@ def _drop_others(s: Session, file_id: int, generation: int) -> None:
         delete(PieceHolding).where(
             PieceHolding.file_id == file_id, PieceHolding.generation != generation
         )
+    )
+
+
+def _claimers(file_id: int, generation: int, host: str, now: float) -> Select[str]:
+    """The hosts other than ``host`` with a live claim on reading ``generation`` from the bucket
+    (a range of ix_piece_holdings_claims, by the claim's end)."""
+    return select(PieceHolding.host).where(
+        PieceHolding.file_id == file_id,
+        PieceHolding.generation == generation,
+        PieceHolding.host != host,
+        PieceHolding.origin_until.is_not(None),
+        PieceHolding.origin_until > now,
     )
 
 
@@ -336,8 +348,16 @@ class Pieces:
         """Claim a place among the at most ``readers`` hosts reading ``generation`` from the
         bucket (claims expire ``ttl_s`` after their last renewal); True when ``host`` holds
         one (taken now or already), False when they are all taken or the map is gone. The
-        map's row lock orders claimers, on PostgreSQL and SQLite alike."""
+        map's row lock orders claimers, on PostgreSQL and SQLite alike.
+
+        The places are counted first without the lock: when they are all taken, as they are
+        for nearly every host of a large fleet, nobody queues on the map's row to learn it
+        (1,000 hosts asking: two thirds of PostgreSQL's busy backends waited on that lock).
+        A place freed meanwhile is taken at the next poll's claim."""
         stamp = time.time() if now is None else now
+        with self.db.read() as s:
+            if len(s.scalars(_claimers(file_id, generation, host, stamp)).all()) >= readers:
+                return False
 
         def body(s: Session) -> bool:
             if not _at(s, file_id, generation, None):
@@ -345,16 +365,7 @@ class Pieces:
             m = s.get(PieceMap, (file_id, generation), with_for_update=True)
             if m is None:
                 return False
-            others = s.scalars(
-                select(PieceHolding.host).where(
-                    PieceHolding.file_id == file_id,
-                    PieceHolding.generation == generation,
-                    PieceHolding.host != host,
-                    PieceHolding.origin_until.is_not(None),  # ix_piece_holdings_claims
-                    PieceHolding.origin_until > stamp,
-                )
-            ).all()
-            if len(others) >= readers:
+            if len(s.scalars(_claimers(file_id, generation, host, stamp)).all()) >= readers:
                 return False
             row = _my_row(s, file_id, host, generation, piece_count(m.size, m.piece_size))
             row.origin_until = stamp + ttl_s
