@@ -38,7 +38,11 @@ def _child(settings: Settings, file_id: int, dst: str, step: str) -> None:
 
 
 def crash_move(settings: Settings, file_id: int, dst: str, step: str) -> None:
-    ctx = multiprocessing.get_context("fork")
+    # From a fork server, not a fork of this worker: the worker has threads (a moto server, other
+    # tests' engines), and a fork while one of them held a lock hung a child once in ~8 runs.
+    # The server is a fresh process of its own (one a worker, tierd imported in it once).
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     p = ctx.Process(target=_child, args=(settings, file_id, dst, step))
     p.start()
     p.join(60)
