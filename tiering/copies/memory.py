@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 from tiering.catalog import Catalog, Copies, FileRecord, FileState
 from tiering.config import EngineConfig
 from tiering.copies.fillsource import FillProgress, FillSource
-from tiering.copies.hostcopies import HostCopies
 from tiering.errors import FileBusy, FileChanged, IntegrityError, TierdError
 from tiering.moves import FileOps, RateLimiter
 from tiering.periodic import Periodic
 from tiering.placement.cache import CachedCopy, CachePlan, plan_cache
 from tiering.placement.fleetheat import LocalHeat, heat_for_promotion, local_heat
 from tiering.placement.policy import Policy
-from tiering.tiers import FillCancelled, MemoryEntry, MemoryTier, Source
+from tiering.tiers import FillCancelled, MemoryEntry, MemoryTier
 
 __all__ = ["CachePassReport", "MemoryCache"]
 
@@ -90,7 +89,8 @@ class MemoryCache:
         self.limiter = limiter or RateLimiter()
         self._catalog: Catalog | None = None
         self._copies: Copies | None = None
-        #: Where a fill's bytes come from (this host's copy, a peer, the file's tier).
+        #: Where a fill's bytes come from (this host's copy, a peer, the file's tier): the
+        #: engine sets its ``host_copies``, the serving layer its ``peer_source``.
         self.source = FillSource(tier.name)
         tier.on_drop = self._forget
         self._stopped = threading.Event()  # cancels a fill in flight at stop
@@ -138,27 +138,6 @@ class MemoryCache:
 
     def entries(self) -> list[MemoryEntry]:
         return self.tier.entries()
-
-    @property
-    def peer_source(self) -> Callable[[FileRecord], Source | None] | None:
-        """Another host's verified whole copy of a shared file, as a source (None: no peer
-        holds the current generation). Set by the serving layer, which holds the fleet's
-        peer reads: a fill reads peers before the bucket, as loads do."""
-        return self.source.peer_source
-
-    @peer_source.setter
-    def peer_source(self, value: Callable[[FileRecord], Source | None] | None) -> None:
-        self.source.peer_source = value
-
-    @property
-    def host_copies(self) -> HostCopies | None:
-        """This host's copies of the fleet's shared files (set by the engine once it has
-        them): a fill of a shared file takes its bytes through one."""
-        return self.source.host_copies
-
-    @host_copies.setter
-    def host_copies(self, value: HostCopies | None) -> None:
-        self.source.host_copies = value
 
     # -- life ----------------------------------------------------------------------------------
     def open(self, catalog: Catalog, copies: Copies, files: FileOps) -> None:

@@ -181,7 +181,7 @@ class Engine(Steering):
             config=self.config,
         )
         if self.memory is not None:  # its fills of shared files go through a copy here
-            self.memory.host_copies = self.host_copies
+            self.memory.source.host_copies = self.host_copies
         self.peers = PeerUploads(
             memory=self.memory.tier if self.memory is not None else None,
             copies=self.host_copies,

@@ -79,7 +79,7 @@ class LoadContext:
             else None
         )
         if self.peers is not None and engine.memory is not None:
-            engine.memory.peer_source = self.peer_source  # memory fills read peers too
+            engine.memory.source.peer_source = self.peer_source  # memory fills read peers too
 
     def _record_access(self, file_id: int) -> None:
         assert self.engine.access is not None
@@ -101,8 +101,8 @@ class LoadContext:
             s.close()
         if self.peers is not None:
             memory = self.engine.memory
-            if memory is not None and memory.peer_source == self.peer_source:
-                memory.peer_source = None
+            if memory is not None and memory.source.peer_source == self.peer_source:
+                memory.source.peer_source = None
             self.peers.close()
 
     # -- devices -----------------------------------------------------------------------------
