@@ -23,6 +23,14 @@ def bench_tracker(
     workers: Annotated[
         int | None, typer.Option("--workers", help="Client processes (default: the cores).")
     ] = None,
+    polls: Annotated[
+        float | None,
+        typer.Option(
+            "--tracker-polls",
+            help="The fleet's polls a second held to (default: the fleet_tracker_polls setting's).",
+            min=1,
+        ),
+    ] = None,
     catalog_url: Annotated[
         str | None,
         typer.Option(
@@ -52,6 +60,7 @@ def bench_tracker(
             _size(size, minimum=1 << 20),
             seconds=seconds,
             workers=workers,
+            polls_per_s=polls,
             catalog_url=catalog_url,
             say=progress(),
         )

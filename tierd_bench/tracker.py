@@ -7,10 +7,10 @@ has verified). Each simulated host makes exactly the catalog calls a real fill m
 (:mod:`tiering.copies.piecefill`), through the same class
 (:class:`~tiering.fleet.peerwindow.PeerWindow`): at its start the map, a read of every holding
 and a claim on the bucket (no claimer is live when a distribution starts), then a poll every
-:data:`~tiering.copies.piecefill.POLL_S` (its holding written with the pieces landed since the
-last, and the next window of peers' holdings read), and a last flush. Pieces land at the rate
-its link allows while the host is not waiting on the tracker (a fill's loop starts no fetch
-while it polls). Hosts are scheduled on a few threads per client process sharing one
+:attr:`~tiering.fleet.peerwindow.PeerWindow.interval` (its holding written with the pieces
+landed since the last, and the next window of peers' holdings read), and a last flush. Pieces
+land at the rate its link allows while the host is not waiting on the tracker (a fill's loop
+starts no fetch while it polls). Hosts are scheduled on a few threads per client process sharing one
 connection pool, as a PgBouncer shares a server's connections among a fleet.
 
 Per fleet size it reports the piece events per second taken against those the hosts asked for,
@@ -59,7 +59,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 class _Host:
     """One simulated host's fill: pieces land at the link's rate while the fill is not waiting
     on the tracker (a fill's loop starts no fetch while it polls), and every
-    :data:`~tiering.copies.piecefill.POLL_S` it polls through a
+    :attr:`~tiering.fleet.peerwindow.PeerWindow.interval` it polls through a
     :class:`~tiering.fleet.peerwindow.PeerWindow`, as a fill does."""
 
     def __init__(self, window: Any, count: int, pps: float, t0: float) -> None:
@@ -99,15 +99,19 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
 
     from tiering.catalog import Database
     from tiering.catalog.pieces import Pieces
-    from tiering.copies.piecefill import POLL_S
-    from tiering.fleet.peerwindow import PeerWindow
+    from tiering.fleet.peerwindow import POLL_S, PeerWindow
 
-    url, file_id, generation, count, hosts, pps, seconds, threads = args
+    url, file_id, generation, count, hosts, pps, seconds, threads, polls_per_s = args
     db = Database(url, host=hosts[0])
     pieces = Pieces(db)
     t0 = time.monotonic()
     sims = [
-        _Host(PeerWindow(pieces, file_id, generation, h, count=count), count, pps, t0)
+        _Host(
+            PeerWindow(pieces, file_id, generation, h, count=count, polls_per_s=polls_per_s),
+            count,
+            pps,
+            t0,
+        )
         for h in hosts
     ]
     # Hosts start within one poll of each other, and poll each on its own clock.
@@ -143,7 +147,7 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
                 sim.elapsed = end - t0
                 continue
             with lock:
-                heapq.heappush(heap, (max(begin + POLL_S, end), i, False))
+                heapq.heappush(heap, (max(begin + sim.w.interval, end), i, False))
 
     pool = [threading.Thread(target=run) for _ in range(threads)]
     use0 = resource.getrusage(resource.RUSAGE_SELF)  # the simulation's, not the imports'
@@ -156,7 +160,13 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
     out.put(
         {
             "hosts": [
-                {"told": h.told, "elapsed": h.elapsed, "blocked": h.blocked, "polls": h.polls}
+                {
+                    "told": h.told,
+                    "elapsed": h.elapsed,
+                    "blocked": h.blocked,
+                    "polls": h.polls,
+                    "interval": h.w.interval,
+                }
                 for h in sims
             ],
             "late": late,
@@ -240,6 +250,7 @@ def _fleet(
     link: float,
     seconds: float,
     workers: int,
+    polls_per_s: float,
     say: Callable[[str], None],
 ) -> None:
     from tiering.catalog import upgrade
@@ -259,7 +270,17 @@ def _fleet(
             ctx.Process(
                 target=_worker,
                 args=(
-                    (url, file_id, generation, count, hosts[i : i + per], pps, seconds, threads),
+                    (
+                        url,
+                        file_id,
+                        generation,
+                        count,
+                        hosts[i : i + per],
+                        pps,
+                        seconds,
+                        threads,
+                        polls_per_s,
+                    ),
                     out,
                 ),
             )
@@ -272,7 +293,7 @@ def _fleet(
             p.join()
         wall = time.monotonic() - t0
         cpu, wal = _postgres_cpu(pid) - cpu0, _wal(url) - wal0
-    _rows(report, n, count, pps, results, wall, cpu, wal)
+    _rows(report, n, count, pps, polls_per_s, results, wall, cpu, wal)
 
 
 def _latencies(report: Report, k: str, polls: list[float], late: list[float]) -> None:
@@ -302,13 +323,14 @@ def _rows(
     n: int,
     count: int,
     pps: float,
+    budget: float,
     results: list[dict[str, Any]],
     wall: float,
     cpu: float,
     wal: int,
 ) -> None:
     """One fleet's rows, from its client processes' results."""
-    from tiering.copies.piecefill import POLL_S
+    from tiering.fleet.peerwindow import POLL_S
 
     sims = [h for r in results for h in r["hosts"]]
     polls = [x for h in sims for x in h["polls"]]
@@ -323,10 +345,24 @@ def _rows(
     k = f"n{n}"
     note = f"asked {asked:,.0f}/s ({took / asked:.0%})"
     report.add(BenchRow(f"{k}_events", f"{n} hosts: piece events/s taken", took, "/s", note=note))
-    asked_polls = n / POLL_S
+    # Each host polls every PeerWindow.interval, which grows with the hosts it has seen filling
+    # (the fleet's polls held to the budget): asked, the polls a second at the intervals the
+    # hosts ended with.
+    asked_polls = sum(1 / h["interval"] for h in sims)
+    interval = _pct([h["interval"] for h in sims], 0.5) or POLL_S
     polled = len(polls) / (elapsed / n) if elapsed else 0.0
     note = f"asked {asked_polls:,.0f}/s ({polled / asked_polls:.0%})"
     report.add(BenchRow(f"{k}_polls", "  polls/s (one transaction each)", polled, "/s", note=note))
+    report.add(
+        BenchRow(
+            f"{k}_interval",
+            "  a host's poll interval (median)",
+            interval * 1e3,
+            "ms",
+            note=f"{POLL_S * 1e3:g} ms up to {budget * POLL_S:,.0f} hosts filling, then "
+            f"hosts / {budget:,.0f} a second",
+        )
+    )
     _latencies(report, k, polls, late)
     # A server given by URL is not this machine's to measure.
     pg = cpu / wall if cpu else None
@@ -340,7 +376,9 @@ def _rows(
             "  PostgreSQL CPU a poll",
             None if per is None else per * 1e3,
             "ms",
-            note="" if per is None else f"{POLL_S / per:,.0f} hosts a core",
+            note=""
+            if per is None
+            else f"{POLL_S / per:,.0f} hosts a core at a poll every {POLL_S:g} s",
         )
     )
     clients = sum(r["cpu"] for r in results) / wall
@@ -348,7 +386,9 @@ def _rows(
     report.add(BenchRow(f"{k}_wal", "  WAL written", wal / wall / 1e6, "MB/s"))
     report.add(BenchRow(f"{k}_blocked", "  fills' time waiting on the tracker", blocked, "x"))
     ideal = count / pps
-    tracker = n * count / took if took else float("inf")
+    # The fills' time stretched by their waits on the tracker, plus a poll interval: peers
+    # learn of a host's last pieces up to a poll after they landed.
+    tracker = n * count / took + interval if took else float("inf")
     lagged = polled < 0.9 * asked_polls
     report.add(
         BenchRow(
@@ -377,11 +417,16 @@ def run(
     link: float = 2e9,
     seconds: float = 5.0,
     workers: int | None = None,
+    polls_per_s: float | None = None,
     catalog_url: str | None = None,
     say: Callable[[str], None] = lambda s: None,
 ) -> Report:
-    """Measure the tracker for each fleet size of ``hosts`` (see the module)."""
+    """Measure the tracker for each fleet size of ``hosts`` (see the module), the hosts'
+    polls held to ``polls_per_s`` together (default: the ``fleet_tracker_polls`` setting's)."""
+    from tiering.fleet.peerwindow import POLLS_PER_S
     from tiering.fleet.pieces import PIECE_SIZE
+
+    polls_per_s = polls_per_s or POLLS_PER_S
 
     if catalog_url is not None:
         require_postgresql(catalog_url, TrackerBenchUnavailable)
@@ -390,10 +435,12 @@ def run(
     workers = workers or max(1, min(os.cpu_count() or 1, 8))
     setup = {"hosts": list(hosts), "size_bytes": size, "piece_size": PIECE_SIZE}
     setup |= {"link_bytes_per_s": link, "seconds": seconds, "workers": workers}
+    setup |= {"tracker_polls": polls_per_s}
     report = Report(
         "tracker",
         f"tierd bench tracker: {size / GiB:g} GiB model, {PIECE_SIZE >> 20} MiB pieces, "
-        f"{link / 1e9:g} GB/s a host, {seconds:g} s per fleet, {workers} client processes",
+        f"{link / 1e9:g} GB/s a host, {seconds:g} s per fleet, {workers} client processes, "
+        f"polls held to {polls_per_s:,.0f}/s",
         setup,
     )
     with PgServer() if catalog_url is None else _Given(catalog_url) as server:
@@ -401,7 +448,7 @@ def run(
         for n in hosts:
             proc = server.proc if isinstance(server, PgServer) else None
             pid = None if proc is None else proc.pid
-            _fleet(report, base, pid, n, size, PIECE_SIZE, link, seconds, workers, say)
+            _fleet(report, base, pid, n, size, PIECE_SIZE, link, seconds, workers, polls_per_s, say)
     return report
 
 

@@ -96,6 +96,9 @@ class EngineConfig:
     fleet_token: str | None = field(default=None, repr=False)
     # K: the most hosts reading one file generation from the bucket at once.
     origin_readers: int = 1
+    # The polls a second the hosts filling one generation ask of the tracker together, at most
+    # (each polls every 0.1 s in a fleet small enough; see tiering.fleet.peerwindow).
+    tracker_polls: float = 2000.0
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)

@@ -117,3 +117,28 @@ def test_a_window_tells_what_landed_once_and_keeps_wide_finds_in_view(db: Databa
     assert [h.host for h in w.view()] == ["h5"] and w.wide_at == 10.0
     assert w.refresh(10.1, wide=False, lacked=set)
     assert sorted(h.host for h in w.view()) == ["h2", "h3", "h5"]  # round to the start
+
+
+def test_a_window_polls_less_often_as_it_finds_more_hosts_filling(db: Database) -> None:
+    """The fleet's polls are held to a budget (issue 42: 1,000 hosts polling ten times a second
+    asked one PostgreSQL for 10,000 polls a second): each host's interval is the hosts it has
+    seen still filling over the budget, never under POLL_S; hosts that finished poll no more
+    and stop counting."""
+    from tiering.fleet.peerwindow import POLL_S
+
+    pieces = Pieces(db)
+    for h in ("h2", "h3", "h4"):
+        pieces.tell(1, host=h, generation=0, have=bitmap([0], COUNT))
+    pieces.tell(1, host="h5", generation=0, have=bitmap(range(COUNT), COUNT))  # a seed
+    w = PeerWindow(pieces, 1, 0, "h1", count=COUNT, window=2, polls_per_s=20.0)
+    assert w.interval == POLL_S  # only itself seen: 1 / 20 s is under POLL_S
+    assert w.poll() is not None  # h2, h3
+    assert w.interval == pytest.approx(3 / 20)
+    assert w.poll() is not None  # h4, h5: the seed does not count
+    assert w.interval == pytest.approx(4 / 20)
+    pieces.tell(1, host="h2", generation=0, have=bitmap(range(COUNT), COUNT))
+    w.everyone()  # a wide read sees the whole fleet at once
+    assert w.interval == pytest.approx(3 / 20)
+    assert PeerWindow(pieces, 1, 0, "h1", count=COUNT).interval == POLL_S  # the default budget
+    with pytest.raises(ValueError, match="polls_per_s"):
+        PeerWindow(pieces, 1, 0, "h1", polls_per_s=0)

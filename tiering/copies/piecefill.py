@@ -58,7 +58,7 @@ from tiering.fleet.peerfetch import (
     StaleGeneration,
     fetch_piece,
 )
-from tiering.fleet.peerwindow import WIDE_S, PeerWindow
+from tiering.fleet.peerwindow import POLLS_PER_S, WIDE_S, PeerWindow
 from tiering.fleet.peerwindow import alive as peer_hosts
 from tiering.fleet.pieces import (
     ALGORITHM,
@@ -78,16 +78,10 @@ log = logging.getLogger(__name__)
 #: Bucket reads one fill has in flight: pieces land one after another, so relays start early
 #: (a capped origin sends no faster for more of them).
 ORIGIN_READS = 2
-#: How often a fill with room for more fetches polls the tracker: one transaction that tells
-#: the pieces it landed from peers since the last poll and reads the next window of its peers'
-#: holdings (:class:`~tiering.fleet.peerwindow.PeerWindow`). A transaction a piece was one per
-#: piece per host (2 GB/s is 240 pieces a second a host); a poll is one per host per tenth of a
-#: second, whatever the link. Peers learn of a piece about a poll later; this host relays it at
-#: once.
-POLL_S = 0.1
 #: Pieces landed while the fill does not poll (every fetch slot busy) are told on their own once
-#: the oldest waited this long (two polls: a poll, when one comes, carries them).
-MARK_S = 2 * POLL_S
+#: the oldest waited two polls (:attr:`~tiering.fleet.peerwindow.PeerWindow.interval`): a poll,
+#: when one comes, carries them.
+MARK_POLLS = 2
 
 
 @dataclass
@@ -109,7 +103,8 @@ class _Flight:
 class FleetFills:
     """What a fill from pieces needs: the catalog's pieces and hosts, this host's id and the
     fleet credential, ``origin_readers`` (K, the most hosts reading one generation from the
-    bucket at once), ``origin_ttl_s`` (how long a claim holds unrenewed), ``host_timeout_s``
+    bucket at once), ``tracker_polls`` (the fleet's polls a second of one generation, at most),
+    ``origin_ttl_s`` (how long a claim holds unrenewed), ``host_timeout_s``
     (heartbeat age past which a peer is down), ``workers`` (pieces in flight) and
     ``per_peer`` (the most of them on one peer); ``speeds``, what this host measured each peer
     deliver, shared by its fills."""
@@ -119,6 +114,7 @@ class FleetFills:
     host: str
     token: str
     origin_readers: int = 1
+    tracker_polls: float = POLLS_PER_S
     origin_ttl_s: float = 10.0
     host_timeout_s: float = 30.0
     workers: int = 8
@@ -136,6 +132,7 @@ class FleetFills:
             host,
             config.fleet_token,
             origin_readers=config.origin_readers,
+            tracker_polls=config.tracker_polls,
             host_timeout_s=config.host_timeout_s,
         )
 
@@ -170,7 +167,9 @@ class PieceFill:
         self.claimed = False
         self.by_source: Counter[str] = Counter()
         self.map: PieceDigests | None = None
-        self._window = PeerWindow(fleet.pieces, rec.id, rec.generation, fleet.host)
+        self._window = PeerWindow(
+            fleet.pieces, rec.id, rec.generation, fleet.host, polls_per_s=fleet.tracker_polls
+        )
 
     # -- relay ---------------------------------------------------------------------------------
     def read_range(self, start: int, end: int) -> bytes | None:
@@ -227,7 +226,7 @@ class PieceFill:
                         raise FillCancelled
                     self._schedule(fl)
                     if not fl.inflight:
-                        time.sleep(POLL_S)
+                        time.sleep(self._window.interval)
                         continue
                     done, _ = wait(list(fl.inflight), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in done:
@@ -338,14 +337,15 @@ class PieceFill:
         self, now: float, *, fresh: bool = False, wide: bool = False
     ) -> tuple[PieceDigests, list[Holding]]:
         """The generation's map and the holdings in view (:meth:`PeerWindow.view
-        <tiering.fleet.peerwindow.PeerWindow.view>`), polled at most every :data:`POLL_S` (or
-        when ``fresh``), or every host's read (``wide``). A fill schedules its next piece as
+        <tiering.fleet.peerwindow.PeerWindow.view>`), polled at most every
+        :attr:`~tiering.fleet.peerwindow.PeerWindow.interval` (or when ``fresh``), or every
+        host's read (``wide``). A fill schedules its next piece as
         each one lands, and 32 fills on 8 hosts asking the catalog at each landing kept two
         cores busy with queries whose answer had barely changed. Holdings only grow while a
         generation lasts, and a peer that lost a piece answers ``not_held``, so a tenth of a
         second's lag costs nothing but that lag."""
         w = self._window
-        if fresh or wide or self.map is None or now - w.read_at >= POLL_S:
+        if fresh or wide or self.map is None or now - w.read_at >= w.interval:
             rec, pieces = self.rec, self.fleet.pieces
             if self.map is None or not self.map.final:
                 m = pieces.map(rec.id, self.generation)
@@ -411,8 +411,8 @@ class PieceFill:
 
     def _mark(self, *, due_only: bool = False) -> None:
         """Tell the catalog the pieces landed from peers and not told by a poll yet: all of
-        them, or (``due_only``) only once the oldest waited :data:`MARK_S`."""
-        if due_only and self._window.waiting_s() < MARK_S:
+        them, or (``due_only``) only once the oldest waited :data:`MARK_POLLS` polls."""
+        if due_only and self._window.waiting_s() < MARK_POLLS * self._window.interval:
             return
         if not self._window.flush():
             raise FileChanged(f"{self.rec.relpath!r} changed while it was copied")
@@ -459,7 +459,7 @@ class PieceFill:
         with self._cond:  # servable here before the catalog tells anyone it is
             self._verified.add(index)
         f = self.fleet
-        # Told to the catalog by the next poll (see POLL_S), which writes the whole holding.
+        # Told to the catalog by the next poll (PeerWindow.interval), which writes the holding.
         self._window.landed([index])
         if d is not None:  # from the bucket: its digest goes into the map now, for every receiver
             after = f.pieces.land(
