@@ -70,6 +70,7 @@ class _Host:
         self.blocked = 0.0
         self.elapsed = 0.0
         self.polls: list[float] = []
+        self.began: list[float] = []  # when each poll began, from the fleet's start
 
     def start(self, pieces: Any, file_id: int, generation: int) -> None:
         """What a fill does first: read the (final) map, read every host's holding before
@@ -143,6 +144,7 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
             late.append(begin - due)
             if not first:
                 sim.polls.append(end - begin)
+                sim.began.append(begin - t0)
             if done:
                 sim.elapsed = end - t0
                 continue
@@ -165,6 +167,7 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
                     "elapsed": h.elapsed,
                     "blocked": h.blocked,
                     "polls": h.polls,
+                    "began": h.began,
                     "interval": h.w.interval,
                 }
                 for h in sims
@@ -296,10 +299,14 @@ def _fleet(
     _rows(report, n, count, pps, polls_per_s, results, wall, cpu, wal)
 
 
-def _latencies(report: Report, k: str, polls: list[float], late: list[float]) -> None:
-    """The p50/p99 rows of the polls and of the clients' lag."""
+def _latencies(
+    report: Report, k: str, polls: list[float], steady: list[float], late: list[float]
+) -> None:
+    """The p50/p99 rows of the polls (all, and those after the fleet's first second) and of
+    the clients' lag."""
     for key, label, xs, target in (
         ("read", "poll", polls, 0.05),
+        ("steady", "poll after the fleet's first second", steady, None),
         ("late", "poll started late (the clients' lag)", late, None),
     ):
         p50, p99 = _pct(xs, 0.5), _pct(xs, 0.99)
@@ -334,6 +341,9 @@ def _rows(
 
     sims = [h for r in results for h in r["hosts"]]
     polls = [x for h in sims for x in h["polls"]]
+    # The fleet's start (every host reads the map and every holding, and claims) is a burst;
+    # the polls after its first second show the tracker as a rollout goes on.
+    steady = [x for h in sims for x, b in zip(h["polls"], h["began"], strict=True) if b >= 1.0]
     late = [x for r in results for x in r["late"]]
     elapsed = sum(h["elapsed"] for h in sims)
     # Pieces the hosts landed (told the catalog) over the time they ran: a fill's loop starts
@@ -363,7 +373,7 @@ def _rows(
             f"hosts / {budget:,.0f} a second",
         )
     )
-    _latencies(report, k, polls, late)
+    _latencies(report, k, polls, steady, late)
     # A server given by URL is not this machine's to measure.
     pg = cpu / wall if cpu else None
     report.add(BenchRow(f"{k}_pg_cpu", "  PostgreSQL CPU", pg, "cores"))

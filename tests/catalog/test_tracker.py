@@ -137,8 +137,13 @@ def test_a_window_polls_less_often_as_it_finds_more_hosts_filling(db: Database) 
     assert w.poll() is not None  # h4, h5: the seed does not count
     assert w.interval == pytest.approx(4 / 20)
     pieces.tell(1, host="h2", generation=0, have=bitmap(range(COUNT), COUNT))
-    w.everyone()  # a wide read sees the whole fleet at once
-    assert w.interval == pytest.approx(3 / 20)
+    assert [h.host for h in w.leaders()] == ["h2", "h5", "h3", "h4"]  # most complete first
+    assert w.interval == pytest.approx(3 / 20)  # h2 is done: h1, h3, h4 fill
+    # A wide read counts every host still filling, those past its rows too.
+    for i in range(20):
+        pieces.tell(1, host=f"x{i:02d}", generation=0, have=bitmap([1], COUNT))
+    assert len(w.leaders()) == 4 * 2  # four windows' worth of rows
+    assert w.interval == pytest.approx(22 / 20)  # h3, h4 and x00-x19 (h1's own row: none)
     assert PeerWindow(pieces, 1, 0, "h1", count=COUNT).interval == POLL_S  # the default budget
     with pytest.raises(ValueError, match="polls_per_s"):
         PeerWindow(pieces, 1, 0, "h1", polls_per_s=0)

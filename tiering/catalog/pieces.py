@@ -56,6 +56,7 @@ from tiering.catalog.tracker import (
     clock,
     holding_of_row,
     holding_rows,
+    leaders,
     poll,
     tell,
     window,
@@ -468,6 +469,13 @@ class Pieces:
         )
         with self.db.read() as s:
             return [holding_of_row(r) for r in s.execute(q)]
+
+    def leaders(
+        self, file_id: int, generation: int, *, count: int, limit: int
+    ) -> tuple[list[Holding], int]:
+        """See :func:`tiering.catalog.tracker.leaders`."""
+        with self.db.read() as s:
+            return leaders(s, file_id, generation, count=count, limit=limit)
 
     def holding(self, file_id: int, host: str) -> Holding | None:
         """``host``'s holding of the file, whichever generation it is of."""

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, insert, select, text, update
+from sqlalchemy import Select, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from tiering.catalog.models import FileRecord, HostRow, PieceHolding, PieceMap
@@ -41,6 +41,7 @@ __all__ = [
     "clock",
     "holding_of_row",
     "holding_rows",
+    "leaders",
     "poll",
     "tell",
     "window",
@@ -188,17 +189,15 @@ _WINDOW = text(
     """
 )
 _ROUND = text(f"SELECT {_COLUMNS} {_OF} AND h.host <= :after ORDER BY h.host LIMIT :limit")
-# PostgreSQL: the whole poll as one statement (the upsert, when ``:write``, and the window), run
-# in autocommit (one round trip where a transaction took four: a poll cost the server 0.25 ms of
-# CPU, most of it in the round trips). The outer join gives one row when the window is empty,
-# so the upsert's answer (``told``) always comes back.
+# PostgreSQL: the whole poll as one statement, the function migration 0013 made (the upsert,
+# when ``:write``, the window, on from the fleet's start when the window passes its end, and the
+# claimers), run in autocommit: one round trip where a transaction took four (a poll cost the
+# server 0.25 ms of CPU, most of it in the round trips). The function keeps the planner from
+# reading every host's row of a rollout too new for the table's statistics (see 0013). It
+# answers one row when nothing was seen, so the upsert's answer (``told``) always comes back.
 _POLL = text(
-    f"""
-    WITH told AS ({_TELL.text.replace("WHERE piece_maps", "WHERE :write AND piece_maps")}),
-    seen AS ({_WINDOW.text})
-    SELECT (SELECT count(*) FROM told) AS told, seen.*
-    FROM (SELECT 1) AS one LEFT JOIN seen ON true
-    """
+    "SELECT * FROM tierd_poll(:file_id, :generation, :me, :write, :have, :pieces, :now, "
+    ":after, :limit)"
 )
 
 
@@ -232,12 +231,19 @@ def poll(
     got = s.execute(_POLL, args).all()
     if have is not None and not got[0].told:
         return None
-    return _gather(s, [r for r in got if r.part is not None], args, limit)
+    return _gather(s, [r for r in got if r.part is not None], args, limit, wrapped=True)
 
 
-def _gather(s: Session, got: list[Any], args: dict[str, Any], limit: int) -> Exchange:
-    rows = [r for r in got if r.part == 0]  # in host order, as the subquery gave them
-    if len(rows) < limit:  # the end of the fleet: on from its start
+def _gather(
+    s: Session, got: list[Any], args: dict[str, Any], limit: int, *, wrapped: bool = False
+) -> Exchange:
+    """The exchange of a window's rows (part 0, in host order), the claimers' (part 1) and,
+    when ``wrapped``, the rows on from the fleet's start (part 2, in host order) that fill a
+    window passing the fleet's end; without, they are read here."""
+    rows = [r for r in got if r.part == 0]
+    if wrapped:
+        rows += [r for r in got if r.part == 2]
+    elif len(rows) < limit:  # the end of the fleet: on from its start
         rows += s.execute(_ROUND, args | {"limit": limit - len(rows)}).all()
     seen = {r.host for r in rows}
     found = [holding_of_row(r) for r in rows]
@@ -260,6 +266,26 @@ def window(
     statement, and a second at the end of the fleet."""
     args = {"file_id": file_id, "generation": generation, "me": me, "after": after, "now": now}
     return _gather(s, list(s.execute(_WINDOW, args | {"limit": limit})), args, limit)
+
+
+def leaders(
+    s: Session, file_id: int, generation: int, *, count: int, limit: int
+) -> tuple[list[Holding], int]:
+    """The ``limit`` most complete holdings of ``generation`` (a fill's wide read: the seeds
+    and best holders outside its windows, before it claims the bucket), and how many hosts hold
+    fewer than ``count`` pieces of it (the hosts still filling: what a poll's interval is sized
+    by). At a rollout's start every receiver makes this read; reading every row of a thousand
+    hosts into each of a thousand receivers was the start's burst."""
+    filling = func.count().filter(PieceHolding.pieces < count).over()
+    q = (
+        holding_rows()
+        .add_columns(filling.label("filling"))
+        .where(PieceHolding.file_id == file_id, PieceHolding.generation == generation)
+        .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
+        .limit(limit)
+    )
+    rows = s.execute(q).all()
+    return [holding_of_row(r) for r in rows], rows[0].filling if rows else 0
 
 
 def clock(now: float | None) -> float:

@@ -20,7 +20,7 @@ holdings it reads (its windows walk the whole fleet), so no host has to be told 
 size, and the interval shrinks again as hosts finish.
 
 What a fill plans from (:meth:`PeerWindow.view`) is the last window, the claimers, and the
-holders a read of every host's holding found (:meth:`PeerWindow.refresh` with ``wide``, before
+most complete holders a wide read found (:meth:`PeerWindow.refresh` with ``wide``, before
 the fill claims the bucket: a seed outside this host's windows must not send it to the
 bucket). Holdings only grow while a generation lasts, so a view a little old is never wrong,
 only short.
@@ -98,6 +98,7 @@ class PeerWindow:
         self.pieces, self.file_id, self.generation, self.host = pieces, file_id, generation, host
         self.count, self.window, self.polls_per_s = count, window, polls_per_s
         self._filling = {host}  # the hosts seen still filling the generation (they poll)
+        self._census = 0  # the hosts filling it, as the last wide read counted them
         self._after = host
         self._lock = threading.Lock()
         self._have = 0  # bit i: piece i verified here
@@ -111,7 +112,7 @@ class PeerWindow:
     def interval(self) -> float:
         """Seconds between two polls: :data:`POLL_S`, or as long as keeps the hosts seen still
         filling under :attr:`polls_per_s` together."""
-        return max(POLL_S, len(self._filling) / self.polls_per_s)
+        return max(POLL_S, max(len(self._filling), self._census) / self.polls_per_s)
 
     def _saw(self, holdings: Iterable[Holding]) -> None:
         """Count the hosts still filling among ``holdings`` (a complete holding's host polls no
@@ -187,21 +188,24 @@ class PeerWindow:
             self._untold()
             raise
 
-    def everyone(self) -> list[Holding]:
-        """Every host's holding of the generation (a read of a row a host)."""
-        holdings = self.pieces.holdings(self.file_id, self.generation)
+    def leaders(self) -> list[Holding]:
+        """The most complete holdings of the generation, most complete first (at most four
+        windows' worth), counting the hosts still filling it on the way."""
+        holdings, self._census = self.pieces.leaders(
+            self.file_id, self.generation, count=self.count, limit=4 * self.window
+        )
         self._saw(holdings)
         return holdings
 
     def refresh(self, now: float, *, wide: bool, lacked: Callable[[], set[int]]) -> bool:
-        """Poll (:meth:`poll`), or (``wide``) read every host's holding and keep in view the
-        (at most a window of) most complete holders of pieces this host ``lacked``; False when
-        a poll's pieces were refused."""
+        """Poll (:meth:`poll`), or (``wide``) read the most complete holdings (:meth:`leaders`)
+        and keep in view the (at most a window of) most complete holders of pieces this host
+        ``lacked``; False when a poll's pieces were refused."""
         if wide:
             missing = lacked()
             useful = [
                 h
-                for h in self.everyone()  # most complete first
+                for h in self.leaders()  # most complete first
                 if h.host != self.host and any(h.has(i) for i in missing)
             ]
             self._pinned = {h.host: h for h in useful[: self.window]}
