@@ -103,7 +103,10 @@ def _worker(args: tuple[Any, ...], out: Any) -> None:
     from tiering.fleet.peerwindow import POLL_S, PeerWindow
 
     url, file_id, generation, count, hosts, pps, seconds, threads, polls_per_s = args
-    db = Database(url, host=hosts[0])
+    # A connection a thread, kept: a host polls on its own pooled connections, and a pool
+    # smaller than the threads opened a connection for 2.7% of polls (777 sessions for 28,419
+    # polls at 1,000 hosts), the p99 of the polls.
+    db = Database(url, host=hosts[0], readers=threads)
     pieces = Pieces(db)
     t0 = time.monotonic()
     sims = [

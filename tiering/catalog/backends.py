@@ -168,18 +168,26 @@ def make_engine(
     busy_timeout_ms: int = 5000,
     name: str = "tierd",
     dedicated: bool = False,
+    keep: int | None = None,
 ) -> Engine:
     """An engine with tierd's settings for ``url``'s backend (see the module docstring).
 
     ``writer`` engines are for write transactions; ``name`` is the PostgreSQL
     ``application_name`` (what ``pg_stat_activity`` shows); a ``dedicated`` PostgreSQL engine
-    pools nothing, so that closing a connection ends its session (an advisory lock's holder).
+    pools nothing, so that closing a connection ends its session (an advisory lock's holder);
+    ``keep``: the PostgreSQL connections the pool keeps open (default 2 writers, 4 readers;
+    more are opened for a burst and closed after it).
     """
     url = normalize_url(url)
     if backend_of(url) == SQLITE:
         return _sqlite_engine(url, writer=writer, busy_timeout_ms=busy_timeout_ms)
     return _postgresql_engine(
-        url, writer=writer, busy_timeout_ms=busy_timeout_ms, name=name, dedicated=dedicated
+        url,
+        writer=writer,
+        busy_timeout_ms=busy_timeout_ms,
+        name=name,
+        dedicated=dedicated,
+        keep=keep,
     )
 
 
@@ -221,7 +229,7 @@ def _sqlite_engine(url: str, *, writer: bool, busy_timeout_ms: int) -> Engine:
 
 
 def _postgresql_engine(
-    url: str, *, writer: bool, busy_timeout_ms: int, name: str, dedicated: bool
+    url: str, *, writer: bool, busy_timeout_ms: int, name: str, dedicated: bool, keep: int | None
 ) -> Engine:
     connect_args: dict[str, Any] = {
         "connect_timeout": 10,
@@ -253,7 +261,7 @@ def _postgresql_engine(
         # Writers: the access flush, the scheduler's moves, the watcher, uploads; readers: the
         # request threads. Each host opens at most 8 + 16 (+ 1 for its lock): a large fleet
         # wants a pooler in front (in session mode for the lock's connection).
-        pool_size=2 if writer else 4,
+        pool_size=keep or (2 if writer else 4),
         max_overflow=6 if writer else 12,
         pool_timeout=30,
     )

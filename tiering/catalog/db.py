@@ -130,6 +130,7 @@ class Database:
         name: str = "tierd",
         host: str | None = None,
         shared_tiers: Collection[str] = (),
+        readers: int | None = None,
     ) -> None:
         self.url = normalize_url(url)
         #: This host's id, written on the records of files it places on its own tiers, and the
@@ -143,7 +144,10 @@ class Database:
         self._writer = make_engine(
             self.url, writer=True, busy_timeout_ms=busy_timeout_ms, name=name
         )
-        self._reader = make_engine(self.url, busy_timeout_ms=busy_timeout_ms, name=name)
+        # ``readers``: the read connections kept open (PostgreSQL; see make_engine's ``keep``).
+        self._reader = make_engine(
+            self.url, busy_timeout_ms=busy_timeout_ms, name=name, keep=readers
+        )
         self._write_lock = threading.Lock()
         # Bumped by every committed write that may change where or what a file is; caches of
         # records are valid while it stands still (see Catalog's cached reads).
