@@ -243,6 +243,31 @@ def test_a_claim_with_every_place_taken_never_waits_for_the_maps_lock(db: Databa
         engine.dispose()
 
 
+def test_a_claim_never_queues_behind_another_claimer(db: Database) -> None:
+    """At a rollout's start every receiver finds the bucket's places free and claims at once;
+    one at a time gets the map's row lock, and the others answer False at once (they try again
+    at their next poll) rather than queue behind it. With the lock free, the place is taken."""
+    if not db.url.startswith("postgresql"):
+        pytest.skip("SQLite takes one writer at a time anyway: the row lock is PostgreSQL's")
+    pieces = Pieces(db)
+    _open(pieces)
+    claim = {"generation": 0, "readers": 2, "ttl_s": 10.0, "now": 100.0}
+    engine = create_engine(db.url, poolclass=NullPool)
+    answers: list[bool] = []
+    try:
+        with engine.begin() as holder:
+            holder.execute(text("SELECT 1 FROM piece_maps WHERE file_id = 1 FOR UPDATE"))
+            asking = threading.Thread(
+                target=lambda: answers.append(pieces.claim_origin(1, host="h2", **claim))  # type: ignore[arg-type]
+            )
+            asking.start()
+            asking.join(timeout=30)
+            assert not asking.is_alive() and answers == [False]
+    finally:
+        engine.dispose()
+    assert pieces.claim_origin(1, host="h2", **claim)  # type: ignore[arg-type]
+
+
 def test_a_failed_fill_drops_its_unfinished_map(db: Database) -> None:
     pieces = Pieces(db)
     _open(pieces)

@@ -46,6 +46,7 @@ __all__ = [
     "sqlite_file",
     "FOR_DELETE",
     "FOR_KEY_SHARE",
+    "FOR_UPDATE_UNQUEUED",
     "FOR_WRITE",
     "POSTGRESQL",
     "SQLITE",
@@ -68,10 +69,12 @@ _PG_DRIVER = "postgresql+psycopg"
 # A write that changes a row but not its key takes FOR NO KEY UPDATE, which rows that merely
 # reference it (an intent, a copy) do not wait for; a delete, or a change of the relpath (a
 # unique key), takes FOR UPDATE; a write that needs the row to stay (a copy of it) takes FOR
-# KEY SHARE, which waits only for those.
+# KEY SHARE, which waits only for those. FOR_UPDATE_UNQUEUED waits for no one: no row when
+# another transaction holds the lock.
 FOR_WRITE: dict[str, Any] = {"key_share": True}
 FOR_DELETE: dict[str, Any] = {}
 FOR_KEY_SHARE: dict[str, Any] = {"read": True, "key_share": True}
+FOR_UPDATE_UNQUEUED: dict[str, Any] = {"skip_locked": True}
 
 # PostgreSQL's SQLSTATEs tierd acts on.
 SERIALIZATION_FAILURE = "40001"

@@ -36,7 +36,7 @@ from collections.abc import Collection, Iterable, Sequence
 from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
-from tiering.catalog.backends import FOR_KEY_SHARE
+from tiering.catalog.backends import FOR_KEY_SHARE, FOR_UPDATE_UNQUEUED
 from tiering.catalog.db import Database
 from tiering.catalog.models import FileRecord, PieceHolding, PieceMap
 from tiering.catalog.piecemaps import (
@@ -354,7 +354,10 @@ class Pieces:
         The places are counted first without the lock: when they are all taken, as they are
         for nearly every host of a large fleet, nobody queues on the map's row to learn it
         (1,000 hosts asking: two thirds of PostgreSQL's busy backends waited on that lock).
-        A place freed meanwhile is taken at the next poll's claim."""
+        A place freed meanwhile is taken at the next poll's claim. Nor does a claim wait while
+        another host holds the lock (``SKIP LOCKED``): it answers False, and the fill tries
+        again at its next poll (at a rollout's start every receiver found the places free, and
+        a thousand queued on the row for a second)."""
         stamp = time.time() if now is None else now
         with self.db.read() as s:
             if len(s.scalars(_claimers(file_id, generation, host, stamp)).all()) >= readers:
@@ -363,8 +366,8 @@ class Pieces:
         def body(s: Session) -> bool:
             if not _at(s, file_id, generation, None):
                 return False
-            m = s.get(PieceMap, (file_id, generation), with_for_update=True)
-            if m is None:
+            m = s.get(PieceMap, (file_id, generation), with_for_update=FOR_UPDATE_UNQUEUED)
+            if m is None:  # gone, or another host is claiming
                 return False
             if len(s.scalars(_claimers(file_id, generation, host, stamp)).all()) >= readers:
                 return False
