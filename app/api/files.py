@@ -411,7 +411,13 @@ def read_content(
     engine.count_access(rec.id)
     chunks = content.iter_range(start, end)
     first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
-    body = chunks if first is None else itertools.chain((first,), chunks)
+    second = None if first is None else next(chunks, None)
+    if second is None:
+        # The whole body in hand (a small range: most reads), checked as the first chunk is:
+        # sent as it is, where a stream costs two more trips to the thread pool, a third of a
+        # 4 KiB read's CPU in the server.
+        return Response(first or b"", status_code=status, headers=headers)
+    body = itertools.chain((first, second), chunks)
     # Damage in a later chunk cuts the connection (app.aborts): no 200 ends short and clean.
     return StreamingResponse(guard_body(body), status_code=status, headers=headers)
 
