@@ -412,9 +412,9 @@ def read_content(
     chunks = content.iter_range(start, end)
     first = next(chunks, None)  # raises FileChanged (409) here; the generator closes the source
     second = None if first is None else next(chunks, None)
-    if second is None:
+    if first is None or second is None:
         # The whole body in hand (a small range: most reads), checked as the first chunk is:
-        # sent as it is, where a stream costs two more trips to the thread pool, a third of a
+        # sent as it is, where a stream costs two more trips to the thread pool, half of a
         # 4 KiB read's CPU in the server.
         return Response(first or b"", status_code=status, headers=headers)
     body = itertools.chain((first, second), chunks)
