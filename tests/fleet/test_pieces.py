@@ -15,6 +15,7 @@ from tiering.fleet.failures import AVOID_MAX_S, AVOID_S, NOT_HELD_S, PEER_RETRY_
 from tiering.fleet.peerfetch import NotHeld, PeerBusy, PeerFailed
 from tiering.fleet.pieces import (
     ALGORITHM,
+    BUCKET,
     PIECE_SIZE,
     BadPiece,
     Speeds,
@@ -121,6 +122,37 @@ def test_the_plan_gives_a_faster_peer_more_pieces() -> None:
     speeds.record("p", 100, 1.0)
     speeds.record("p", 50, 1.0)
     assert speeds.rates() == {"p": 75.0}
+
+
+def test_a_host_that_may_read_the_bucket_takes_it_when_it_is_faster() -> None:
+    """Issue 42: the bucket measured faster than the peers is used by a host that holds a
+    claim (``bucket``: its reads of it in flight); a slower one only for what no peer has, and
+    never by a host without a claim."""
+    holdings = [_holding("p", [0, 1, 2, 3]), _holding("q", [0, 1, 2, 3])]
+    speeds = Speeds(weight=1.0)
+    speeds.record("p", 100, 1.0)
+    speeds.record("q", 100, 1.0)
+    speeds.record(BUCKET, 300, 1.0)
+    rates = speeds.rates()
+    claimed = plan_sources(
+        range(4), holdings, me="me", generation=0, now=0.0, speed=rates, bucket=0
+    )
+    # The bucket's third piece (3/300) would come no sooner than a peer's first (1/100).
+    assert claimed == {0: None, 1: None, 2: "p", 3: "q"}
+    busy = plan_sources(range(4), holdings, me="me", generation=0, now=0.0, speed=rates, bucket=5)
+    assert busy == {0: "p", 1: "q", 2: "p", 3: "q"}  # 6/300 is later than 2/100
+    unclaimed = plan_sources(range(4), holdings, me="me", generation=0, now=0.0, speed=rates)
+    assert None not in unclaimed.values()
+    speeds.record(BUCKET, 10, 1.0)  # a slow bucket: only what no peer has
+    slow = speeds.rates()
+    plan = plan_sources(range(4), holdings, me="me", generation=0, now=0.0, speed=slow, bucket=0)
+    assert None not in plan.values()
+    # The bucket's rate is not a peer's: an unmeasured peer counts as the peers' median.
+    speeds.record(BUCKET, 10_000, 1.0)
+    new = [_holding("new", [0])]
+    assert plan_sources([0], new, me="me", generation=0, now=0.0, speed=speeds.rates()) == {
+        0: "new"
+    }
 
 
 def test_the_plan_falls_back_to_the_bucket() -> None:

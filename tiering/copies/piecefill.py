@@ -62,6 +62,7 @@ from tiering.fleet.peerwindow import POLLS_PER_S, WIDE_S, PeerWindow
 from tiering.fleet.peerwindow import alive as peer_hosts
 from tiering.fleet.pieces import (
     ALGORITHM,
+    BUCKET,
     PIECE_SIZE,
     BadPiece,
     Speeds,
@@ -299,6 +300,7 @@ class PieceFill:
             per_peer=self.fleet.per_peer,
             up=[h for h in up if not fl.failures.is_busy(h, now)],
             speed=self.fleet.speeds.rates(),
+            bucket=sum(1 for _, p in fl.inflight.values() if p is None) if self.claimed else None,
         )
         plan.update({i: None for i in sorted(fl.missing - taken) if not m.has_digest(i)})
         return plan
@@ -435,7 +437,9 @@ class PieceFill:
                 self._origin = self._open_origin()
             src = self._origin
         buf = bytearray(length)
+        t0 = time.perf_counter()
         got = src.readinto(memoryview(buf), offset) if length else 0
+        self.fleet.speeds.record(BUCKET, got, time.perf_counter() - t0)
         if got != length:
             raise FileChanged(f"{self.rec.relpath!r} ended at {offset + got}, not {m.size}")
         d = digest(buf)

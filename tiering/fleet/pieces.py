@@ -23,6 +23,13 @@ measured yet counts as the median of those that were, so it is tried), then the 
 (a host with all pieces is likely to stay a good source), then the host id (stable plans). A
 peer at ``per_peer`` uploads gets nothing more; a peer that sent a bad piece is avoided for a
 while (``failures.PeerFailures``). A piece no peer can give goes to the bucket (``None``).
+
+**The bucket when it is faster.** A host that may read the bucket (it holds a claim) measures it
+as it measures peers (:data:`BUCKET`, in the same :class:`Speeds`), and a piece goes to the
+bucket when it would arrive from there sooner than from any peer that holds it: a bucket in the
+same region with more bandwidth than the hosts' links is then used for what it does best, and a
+slow one only for what no peer has. How many hosts read the bucket at once stays
+``fleet_origin_readers``' to say.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from tiering.errors import IntegrityError
 
 __all__ = [
     "ALGORITHM",
+    "BUCKET",
     "PIECE_SIZE",
     "Avoids",
     "BadPiece",
@@ -126,6 +134,10 @@ class Avoids(Protocol):
     def avoided(self, host: str, now: float | None = None) -> bool: ...
 
 
+#: The bucket's key in :class:`Speeds` (no host id is empty).
+BUCKET = ""
+
+
 class Speeds:
     """Each peer's delivery rate as this host measured it: bytes a second over its recent
     pieces (an exponentially weighted mean, so a peer that slows down, a busy or far one, is
@@ -163,6 +175,7 @@ def plan_sources(
     per_peer: int | None = None,
     up: Iterable[str] | None = None,
     speed: Mapping[str, float] | None = None,
+    bucket: int | None = None,
 ) -> dict[int, str | None]:
     """Which peer sends each ``missing`` piece (None: the bucket), from the peers'
     ``holdings`` of ``generation`` (see the module docstring), planned in the order given.
@@ -170,7 +183,9 @@ def plan_sources(
     ``busy`` is each peer's uploads in flight, ``per_peer`` the most any peer is given (its
     busy count included), ``up`` the peers alive now (None: every holder), ``avoid`` the
     peers to skip, ``speed`` each measured peer's rate (:meth:`Speeds.rates`). This host
-    (``me``) and holdings of another generation are never sources.
+    (``me``) and holdings of another generation are never sources. ``bucket``: this host may
+    read the bucket, with that many reads of it in flight; a piece then goes to it when its
+    measured rate (``speed``'s :data:`BUCKET`) would deliver it sooner than any peer.
     """
     alive = None if up is None else set(up)
     peers = [
@@ -182,7 +197,9 @@ def plan_sources(
         and not (avoid is not None and avoid.avoided(h.host, now))
     ]
     load = {h.host: (busy or {}).get(h.host, 0) for h in peers}
-    measured = {k: v for k, v in (speed or {}).items() if v > 0}
+    measured = {k: v for k, v in (speed or {}).items() if v > 0 and k != BUCKET}
+    from_bucket = (speed or {}).get(BUCKET, 0.0) if bucket is not None else 0.0
+    queued = bucket or 0
     usual = statistics.median(measured.values()) if measured else 1.0
     rate = {h.host: measured.get(h.host, usual) for h in peers}
     plan: dict[int, str | None] = {}
@@ -193,6 +210,10 @@ def plan_sources(
             continue
         # When it would arrive: the pieces ahead of it at that peer, one after another.
         best = min(able, key=lambda h: ((load[h.host] + 1) / rate[h.host], -h.pieces, h.host))
+        if from_bucket > 0 and (queued + 1) / from_bucket < (load[best.host] + 1) / rate[best.host]:
+            queued += 1
+            plan[index] = None
+            continue
         load[best.host] += 1
         plan[index] = best.host
     return plan
