@@ -144,6 +144,13 @@ def test_a_window_polls_less_often_as_it_finds_more_hosts_filling(db: Database) 
         pieces.tell(1, host=f"x{i:02d}", generation=0, have=bitmap([1], COUNT))
     assert len(w.leaders()) == 4 * 2  # four windows' worth of rows
     assert w.interval == pytest.approx(22 / 20)  # h3, h4 and x00-x19 (h1's own row: none)
+    # Hosts finish; once the windows have walked the fleet round, the census is dropped and
+    # the hosts they saw still filling are the count.
+    for i in range(20):
+        pieces.tell(1, host=f"x{i:02d}", generation=0, have=bitmap(range(COUNT), COUNT))
+    for _ in range(20):
+        assert w.poll() is not None
+    assert w.interval == pytest.approx(3 / 20)  # h1, h3, h4
     assert PeerWindow(pieces, 1, 0, "h1", count=COUNT).interval == POLL_S  # the default budget
     with pytest.raises(ValueError, match="polls_per_s"):
         PeerWindow(pieces, 1, 0, "h1", polls_per_s=0)
