@@ -88,13 +88,16 @@ class _Fleet:
         else:
             done = sim.step(begin)
         end = time.monotonic()
+        landed_at = self.t0 + sim.blocked + sim.count / sim.pps  # the last piece, at the most
         sim.blocked += end - begin
         self.late.append(begin - due)
         if not first:
             sim.polls.append(end - begin)
             sim.began.append(begin - self.t0)
         if done:
-            sim.elapsed = end - self.t0
+            # A fill tells its last pieces as soon as they land (its final flush), not at the
+            # next poll: the simulation finds it done up to an interval after that.
+            sim.elapsed = min(end, landed_at + (end - begin)) - self.t0
             return None
         interval: float = sim.w.interval
         return max(begin + interval, end)
