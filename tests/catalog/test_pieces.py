@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -218,6 +219,25 @@ def test_at_most_k_hosts_claim_the_bucket_and_a_dead_claim_expires(db: Database)
     assert pieces.claim_origin(1, host="h3", **later)  # type: ignore[arg-type]
 
 
+def _claim_while_the_map_is_locked(db: Database, pieces: Pieces, claim: dict[str, Any]) -> bool:
+    """``h2``'s claim, asked while another transaction holds the map's row lock; it must
+    answer while the lock is held (a claim that queued would wait out the holder)."""
+    engine = create_engine(db.url, poolclass=NullPool)
+    answers: list[bool] = []
+    try:
+        with engine.begin() as holder:
+            holder.execute(text("SELECT 1 FROM piece_maps WHERE file_id = 1 FOR UPDATE"))
+            asking = threading.Thread(
+                target=lambda: answers.append(pieces.claim_origin(1, host="h2", **claim))
+            )
+            asking.start()
+            asking.join(timeout=30)
+            assert not asking.is_alive() and len(answers) == 1
+    finally:
+        engine.dispose()
+    return answers[0]
+
+
 def test_a_claim_with_every_place_taken_never_waits_for_the_maps_lock(db: Database) -> None:
     """A fleet's receivers ask for the bucket at every poll; nearly all find every place taken.
     They learn it without queueing on the map's row lock (a claimer's), which another
@@ -228,19 +248,7 @@ def test_a_claim_with_every_place_taken_never_waits_for_the_maps_lock(db: Databa
     _open(pieces)
     claim = {"generation": 0, "readers": 1, "ttl_s": 10.0, "now": 100.0}
     assert pieces.claim_origin(1, host="h1", **claim)  # type: ignore[arg-type]
-    engine = create_engine(db.url, poolclass=NullPool)
-    answers: list[bool] = []
-    try:
-        with engine.begin() as holder:
-            holder.execute(text("SELECT 1 FROM piece_maps WHERE file_id = 1 FOR UPDATE"))
-            asking = threading.Thread(
-                target=lambda: answers.append(pieces.claim_origin(1, host="h2", **claim))  # type: ignore[arg-type]
-            )
-            asking.start()
-            asking.join(timeout=30)
-            assert not asking.is_alive() and answers == [False]
-    finally:
-        engine.dispose()
+    assert not _claim_while_the_map_is_locked(db, pieces, claim)
 
 
 def test_a_claim_never_queues_behind_another_claimer(db: Database) -> None:
@@ -252,19 +260,7 @@ def test_a_claim_never_queues_behind_another_claimer(db: Database) -> None:
     pieces = Pieces(db)
     _open(pieces)
     claim = {"generation": 0, "readers": 2, "ttl_s": 10.0, "now": 100.0}
-    engine = create_engine(db.url, poolclass=NullPool)
-    answers: list[bool] = []
-    try:
-        with engine.begin() as holder:
-            holder.execute(text("SELECT 1 FROM piece_maps WHERE file_id = 1 FOR UPDATE"))
-            asking = threading.Thread(
-                target=lambda: answers.append(pieces.claim_origin(1, host="h2", **claim))  # type: ignore[arg-type]
-            )
-            asking.start()
-            asking.join(timeout=30)
-            assert not asking.is_alive() and answers == [False]
-    finally:
-        engine.dispose()
+    assert not _claim_while_the_map_is_locked(db, pieces, claim)
     assert pieces.claim_origin(1, host="h2", **claim)  # type: ignore[arg-type]
 
 
