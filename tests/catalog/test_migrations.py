@@ -145,3 +145,38 @@ def test_hosts_upgrading_at_once_upgrade_once(pg_empty_url: str) -> None:
     head = ScriptDirectory(str(migrations_dir())).get_current_head()
     assert run_sql(pg_empty_url, "SELECT version_num FROM alembic_version") == [(head,)]
     assert len(run_sql(pg_empty_url, "SELECT 1 FROM pg_tables WHERE tablename = 'files'")) == 1
+
+
+def test_the_poll_function_comes_and_goes_with_its_migration(pg_empty_url: str) -> None:
+    """0013's ``tierd_poll`` on PostgreSQL: made by the upgrade, dropped by the downgrade,
+    made again; and the poll through it answers (a window of one host)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from tiering.catalog.db import Database
+    from tiering.catalog.pieces import Pieces
+
+    def functions() -> list[Any]:
+        return run_sql(pg_empty_url, "SELECT proname FROM pg_proc WHERE proname = 'tierd_poll'")
+
+    upgrade(pg_empty_url)
+    assert len(functions()) == 1
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["url"] = pg_empty_url
+    command.downgrade(cfg, "0012")
+    assert functions() == []
+    upgrade(pg_empty_url)
+    assert len(functions()) == 1
+    run_sql(pg_empty_url, _FILE, {"p": "a"})
+    db = Database(pg_empty_url)
+    try:
+        pieces = Pieces(db)
+        m = pieces.open_map(1, generation=0, size=2, piece_size=1, algorithm="xxh3_128", host="h1")
+        assert m is not None
+        pieces.tell(1, host="h2", generation=0, have=b"\x01")
+        ex = pieces.exchange(1, host="h1", generation=0, have=b"\x02", after="")
+        assert ex is not None and [h.host for h in ex.holdings] == ["h2"]
+        assert [(h.host, h.pieces) for h in pieces.holdings(1, 0)] == [("h1", 1), ("h2", 1)]
+    finally:
+        db.dispose()
