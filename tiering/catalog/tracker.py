@@ -1,6 +1,9 @@
-"""The tracker's hot path: what every receiver of a distribution asks the catalog ten times a
-second, kept at a cost that does not grow with the fleet (:meth:`Pieces.exchange
-<tiering.catalog.pieces.Pieces.exchange>` and :meth:`~tiering.catalog.pieces.Pieces.mark`).
+"""The tracker's hot path: what every receiver of a distribution asks the catalog at each poll
+(every 0.1 s, or less often in a large fleet: :mod:`tiering.fleet.peerwindow`), kept at a cost
+that does not grow with the fleet (:meth:`Pieces.exchange
+<tiering.catalog.pieces.Pieces.exchange>` and :meth:`~tiering.catalog.pieces.Pieces.mark`). On
+PostgreSQL the poll is the function migration 0013 made, whose plan walks the key whatever the
+table's statistics say.
 
 A poll read every host's holding row, so the tracker's load grew as the square of the fleet:
 at 100 hosts PostgreSQL and the receivers spent their time on 10,000 rows a second a host.
