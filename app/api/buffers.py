@@ -53,8 +53,11 @@ def get_buffer(buffer_id: str, loader: LoaderDep, engine: EngineDep) -> BufferOu
 
 
 @router.post("/{buffer_id}/renew", response_model=LeaseOut, responses=DATA | NOT_FOUND | JSON_BODY)
-def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> Response:
+async def renew(buffer_id: str, loader: LoaderDep, req: RenewRequest | None = None) -> Response:
     """Restart the lease's TTL (``ttl_s``, default the lease's own)."""
+    # On the event loop: a table lookup under a lock held for microseconds, where a trip to the
+    # thread pool costs about 100 us of the server's CPU (every live lease renews at a third
+    # of its TTL).
     lease = loader.leases.renew(buffer_id, req.ttl_s if req else None)
     return Response(lease_json(lease), media_type="application/json")
 

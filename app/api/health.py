@@ -68,8 +68,9 @@ class ReadyOut(BaseModel):
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     """The process is up."""
+    # On the event loop (no trip to the thread pool): a probe must not queue behind the work.
     return {"status": "ok"}
 
 
