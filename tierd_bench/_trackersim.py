@@ -30,8 +30,9 @@ class _Host:
         self.began: list[float] = []  # when each poll began, from the fleet's start
 
     def start(self, pieces: Any, file_id: int, generation: int) -> None:
-        """What a fill does first: read the (final) map, read every host's holding before
-        claiming the bucket (no claimer is live at a distribution's start), try the claim."""
+        """What a fill does first: read the (final) map, read the most complete holdings (and
+        count the hosts filling) before claiming the bucket (no claimer is live at a
+        distribution's start), try the claim."""
         pieces.map(file_id, generation)
         self.w.refresh(time.time(), wide=True, lacked=lambda: set(self.order))
         pieces.claim_origin(file_id, host=self.w.host, generation=generation, readers=1, ttl_s=10.0)

@@ -5,13 +5,13 @@ A fleet distribution's bookkeeping is the catalog's: one piece map per file gene
 digests, read once by every receiver) and one holding row per host (a bitmap of the pieces it
 has verified). Each simulated host makes exactly the catalog calls a real fill makes
 (:mod:`tiering.copies.piecefill`), through the same class
-(:class:`~tiering.fleet.peerwindow.PeerWindow`): at its start the map, a read of every holding
-and a claim on the bucket (no claimer is live when a distribution starts), then a poll every
-:attr:`~tiering.fleet.peerwindow.PeerWindow.interval` (its holding written with the pieces
-landed since the last, and the next window of peers' holdings read), and a last flush. Pieces
-land at the rate its link allows while the host is not waiting on the tracker (a fill's loop
-starts no fetch while it polls). Hosts are scheduled on a few threads per client process sharing one
-connection pool, as a PgBouncer shares a server's connections among a fleet.
+(:class:`~tiering.fleet.peerwindow.PeerWindow`): at its start the map, a read of the most
+complete holdings and a claim on the bucket (no claimer is live when a distribution starts),
+then a poll every :attr:`~tiering.fleet.peerwindow.PeerWindow.interval` (its holding written
+with the pieces landed since the last, and the next window of peers' holdings read), and a last
+flush. Pieces land at the rate its link allows while the host is not waiting on the tracker (a
+fill's loop starts no fetch while it polls). Hosts are scheduled on a few threads per client
+process sharing one connection pool, as a PgBouncer shares a server's connections among a fleet.
 
 Per fleet size it reports the piece events per second taken against those the hosts asked for,
 the polls, their p50/p99, how late the clients started them (their lag: when it is large the

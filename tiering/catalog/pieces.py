@@ -55,8 +55,8 @@ from tiering.catalog.tracker import (
     add_pieces,
     clock,
     holding_of_row,
-    holding_rows,
     leaders,
+    most_complete,
     poll,
     tell,
     window,
@@ -465,13 +465,8 @@ class Pieces:
         """Every host's holding of ``generation`` of the file, most complete first, with each
         host's address and heartbeat. It reads a row a host: a receiver's poll reads a window
         of them (:meth:`exchange`)."""
-        q = (
-            holding_rows()
-            .where(PieceHolding.file_id == file_id, PieceHolding.generation == generation)
-            .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
-        )
         with self.db.read() as s:
-            return [holding_of_row(r) for r in s.execute(q)]
+            return [holding_of_row(r) for r in s.execute(most_complete(file_id, generation))]
 
     def leaders(
         self, file_id: int, generation: int, *, count: int, limit: int

@@ -45,6 +45,7 @@ __all__ = [
     "holding_of_row",
     "holding_rows",
     "leaders",
+    "most_complete",
     "poll",
     "tell",
     "window",
@@ -271,6 +272,15 @@ def window(
     return _gather(s, list(s.execute(_WINDOW, args | {"limit": limit})), args, limit)
 
 
+def most_complete(file_id: int, generation: int) -> _Row:
+    """The holdings of ``generation`` of the file with their hosts', most complete first."""
+    return (
+        holding_rows()
+        .where(PieceHolding.file_id == file_id, PieceHolding.generation == generation)
+        .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
+    )
+
+
 def leaders(
     s: Session, file_id: int, generation: int, *, count: int, limit: int
 ) -> tuple[list[Holding], int]:
@@ -280,13 +290,7 @@ def leaders(
     by). At a rollout's start every receiver makes this read; reading every row of a thousand
     hosts into each of a thousand receivers was the start's burst."""
     filling = func.count().filter(PieceHolding.pieces < count).over()
-    q = (
-        holding_rows()
-        .add_columns(filling.label("filling"))
-        .where(PieceHolding.file_id == file_id, PieceHolding.generation == generation)
-        .order_by(PieceHolding.pieces.desc(), PieceHolding.host)
-        .limit(limit)
-    )
+    q = most_complete(file_id, generation).add_columns(filling.label("filling")).limit(limit)
     rows = s.execute(q).all()
     return [holding_of_row(r) for r in rows], rows[0].filling if rows else 0
 
