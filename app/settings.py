@@ -1,10 +1,9 @@
-"""Every setting of tierd, with its default and a one-line description, in one place.
+"""Every setting of tierd, with its default and a one-line description (the settings of loads,
+``buffers`` and ``io``, in :mod:`app.settings_loads`).
 
 Sources, strongest first: CLI flags, ``TIERD_*`` environment variables (nested with ``__``),
 the TOML file named by ``--config`` or ``TIERD_CONFIG``, then the defaults below. Settings are
 built by :func:`get_settings`, never at import time.
-
-The settings of loads (``buffers``, ``io``) are in :mod:`app.settings_loads`.
 """
 
 from __future__ import annotations
