@@ -56,6 +56,7 @@ def test_precedence_toml_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         {"io": {"remote_backend": "curl"}},
         {"io": {"remote_url_threads": 0}},
         {"io": {"remote_url_task_size": 4096}},
+        {"fleet_tracker_polls": 0},
     ],
 )
 def test_invalid_settings(bad: dict) -> None:
@@ -84,3 +85,10 @@ def test_the_remote_read_engine_is_set_from_the_environment(
     assert (io.remote_backend, io.remote_url_threads, io.remote_url_task_size) == (
         "sockets", 64, 16 << 20,
     )  # fmt: skip
+
+
+def test_the_fleet_poll_budget_reaches_the_fills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TIERD_FLEET_TRACKER_POLLS: the fleet's polls a second, handed to the engine's fills."""
+    assert get_settings().engine_config().tracker_polls == 2000.0
+    monkeypatch.setenv("TIERD_FLEET_TRACKER_POLLS", "3500")
+    assert get_settings().engine_config().tracker_polls == 3500.0
