@@ -34,6 +34,9 @@ from tiering.catalog import upgrade
 from tiering.catalog.backends import redact
 from tiering.errors import TierdError
 
+#: Seconds an idle client connection stays open (see ``serve``).
+KEEP_ALIVE_S = 65
+
 __all__ = ["cli", "main"]
 
 
@@ -121,8 +124,15 @@ def serve(
         raise typer.Exit(2) from None
     _check_tiers(settings)
     # log_config=None: uvicorn keeps the handlers configure_logging installed (text or JSON).
+    # Idle connections live KEEP_ALIVE_S (uvicorn's default is 5 s): a client opens its
+    # connection when it is created, and an engine builds its model before its first load.
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 

@@ -107,6 +107,8 @@ def server_process(
         str(port),
         "--log-level",
         "warning",
+        "--timeout-keep-alive",
+        "65",  # as ``tierd serve`` (app.cli.KEEP_ALIVE_S)
     ]
     proc = subprocess.Popen(cmd, env=env)
     url = f"http://{host}:{port}"

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from app.api.deps import LoaderDep
 from app.api.responses import BUSY, DATA, JSON_BODY, NO_SPACE, NOT_FOUND, RANGE, TOO_LARGE
 from app.auth import require_data
-from app.schemas_devices import DevicesTensorsOut, ReplicasOut, tensors_out
+from app.schemas_devices import DevicesTensorsOut, ReplicasOut, tensors_json
 from app.schemas_loads import (
     BatchOut,
     BatchRequest,
@@ -121,7 +121,7 @@ def load_safetensors(req: SafetensorsRequest, loader: LoaderDep) -> Response:
         wait=req.wait,
     )
     t1 = time.perf_counter()
-    body = tensors_out(target, loads).model_dump_json()
+    body = tensors_json(target, loads)
     phases = {**loads[0].loaded.timings, "load": t1 - t0, "reply": time.perf_counter() - t1}
     return Response(
         body, media_type="application/json", headers={"Server-Timing": server_timing(phases)}

@@ -34,7 +34,7 @@ from app.api.responses import (
 from app.auth import require_admin, require_data
 from app.errors import HttpError
 from app.schemas import PinRequest
-from app.schemas_devices import DevicesTensorsOut, tensors_out
+from app.schemas_devices import DevicesTensorsOut, tensors_json
 from app.schemas_loads import JobOut, SafetensorsOut
 from app.schemas_models import (
     ModelDetail,
@@ -139,7 +139,7 @@ def load_model(
         shared=req.shared,
         wait=req.wait,
     )
-    return Response(tensors_out(target, loads).model_dump_json(), media_type="application/json")
+    return Response(tensors_json(target, loads), media_type="application/json")
 
 
 @router.post(

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 from app.cli import cli
+from app.schemas_loads import SafetensorsOut
 from tests.conftest import LiveServer, disk_snapshot, make_settings, wait_for
 from tests.serving.conftest import shm_segments
 from tierd_client import AuthError, Client, InvalidRequest, NotFound
@@ -171,6 +172,10 @@ def test_load_all_into_cpu(root: Path) -> None:
             json={"paths": [f"models/llama/{S1}", f"models/llama/{S2}"]},
         )
         assert set(raw) == set(same) == {"buffers", "tensors"}
+        # The reply is built without pydantic (app.schemas_devices.safetensors_json): it is
+        # the document its declared model would give, field for field.
+        for reply in (raw, same):
+            assert SafetensorsOut.model_validate(reply).model_dump(mode="json") == reply
         # wait=false asks for the reply before copies into a GPU land: into cpu there are
         # none, and the reply is the same, every read landed and timed, no event to wait on.
         eager = data.request(
