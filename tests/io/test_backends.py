@@ -116,3 +116,18 @@ def test_explicit_gds_without_nvidia_fs_raises():
         pytest.skip("this host has GDS")
     with pytest.raises(BackendUnavailable, match="GDS is not available"):
         GpuDirectStorage("cuda:0", GdsConfig(backend="gds"))
+
+
+@pytest.mark.gpu
+def test_the_driver_gives_the_uuid_the_runtime_gives():
+    """gpu_uuid asks the driver (cuDeviceGetUuid_v2), not cudaGetDeviceProperties: the same
+    16 bytes for every visible device, as nvidia-smi -L prints them."""
+    import cupy as cp
+
+    from tiering.io._device import _driver_uuid, gpu_uuid
+
+    for i in range(cp.cuda.runtime.getDeviceCount()):
+        raw = cp.cuda.runtime.getDeviceProperties(i)["uuid"]
+        want = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
+        assert _driver_uuid(i) == want
+        assert gpu_uuid(i).replace("-", "")[3:] == want
