@@ -96,7 +96,7 @@ def test_a_poll_writes_the_whole_holding_and_keeps_the_claim(db: Database) -> No
 def test_a_window_tells_what_landed_once_and_keeps_wide_finds_in_view(db: Database) -> None:
     pieces = Pieces(db)
     pieces.tell(1, host="h5", generation=0, have=bitmap(range(COUNT), COUNT))
-    w = PeerWindow(pieces, 1, 0, "h1", count=COUNT, window=2, learn=1)
+    w = PeerWindow(pieces, 1, 0, "h1", count=COUNT, window=2)
     assert w.waiting_s() == 0.0 and w.flush()  # nothing to tell: nothing written
     assert pieces.holding(1, "h1") is None
     w.landed([1])
@@ -130,7 +130,7 @@ def test_a_window_polls_less_often_as_it_finds_more_hosts_filling(db: Database) 
     for h in ("h2", "h3", "h4"):
         pieces.tell(1, host=h, generation=0, have=bitmap([0], COUNT))
     pieces.tell(1, host="h5", generation=0, have=bitmap(range(COUNT), COUNT))  # a seed
-    w = PeerWindow(pieces, 1, 0, "h1", count=COUNT, window=2, polls_per_s=20.0, learn=1)
+    w = PeerWindow(pieces, 1, 0, "h1", count=COUNT, window=2, polls_per_s=20.0)
     assert w.interval == POLL_S  # only itself seen: 1 / 20 s is under POLL_S
     assert w.poll() is not None  # h2, h3
     assert w.interval == pytest.approx(3 / 20)
@@ -154,25 +154,3 @@ def test_a_window_polls_less_often_as_it_finds_more_hosts_filling(db: Database) 
     assert PeerWindow(pieces, 1, 0, "h1", count=COUNT).interval == POLL_S  # the default budget
     with pytest.raises(ValueError, match="polls_per_s"):
         PeerWindow(pieces, 1, 0, "h1", polls_per_s=0)
-
-
-def test_a_window_reads_wider_until_it_has_walked_the_fleet_once(db: Database) -> None:
-    """A host learns the fleet's size from its windows: until they have walked the fleet once,
-    a poll reads ``learn`` windows' worth of rows (issue 42: with one window a poll, hosts that
-    started early took about 30 polls to see a thousand others, polling above their share all
-    the while)."""
-    pieces = Pieces(db)
-    for i in range(2, 12):
-        pieces.tell(1, host=f"h{i:02d}", generation=0, have=bitmap([0], COUNT))
-    w = PeerWindow(pieces, 1, 0, "h01", count=COUNT, window=2, learn=3)
-    polls = []
-    while not w._lapped:
-        polled = w.poll()
-        assert polled is not None
-        polls.append([h.host for h in polled])
-    # Three windows a poll: the ten others seen in two polls (one window a poll takes five).
-    assert polls[0] == ["h02", "h03", "h04", "h05", "h06", "h07"] and len(polls) == 2
-    assert w.interval == pytest.approx(max(0.1, 11 / w.polls_per_s))
-    # One window a poll from then on.
-    polled = w.poll()
-    assert polled is not None and len(polled) == 2

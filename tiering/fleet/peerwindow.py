@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from tiering.catalog.pieces import WINDOW, Holding, Pieces
 from tiering.config import EngineConfig
 
-__all__ = ["LEARN", "POLLS_PER_S", "POLL_S", "WIDE_S", "PeerWindow", "alive"]
+__all__ = ["POLLS_PER_S", "POLL_S", "WIDE_S", "PeerWindow", "alive"]
 
 #: How often a fill polls the tracker in a fleet small enough (see :data:`POLLS_PER_S`): one
 #: transaction that tells the pieces it landed since the last poll and reads the next window
@@ -48,12 +48,6 @@ POLL_S = 0.1
 POLLS_PER_S = EngineConfig.tracker_polls
 #: The least time between two reads of every host's holding (a read a row a host).
 WIDE_S = 1.0
-#: How many windows wide a poll reads until the windows have walked the whole fleet once. A
-#: host learns the fleet's size from its windows, and polls as often as that size allows: with
-#: one window a poll, a host that started before most of a thousand others took about 30 polls
-#: to see them all, polling above its share all the while (hosts polled 150-160% of the budget
-#: together at 1,000 hosts). A poll's cost is mostly its round trip, not its rows.
-LEARN = 4
 
 
 def alive(holdings: Iterable[Holding], me: str, now: float, timeout_s: float) -> dict[str, str]:
@@ -86,9 +80,6 @@ class PeerWindow:
         Peers' holdings a poll reads (besides the claimers').
     polls_per_s
         The fleet's polls a second for this generation, at most (see :attr:`interval`).
-    learn
-        How many windows a poll reads until the windows have walked the fleet once (see
-        :data:`LEARN`).
     """
 
     def __init__(
@@ -101,17 +92,14 @@ class PeerWindow:
         count: int = 0,
         window: int = WINDOW,
         polls_per_s: float = POLLS_PER_S,
-        learn: int = LEARN,
     ) -> None:
         if polls_per_s <= 0:
             raise ValueError(f"polls_per_s must be positive, got {polls_per_s}")
         self.pieces, self.file_id, self.generation, self.host = pieces, file_id, generation, host
         self.count, self.window, self.polls_per_s = count, window, polls_per_s
-        self.learn = learn
         self._filling = {host}  # the hosts seen still filling the generation (they poll)
         self._census = 0  # the hosts filling it, as a wide read counted them (until a lap)
         self._wrapped = False  # the windows passed the fleet's end since the census
-        self._lapped = False  # the windows have walked the whole fleet at least once
         self._after = host
         self._lock = threading.Lock()
         self._have = 0  # bit i: piece i verified here
@@ -175,7 +163,7 @@ class PeerWindow:
                 generation=self.generation,
                 have=have,
                 after=self._after,
-                limit=self.window if self._lapped else self.window * self.learn,
+                limit=self.window,
             )
         except BaseException:
             if have is not None:
@@ -195,7 +183,7 @@ class PeerWindow:
         if after < self._after:
             self._wrapped = True
         if self._wrapped and after >= self.host:
-            self._census, self._wrapped, self._lapped = 0, False, True
+            self._census, self._wrapped = 0, False
 
     def flush(self) -> bool:
         """Tell every piece landed, if any landed since the last write; False when refused
