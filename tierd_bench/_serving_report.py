@@ -20,14 +20,32 @@ from ._serving_clients import KINDS, Sample
 
 __all__ = ["PHASES", "RunResult", "Window", "build_report"]
 
-#: The phases a window can be in: no background work, files moving, a large load streaming.
-PHASES = ("idle", "moves", "load")
-#: Targets (issue 43): p99 at most these times idle's, per busy phase; rate at least 0.8x
-#: idle's while moving; a move at most 1.5x its time alone.
+#: The phases a window can be in: no background work, files moving, files filling from a peer,
+#: a large load streaming.
+PHASES = ("idle", "moves", "fills", "load")
+#: Targets (issue 43): p99 at most these times idle's, per busy phase (none for fills: the issue
+#: sets none); rate at least 0.8x idle's while moving; a move at most 1.5x its time alone.
 P99_AT_MOST = {"moves": 1.5, "load": 3.0}
 RATE_AT_LEAST = 0.8
 MOVE_SLOWDOWN_AT_MOST = 1.5
-_LABEL = {"idle": "idle", "moves": "while files move", "load": "during a large load"}
+_LABEL = {
+    "idle": "idle",
+    "moves": "while files move",
+    "fills": "while files fill from a peer",
+    "load": "during a large load",
+}
+#: The background work's spans: (phase, RunResult's field busy, its field alone, row key stem).
+_WORK = (
+    ("moves", "moves", "alone", "move_s"),
+    ("fills", "fills", "fills_alone", "fill_s"),
+    ("load", "loads", "loads_alone", "load_s"),
+)
+#: Their rows: what the seconds are of, and the target of the slowdown.
+_SPANS = {
+    "moves": ("a move takes", MOVE_SLOWDOWN_AT_MOST),
+    "fills": ("a fill from the peer takes", None),
+    "load": ("of the large load", None),
+}
 
 
 @dataclass
@@ -47,7 +65,7 @@ class Window:
 @dataclass
 class RunResult:
     """What one run measured: windows, the clients' samples, and the background work's spans
-    (``time.monotonic()`` start and end of each move and each load)."""
+    (``time.monotonic()`` start and end of each move, fill and load)."""
 
     windows: list[Window]
     samples: list[Sample]
@@ -55,6 +73,8 @@ class RunResult:
     alone: list[tuple[float, float]] = field(default_factory=list)  # moves with no client
     loads: list[tuple[float, float]] = field(default_factory=list)
     loads_alone: list[tuple[float, float]] = field(default_factory=list)
+    fills: list[tuple[float, float]] = field(default_factory=list)
+    fills_alone: list[tuple[float, float]] = field(default_factory=list)
     loadavg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load, at start and end
 
 
@@ -112,22 +132,18 @@ def figures(res: RunResult) -> Figures:
             if a.phase == "idle" and b.phase == p and _rate_of(a, res.samples) > 0
         ]
         out[f"rate_{p}"] = (out[f"rate_{p}"][0], _median(pairs))
-    alone = _median([b - a for a, b in res.alone])
-    busy = _median(_spans_in(res.moves, phases.get("moves", [])))
-    out["move_s_alone"] = (alone, None)
-    out["move_s_moves"] = (busy, _ratio(busy, alone))
-    if res.loads_alone or res.loads:
-        alone = _median([b - a for a, b in res.loads_alone])
-        busy = _median(_spans_in(res.loads, phases.get("load", [])))
-        out["load_s_alone"] = (alone, None)
-        out["load_s_load"] = (busy, _ratio(busy, alone))
+    for phase, spans, spans_alone, stem in _WORK:
+        done, done_alone = getattr(res, spans), getattr(res, spans_alone)
+        if phase in phases or done_alone:
+            alone = _median([b - a for a, b in done_alone])
+            busy = _median(_spans_in(done, phases.get(phase, [])))
+            out[f"{stem}_alone"] = (alone, None)
+            out[f"{stem}_{phase}"] = (busy, _ratio(busy, alone))
     out["loadavg"] = (res.loadavg[1], None)
     return out
 
 
-def _rows(
-    phases: list[str], has_load: bool
-) -> list[tuple[str, str, str, tuple[str, float] | None]]:
+def _rows(phases: list[str]) -> list[tuple[str, str, str, tuple[str, float] | None]]:
     """(key, label, unit, target) of every row, in print order."""
     rows: list[tuple[str, str, str, tuple[str, float] | None]] = []
     for p in phases:
@@ -140,7 +156,8 @@ def _rows(
             ("load_4k_p99", "load_4k, p99"),
             ("load_1m_p99", "load_1m, p99"),
         ):
-            target = ("<=", P99_AT_MOST[p]) if busy and key in ("read_4k_p99", "all_p99") else None
+            most = P99_AT_MOST.get(p) if busy and key in ("read_4k_p99", "all_p99") else None
+            target = None if most is None else ("<=", most)
             rows.append((f"{key}_{p}_ms", f"{what}, {_LABEL[p]}", "ms", target))
         rate_target = (">=", RATE_AT_LEAST) if p == "moves" else None
         rows.append(
@@ -148,13 +165,12 @@ def _rows(
         )
         rows.append((f"server_cpu_{p}", f"server CPU, {_LABEL[p]}", "cores", None))
         rows.append((f"client_cpu_{p}", f"client processes' CPU, {_LABEL[p]}", "cores", None))
-    rows.append(("move_s_alone", "seconds a move takes, no client", "s", None))
-    rows.append(
-        ("move_s_moves", "seconds a move takes, serving", "s", ("<=", MOVE_SLOWDOWN_AT_MOST))
-    )
-    if has_load:
-        rows.append(("load_s_alone", "seconds of the large load, no client", "s", None))
-        rows.append(("load_s_load", "seconds of the large load, serving", "s", None))
+    for phase, _, _, stem in _WORK:
+        if phase in phases:
+            what, most = _SPANS[phase]
+            rows.append((f"{stem}_alone", f"seconds {what}, no client", "s", None))
+            target = None if most is None else ("<=", most)
+            rows.append((f"{stem}_{phase}", f"seconds {what}, serving", "s", target))
     rows.append(("loadavg", "the host's 1-minute load average, each run's end", "", None))
     return rows
 
@@ -165,35 +181,52 @@ def _fmt(v: float | None, unit: str, ratio: bool) -> str:
     return f"{v:.2f}x" if ratio else f"{v:.3g}{(' ' + unit) if unit else ''}"
 
 
+def _busy_titles(setup: dict[str, Any]) -> list[str]:
+    """What each busy phase of ``setup`` does, for the title."""
+    busy = setup.get("phases", ["moves"] + (["load"] if setup.get("load") else []))
+    out = []
+    if "moves" in busy:
+        cap = setup.get("cap_bytes_per_s")
+        out.append(
+            f"while {setup['movers']} files of {format_size(setup['move_size_bytes'])} move "
+            f"between tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'})"
+        )
+    if "fills" in busy:
+        fills = setup["fills"]
+        out.append(
+            f"while {fills['fillers']} files of {format_size(fills['size_bytes'])} fill from a "
+            "peer's pieces"
+        )
+    if "load" in busy:
+        load = setup["load"]
+        out.append(
+            f"during loads of {format_size(load['size_bytes'])} from the {load['origin']} "
+            f"origin into {load['device']}"
+        )
+    return out or ["nothing busy"]
+
+
 def build_report(setup: dict[str, Any], runs: list[RunResult]) -> Report:
     """One report from ``runs``: medians, targets met by every run, each run in the notes."""
-    cap = setup.get("cap_bytes_per_s")
-    load = setup.get("load")
     report = Report(
         "serving",
-        f"tierd bench serving: {setup['clients']} client processes over REST, idle vs while "
-        f"{setup['movers']} files of {format_size(setup['move_size_bytes'])} move between "
-        f"tiers ({f'capped at {cap / MiB:g} MiB/s' if cap else 'no cap'})"
-        + (
-            f" and during loads of {format_size(load['size_bytes'])} from the {load['origin']} "
-            f"origin into {load['device']}"
-            if load
-            else ""
-        )
+        f"tierd bench serving: {setup['clients']} client processes over REST, idle vs "
+        + " and ".join(_busy_titles(setup))
         + f"; {setup['repeats']} rounds of {setup['duration_s']:g} s windows, "
         f"{len(runs)} run{'s' if len(runs) > 1 else ''} (medians)",
         setup,
     )
     figs = [figures(r) for r in runs]
     phases = [p for p in PHASES if any(f"rate_{p}" in f for f in figs)]
-    ref = {"moves": "move_s_alone", "load": "load_s_alone"}
-    for key, label, unit, target in _rows(phases, load is not None):
+    ref = {phase: f"{stem}_alone" for phase, _, _, stem in _WORK}
+    stems = tuple(stem for *_, stem in _WORK)
+    for key, label, unit, target in _rows(phases):
         values = [v for f in figs if key in f and (v := f[key][0]) is not None]
         ratios = [r for f in figs if key in f and (r := f[key][1]) is not None]
         row = report.add(BenchRow(key, label, _median(values), unit))
         if ratios:
             phase = key.rsplit("_", 2)[-2] if key.endswith("_ms") else key.rsplit("_", 1)[-1]
-            row.vs = ref.get(phase) if key.startswith(("move_s", "load_s")) else None
+            row.vs = ref.get(phase) if key.startswith(stems) else None
             row.vs = row.vs or key.replace(f"_{phase}", "_idle")
             row.ratio = _median(ratios)
             if target is not None:

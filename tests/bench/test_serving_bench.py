@@ -1,9 +1,14 @@
 """``tierd bench serving`` at a tiny size through the real CLI: a real tierd in its own process,
-real clients and real moves. Only the report's shape is checked, never a speed."""
+real clients, real moves and, where PostgreSQL and moto are here, real fills from a second
+tierd. Only the report's shape and the checks' accounts are asserted, never a speed."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -11,24 +16,59 @@ from typer.testing import CliRunner
 from app.cli import cli
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import cli_text
-from tierd_bench.serving import KINDS, _set_policy, run
+from tests.pg_support import PgServer
+from tierd_bench._serving_fills import why_no_fills
+from tierd_bench.serving import KINDS, _set_policy, busy_phases, run
 
 from .test_cli_bench import run_to_json
 
-TINY = ["--duration", "0.5", "--repeats", "2", "--clients", "3", "--movers", "1"]
+TINY = ["--duration", "0.5", "--repeats", "1", "--clients", "3", "--movers", "1"]
 
 
-def test_bench_serving_reports_both_phases_and_the_ratios(tmp_path: Path) -> None:
-    work = tmp_path / "work"
+@dataclass
+class Served:
+    doc: dict[str, Any]
+    work: Path  # the bench's --dir
+    databases: tuple[set[str], set[str]] | None  # the PostgreSQL server's, before and after
+
+
+def _databases(server: PgServer) -> set[str]:
+    return {r[0] for r in server.execute("postgres", "SELECT datname FROM pg_database")}
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Served]:
+    """One tiny run of moves and peer fills, which the tests below read: a run of its own for
+    the fills would start another server and its client processes (~6 s of the suite on two
+    cores). The fills run on the tests' PostgreSQL (a scratch database the bench makes and
+    drops) where it and moto are here; elsewhere the bench skips them, saying why."""
+    tmp = tmp_path_factory.mktemp("serving")
+    work = tmp / "work"
     work.mkdir()
     args = ["serving", *TINY, "--size", "256KiB", "--cap", "0", "--dir", str(work)]
-    doc = run_to_json(tmp_path, "serving", *args)
+    args += ["--phases", "moves,fills", "--fill-size", "1MiB"]
+    pg: PgServer | None = None
+    if why_no_fills(None) is None:
+        pg = request.getfixturevalue("pg_server")
+        args += ["--catalog-url", pg.url("postgres")]
+    before = _databases(pg) if pg is not None else set()
+    with pytest.MonkeyPatch.context() as mp:  # as the autouse _clean_env does for a test
+        for key in [k for k in os.environ if k.startswith("TIERD_")]:
+            mp.delenv(key)
+        doc = run_to_json(tmp, "serving", *args)
+    yield Served(doc, work, (before, _databases(pg)) if pg is not None else None)
+
+
+def test_bench_serving_reports_both_phases_and_the_ratios(served: Served) -> None:
+    doc, work = served.doc, served.work
     rows, setup = doc["rows"], doc["setup"]
     assert setup["clients"] == 3 and setup["move_size_bytes"] == 256 << 10
     assert setup["cap_bytes_per_s"] is None and "no cap" in doc["title"]
     assert doc["title"].startswith("tierd bench serving: 3 client processes over REST")
     [one] = setup["runs"]
-    assert [w["phase"] for w in one["windows"]] == ["idle", "moves", "idle", "moves"]
+    assert [w["phase"] for w in one["windows"]][:2] == ["idle", "moves"]
     assert len(one["loadavg_1m"]) == 2
     for name in ("all", *(k[0] for k in KINDS)):
         idle, busy = rows[f"{name}_p99_idle_ms"], rows[f"{name}_p99_moves_ms"]
@@ -45,6 +85,45 @@ def test_bench_serving_reports_both_phases_and_the_ratios(tmp_path: Path) -> Non
     assert rows["server_cpu_idle"]["unit"] == "cores" and "load_s_load" not in rows
     assert sum(w["moves"] for w in one["windows"] if w["busy"]) > 0
     assert list(work.iterdir()) == []  # the data dir is gone
+
+
+def test_bench_serving_fills_copies_from_a_peer_while_serving(served: Served) -> None:
+    rows, setup = served.doc["rows"], served.doc["setup"]
+    fills = setup["fills"]
+    if "skipped" in fills:
+        pytest.skip(f"peer fills not measured here: {fills['skipped']}")
+    assert setup["phases"] == ["moves", "fills"]
+    assert (fills["fillers"], fills["size_bytes"], fills["peer"]) == (1, 1 << 20, "bench-peer")
+    assert "page_cache" in fills["trigger"] and "scratch database" in fills["catalog"]
+    assert "while 1 files of 1 MiB fill from a peer's pieces" in served.doc["title"]
+    [one] = setup["runs"]
+    assert [w["phase"] for w in one["windows"]] == ["idle", "moves", "idle", "fills"]
+    assert sum(w["fills"] for w in one["windows"] if w["phase"] == "fills") > 0
+    # Every fill's bytes came from the peer, by both hosts' counters; each copy left at the
+    # end of the fills with no client and of the window was hashed against the bucket's bytes.
+    account = one["fills"]
+    assert account["bucket_bytes_read"] == 0 and account["copies_checked"] == 2
+    assert account["peer_bytes_served"] >= account["bytes_filled"] == account["fills"] << 20
+    for name in ("all", *(k[0] for k in KINDS)):
+        busy = rows[f"{name}_p99_fills_ms"]
+        assert busy["vs"] == f"{name}_p99_idle_ms" and busy["target"] is None
+        assert busy["ratio"] == pytest.approx(busy["value"] / rows[f"{name}_p99_idle_ms"]["value"])
+    assert rows["rate_fills"]["vs"] == "rate_idle" and rows["rate_fills"]["ratio"] > 0
+    fill = rows["fill_s_fills"]
+    assert fill["vs"] == "fill_s_alone" and fill["ratio"] > 0 and fill["target"] is None
+    assert served.databases is not None
+    before, after = served.databases
+    assert after == before  # the scratch catalog was dropped
+
+
+def test_phases_are_chosen_and_checked() -> None:
+    assert busy_phases(None, None) == ["moves"]
+    assert busy_phases(["fills", "moves"], "open") == ["moves", "fills", "load"]
+    with pytest.raises(ValueError, match="unknown phases nap"):
+        busy_phases(["nap"], None)
+    with pytest.raises(ValueError, match="needs an origin"):
+        busy_phases(["load"], None)
+    assert why_no_fills("sqlite:///catalog.db") == "--catalog-url must be postgresql+psycopg://..."
 
 
 def test_runs_are_combined_into_medians_and_every_run_must_meet_a_target() -> None:
@@ -87,6 +166,7 @@ def test_bench_serving_keeps_the_policys_cap_by_default(tmp_path: Path) -> None:
         (["--duration", "0"], "Invalid value for '--duration'"),
         (["--clients", "0"], "Invalid value for '--clients'"),
         (["--size", "1XB"], "not a size"),
+        (["--phases", "moves,nap"], "unknown phases nap"),
     ],
 )
 def test_bad_arguments_are_usage_errors(args: list[str], message: str) -> None:
