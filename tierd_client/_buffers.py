@@ -320,9 +320,10 @@ _prewarmed = False
 
 def prewarm_cuda() -> None:
     """Import the CUDA binding that opens GPU buffers (CuPy: 0.1–0.3 s) on a thread of its
-    own, once per process, so that a fresh process's first GPU load does not pay it: an
-    engine creates its client, builds its model, then loads, and the import runs under the
-    build. Nothing where CuPy is not installed; nothing of CUDA itself is started here."""
+    own, once per process (from ``import tierd_client``), so that a fresh process's first GPU
+    load does not pay it: an engine imports its loader, creates its client, builds its model,
+    then loads, and the import runs under all of that. Nothing where CuPy is not installed;
+    nothing of CUDA itself is started here."""
     global _prewarmed
     with _prewarm_lock:
         if _prewarmed:

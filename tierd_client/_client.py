@@ -62,7 +62,7 @@ class Client(Closing, ModelsMixin):
             transport=transport,
             verify=tls_context(),
         )
-        prewarm_cuda()  # a GPU load's binding imported while the caller builds its model
+        prewarm_cuda()  # started at import already (see tierd_client): a no-op here
         if transport is None:
             threading.Thread(
                 target=_warm, args=(self._http,), name="tierd-client-warm", daemon=True
