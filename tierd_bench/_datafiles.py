@@ -17,11 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
+from tiering.checksum import Hasher
 from tiering.io import pagecache
 
 from ._measure import MiB
 
-__all__ = ["drop_cache", "odirect_read", "warm", "workdir", "write_data", "write_shards"]
+__all__ = [
+    "drop_cache",
+    "odirect_read",
+    "warm",
+    "workdir",
+    "write_data",
+    "write_random",
+    "write_shards",
+]
 
 
 def drop_cache(path: Path) -> float:
@@ -56,6 +65,19 @@ def write_data(path: Path, size: int) -> None:
         os.fsync(fd)  # clean pages, so that they can be dropped for the cold runs
     finally:
         os.close(fd)
+
+
+def write_random(path: Path, size: int) -> str:
+    """``size`` random bytes at ``path`` (not synced); returns their checksum (tierd's)."""
+    h = Hasher()
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            block = os.urandom(min(left, 16 * MiB))
+            f.write(block)
+            h.update(block)
+            left -= len(block)
+    return h.value()
 
 
 def write_shards(directory: Path, total: int, shards: int) -> list[Path]:

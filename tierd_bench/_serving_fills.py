@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import threading
 import time
@@ -47,10 +46,11 @@ from typing import Any
 
 import httpx
 
-from tiering.checksum import Hasher, hash_fd
+from tiering.checksum import hash_fd
 from tiering.tiers.paths import RESERVED_DIR
 
-from ._measure import MiB, format_size
+from ._datafiles import write_random
+from ._measure import format_size
 from ._origin import REGION
 from ._postgres import require_postgresql, why_no_postgresql
 from .rest import server_process
@@ -121,7 +121,7 @@ class PeerFleet:
         say(f"{len(self.files)} files of {size} into the bucket, then onto {PEER}'s nvme")
         for f in self.files:
             src = work / "fill-source.bin"
-            f.checksum = _write_random(src, f.size)
+            f.checksum = write_random(src, f.size)
             self.put(f.relpath, src)
             src.unlink()
         with httpx.Client(base_url=self.peer_url, timeout=600) as peer:
@@ -260,19 +260,6 @@ def _stop(peer: contextlib.AbstractContextManager[Any], started: Future[Any]) ->
     except BaseException:
         return
     peer.__exit__(None, None, None)
-
-
-def _write_random(path: Path, size: int) -> str:
-    """``size`` random bytes at ``path``; returns their checksum."""
-    h = Hasher()
-    with open(path, "wb") as f:
-        left = size
-        while left:
-            block = os.urandom(min(left, 16 * MiB))
-            f.write(block)
-            h.update(block)
-            left -= len(block)
-    return h.value()
 
 
 def _ok(r: httpx.Response, what: str) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -25,7 +24,8 @@ import numpy as np
 
 from tiering.checksum import Hasher
 
-from ._measure import GiB, MiB
+from ._datafiles import write_random
+from ._measure import GiB
 from ._origin import REGION, open_origin
 from .rest import materialiser
 
@@ -44,14 +44,7 @@ def origin_settings(
     with open_origin(spec, rate=None, parent=data.parent, say=say) as origin:
         src = data.parent / "origin-object" / MODEL
         src.parent.mkdir(parents=True)
-        h = Hasher()
-        with open(src, "wb") as f:
-            left = size
-            while left:
-                block = os.urandom(min(left, 16 * MiB))
-                f.write(block)
-                h.update(block)
-                left -= len(block)
+        checksum = write_random(src, size)
         prefix = f"serving-{secrets.token_hex(4)}"
         origin.put_file(f"{prefix}/{MODEL}", src)
         tiers: list[dict[str, Any]] = [
@@ -70,7 +63,7 @@ def origin_settings(
             # The load's buffer, the clients' 1 MiB loads and their leases beside it.
             "TIERD_BUFFERS__CPU_BUDGET_BYTES": str(max(4 * GiB, 3 * size)),
         }
-        yield env, h.value()
+        yield env, checksum
 
 
 def load_once(api: Any, fid: int, device: str) -> None:
