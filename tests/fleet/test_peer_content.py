@@ -27,6 +27,7 @@ from tiering.fleet.peerfetch import (
     PeerHttp,
     StaleGeneration,
     fetch_piece,
+    fetch_range,
 )
 from tiering.fleet.pieces import ALGORITHM, BadPiece, digest, spans
 from tiering.tiers.paths import RESERVED_DIR
@@ -289,3 +290,37 @@ def test_a_host_without_a_fleet_credential_serves_no_peer_reads(tmp_path: Path) 
         assert c.put("/v1/files/content", params={"path": "f"}, content=b"x").status_code == 201
         r = c.get("/v1/peer/content", params={"path": "f", "generation": 0})
         assert r.status_code == 401 and "no fleet credential" in r.json()["error"]["message"]
+
+
+def test_a_peer_that_cuts_its_body_short_is_a_failed_peer() -> None:
+    """A piece is read beneath urllib3, straight from http.client into its buffer
+    (PeerHttp.get): a body that ends before its Content-Length, or runs past the length asked
+    for, is PeerFailed, as any broken peer is."""
+    import socket
+    import threading
+
+    def serve(sock: socket.socket, body: bytes, requests: int) -> None:
+        for _ in range(requests):
+            conn, _addr = sock.accept()
+            with conn:
+                conn.recv(65536)
+                head = "HTTP/1.1 206 Partial Content\r\nContent-Length: 4096\r\n"
+                head += "X-Tierd-Generation: 0\r\n\r\n"
+                conn.sendall(head.encode() + body)
+
+    for body, asked in ((b"x" * 1000, [4096]), (b"x" * 4096, [4096, 1000])):
+        sock = socket.create_server(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        t = threading.Thread(target=serve, args=(sock, body, len(asked)), daemon=True)
+        t.start()
+        with PeerHttp(timeout_s=5, connect_s=5, connections=1) as http:
+            for length in asked:
+                if len(body) == length:
+                    assert fetch_range(http, url, TOKEN, "a.bin", 0, 0, length) == body
+                    continue
+                # Cut short: 1000 of 4096. Too long: 1001 read (one past what was asked).
+                got = min(len(body), length + 1)
+                with pytest.raises(PeerFailed, match=f"{got} bytes, not {length}"):
+                    fetch_range(http, url, TOKEN, "a.bin", 0, 0, length)
+        t.join(5)
+        sock.close()
