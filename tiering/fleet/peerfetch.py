@@ -116,9 +116,11 @@ class PeerHttp(Closing):
             preload_content=False,
             decode_content=False,
         )
+        clean = False  # the body read to its end: the connection may serve the next request
         try:
             got = {k.lower(): v for k, v in r.headers.items()}
             if not 200 <= r.status < 300:
+                clean = True  # read through urllib3, which keeps its own account
                 return r.status, got, r.read(1 << 20)
             buf = bytearray(length + 1)
             view, n = memoryview(buf), 0
@@ -134,8 +136,15 @@ class PeerHttp(Closing):
                     if not step:
                         break
                     n += step
+            clean = n == length
             return r.status, got, buf[:n] if n != length else _trimmed(buf, length)
         finally:
+            if not clean:
+                # Read beneath urllib3, which never saw this body end: the connection is
+                # closed now rather than kept in the pool mid-response. Measured on the 2-core
+                # machine's namespace fleet: kept, a fill whose peer was killed took 15 s
+                # instead of 4.5 and the bucket sent 1.2x the model (two runs each).
+                r.close()
             r.release_conn()
 
     def close(self) -> None:
