@@ -11,7 +11,6 @@ skipped, saying why.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from ._engine_rows import Engine, Measured, repeat
 from ._fleethosts import FleetBenchFailed, Host
+from .rest import follow_job
 
 __all__ = ["peer_row"]
 
@@ -69,11 +69,13 @@ def peer_row(
 
 def _wait(host: Host, job: dict[str, Any]) -> None:
     """Until ``host``'s prefetch ``job`` is done (:class:`FleetBenchFailed` if it fails)."""
-    deadline = time.monotonic() + _JOB_TIMEOUT_S
-    while job["state"] in ("queued", "running"):
-        if time.monotonic() > deadline:
-            raise FleetBenchFailed(f"host {host.host_id}: the prefetch still {job['state']}")
-        time.sleep(0.05)
-        job = host.ok(host.http.get(f"/v1/jobs/{job['id']}"))
+    url = f"/v1/jobs/{job['id']}"
+    job = follow_job(
+        job,
+        lambda: host.ok(host.http.get(url)),
+        poll_s=0.05,
+        timeout_s=_JOB_TIMEOUT_S,
+        late=lambda j: FleetBenchFailed(f"host {host.host_id}: the prefetch still {j['state']}"),
+    )
     if job["state"] != "done" or job.get("errors"):
         raise FleetBenchFailed(f"host {host.host_id}: the prefetch ended {job}")

@@ -53,7 +53,7 @@ from ._datafiles import write_random
 from ._measure import format_size
 from ._origin import REGION
 from ._postgres import require_postgresql, why_no_postgresql
-from .rest import server_process
+from .rest import follow_job, server_process
 
 __all__ = ["BUCKET_TIER", "FILL_TARGETS", "PeerFleet", "fill_once", "peer_fleet", "why_no_fills"]
 
@@ -64,7 +64,6 @@ BUCKET_TIER = "bucket"
 PEER, RECEIVER = "bench-peer", "bench-serving"
 POLL_S = 0.02  # how often a filler asks whether its job is done
 _JOB_TIMEOUT_S = 600.0
-_OPEN = ("queued", "running")
 
 
 def why_no_fills(catalog_url: str | None) -> str | None:
@@ -270,13 +269,14 @@ def _ok(r: httpx.Response, what: str) -> Any:
 
 def _follow(http: httpx.Client, job: dict[str, Any]) -> dict[str, Any]:
     """``job`` once it has ended, asked every :data:`POLL_S`."""
-    deadline = time.monotonic() + _JOB_TIMEOUT_S
-    while job["state"] in _OPEN:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"job {job['id']} still {job['state']} after {_JOB_TIMEOUT_S:g} s")
-        time.sleep(POLL_S)
-        job = _ok(http.get(f"/v1/jobs/{job['id']}"), f"job {job['id']}")
-    return job
+    url, what = f"/v1/jobs/{job['id']}", f"job {job['id']}"
+    return follow_job(
+        job,
+        lambda: _ok(http.get(url), what),
+        poll_s=POLL_S,
+        timeout_s=_JOB_TIMEOUT_S,
+        late=lambda j: RuntimeError(f"{what} still {j['state']} after {_JOB_TIMEOUT_S:g} s"),
+    )
 
 
 def _counter(url: str, name: str, labels: str = "") -> float:

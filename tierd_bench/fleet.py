@@ -58,6 +58,7 @@ from ._measure import MiB, format_size
 from ._origin import OriginUnavailable, open_origin
 from ._postgres import NoScratchDatabase, require_postgresql
 from ._report import BenchRow, Report
+from .rest import follow_job
 
 __all__ = ["FleetBenchFailed", "FleetBenchUnavailable", "run"]
 
@@ -68,7 +69,6 @@ SAMPLE = 4096
 #: The smallest shard: room for a header and two distinct samples.
 MIN_SHARD = 4 * SAMPLE
 _JOB_TIMEOUT_S = 3600.0
-_OPEN = ("queued", "running")
 
 
 @dataclass(frozen=True)
@@ -202,13 +202,15 @@ def _fleet(hosts: list[Host], model: str, nfiles: int) -> float:
 
 
 def _follow(h: Host, url: str, job: dict[str, Any]) -> dict[str, Any]:
-    deadline = time.monotonic() + _JOB_TIMEOUT_S
-    while job["state"] in _OPEN:
-        if time.monotonic() > deadline:
-            raise FleetBenchFailed(f"host {h.host_id}: {url} still {job['state']} after an hour")
-        time.sleep(POLL_S)
-        job = h.ok(h.http.get(url))
-    return job
+    return follow_job(
+        job,
+        lambda: h.ok(h.http.get(url)),
+        poll_s=POLL_S,
+        timeout_s=_JOB_TIMEOUT_S,
+        late=lambda j: FleetBenchFailed(
+            f"host {h.host_id}: {url} still {j['state']} after an hour"
+        ),
+    )
 
 
 def _check(fleet: Fleet, hosts: list[Host], model: list[_Shard]) -> None:

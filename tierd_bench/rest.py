@@ -43,7 +43,7 @@ from ._measure import (
 )
 from ._report import BenchRow, Report, describe_device
 
-__all__ = ["materialiser", "run", "server_process"]
+__all__ = ["follow_job", "materialiser", "run", "server_process"]
 
 _WARMUP, _SMALL_WARMUP = 2, 20
 
@@ -68,6 +68,26 @@ def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
     """The service on a free loopback port, serving ``data_dir``; yields its URL."""
     with server_process(data_dir, timeout=timeout) as (url, _):
         yield url
+
+
+def follow_job(
+    job: dict[str, Any],
+    fetch: Callable[[], dict[str, Any]],
+    *,
+    poll_s: float,
+    timeout_s: float,
+    late: Callable[[dict[str, Any]], Exception],
+) -> dict[str, Any]:
+    """``job`` (a ``/v1/jobs`` or ``/v1/fleet/jobs`` document) once it is neither queued nor
+    running, ``fetch`` asked for it again every ``poll_s``; ``late(job)`` is raised once
+    ``timeout_s`` have passed."""
+    deadline = time.monotonic() + timeout_s
+    while job["state"] in ("queued", "running"):
+        if time.monotonic() > deadline:
+            raise late(job)
+        time.sleep(poll_s)
+        job = fetch()
+    return job
 
 
 @contextmanager
