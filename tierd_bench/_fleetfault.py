@@ -27,6 +27,7 @@ import httpx
 from ._fleethosts import Fleet, FleetBenchFailed, Host, forget_model, model_bytes_sent
 from ._measure import format_size
 from .fleet import POLL_S, _check, _new_model
+from .rest import metric_total
 
 __all__ = ["KILL_AT", "ORIGIN_FAULT_TARGET", "fault_run"]
 
@@ -44,9 +45,7 @@ def _served(h: Host) -> float:
         text = h.http.get("/metrics").text
     except httpx.HTTPError:
         return 0.0
-    return sum(
-        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(_SERVED)
-    )
+    return metric_total(text, _SERVED)
 
 
 def _victim(hosts: list[Host], job: dict[str, Any]) -> tuple[Host, str]:

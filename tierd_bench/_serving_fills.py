@@ -53,7 +53,7 @@ from ._datafiles import write_random
 from ._measure import format_size
 from ._origin import REGION
 from ._postgres import require_postgresql, why_no_postgresql
-from .rest import follow_job, server_process
+from .rest import follow_job, metric_total, server_process
 
 __all__ = ["BUCKET_TIER", "FILL_TARGETS", "PeerFleet", "fill_once", "peer_fleet", "why_no_fills"]
 
@@ -282,11 +282,4 @@ def _follow(http: httpx.Client, job: dict[str, Any]) -> dict[str, Any]:
 def _counter(url: str, name: str, labels: str = "") -> float:
     """The sum of counter ``name``'s series at ``url``'s ``/metrics`` whose labels hold
     ``labels`` (0 where it has none yet)."""
-    text = httpx.get(f"{url}/metrics", timeout=60).text
-    total = 0.0
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        metric, _, rest = head.partition("{")
-        if metric == name and labels in rest:
-            total += float(value)
-    return total
+    return metric_total(httpx.get(f"{url}/metrics", timeout=60).text, name, labels)

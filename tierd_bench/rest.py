@@ -43,7 +43,7 @@ from ._measure import (
 )
 from ._report import BenchRow, Report, describe_device
 
-__all__ = ["follow_job", "materialiser", "run", "server_process"]
+__all__ = ["follow_job", "materialiser", "metric_total", "run", "server_process"]
 
 _WARMUP, _SMALL_WARMUP = 2, 20
 
@@ -68,6 +68,18 @@ def _server(data_dir: Path, timeout: float = 120) -> Iterator[str]:
     """The service on a free loopback port, serving ``data_dir``; yields its URL."""
     with server_process(data_dir, timeout=timeout) as (url, _):
         yield url
+
+
+def metric_total(text: str, name: str, labels: str = "") -> float:
+    """The sum of metric ``name``'s series in ``text`` (a ``/metrics`` page) whose labels hold
+    ``labels`` (0 where it has none yet)."""
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric == name and labels in rest:
+            total += float(value)
+    return total
 
 
 def follow_job(
