@@ -263,27 +263,37 @@ class Tensors(Closing, Mapping[str, Any]):
         #: Of a sharded load: each tensor's whole shape, and its slice's index in it.
         self.full_shapes: dict[str, tuple[int, ...]] = {}
         self.slice_offsets: dict[str, tuple[int, ...]] = {}
-        #: Each tensor's buffer and byte offset in it.
+        #: Each tensor's buffer and byte offset in it, its size in bytes and its shape.
         self.locations: dict[str, tuple[Buffer, int]] = {}
+        self.nbytes: dict[str, int] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        # Arrays are made at first use: a CuPy view costs microseconds, a checkpoint has
+        # hundreds of tensors, and a state dict makes its torch tensors without them.
         self._arrays: dict[str, Any] = {}
         for name, t in layout.items():
             buf = by_id[t["buffer_id"]]
             self.dtypes[name] = t["dtype"]
             self.locations[name] = (buf, int(t["offset"]))
+            self.nbytes[name] = int(t["nbytes"])
+            self.shapes[name] = tuple(t["shape"])
             if t.get("full_shape") is not None:
                 self.full_shapes[name] = tuple(t["full_shape"])
                 self.slice_offsets[name] = tuple(t["slice_offset"])
-            storage = DTYPES[t["dtype"]].storage
-            self._arrays[name] = buf.view(int(t["offset"]), int(t["nbytes"]), storage, t["shape"])
 
     def __getitem__(self, name: str) -> Any:
-        return self._arrays[name]
+        arr = self._arrays.get(name)
+        if arr is None:
+            buf, offset = self.locations[name]
+            storage = DTYPES[self.dtypes[name]].storage
+            arr = buf.view(offset, self.nbytes[name], storage, self.shapes[name])
+            self._arrays[name] = arr
+        return arr
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
+        return iter(self.locations)
 
     def __len__(self) -> int:
-        return len(self._arrays)
+        return len(self.locations)
 
     def torch(self) -> dict[str, Any]:
         """``{name: torch.Tensor}`` with torch's exact dtypes (bfloat16, float8...)."""
@@ -291,7 +301,7 @@ class Tensors(Closing, Mapping[str, Any]):
         from torch.utils.dlpack import from_dlpack  # what torch re-exports as torch.from_dlpack
 
         out = {}
-        for name, arr in self._arrays.items():
+        for name, arr in self.items():
             try:
                 t = from_dlpack(arr)
             except BufferError:
@@ -309,7 +319,8 @@ class Tensors(Closing, Mapping[str, Any]):
 
     def close(self, release: bool | None = None) -> None:
         """Close every shard's buffer (and release the leases, by default)."""
-        self._arrays.clear()
+        for table in (self._arrays, self.locations, self.nbytes, self.shapes):
+            table.clear()
         for b in self.buffers:
             b.close(release)
 

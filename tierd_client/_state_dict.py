@@ -127,47 +127,45 @@ def _wrap(client: _Client, tensors: Tensors) -> dict[str, torch.Tensor]:
     keep = _Keep()
     out: dict[str, torch.Tensor] = {}
     wholes: dict[tuple[str, str], torch.Tensor] = {}
-    for name, arr in tensors.items():
-        if arr.nbytes == 0:  # nothing to share, and no lease needed
-            out[name] = convert(_empty(arr), tensors.dtypes[name], "torch")
+    for name in tensors:
+        if tensors.nbytes[name] == 0:  # nothing to share, and no lease needed
+            out[name] = convert(_empty(tensors[name]), tensors.dtypes[name], "torch")
         else:
-            out[name] = _tensor(tensors, name, arr, keep, wholes)
+            out[name] = _tensor(tensors, name, keep, wholes)
     _renewer(client).add(_Group(client, ids, ttl), keep)
     return out
 
 
 def _tensor(
-    tensors: Tensors,
-    name: str,
-    arr: Any,
-    keep: _Keep,
-    wholes: dict[tuple[str, str], torch.Tensor],
+    tensors: Tensors, name: str, keep: _Keep, wholes: dict[tuple[str, str], torch.Tensor]
 ) -> torch.Tensor:
     """Tensor ``name`` as a strided view of its buffer, made one torch tensor per dtype once
     (``wholes``): a DLPack export costs several times a view, and a checkpoint has hundreds of
     tensors (300 of them took 8.6 ms one export each, 4.0 ms as views of one, on the 2-core
-    machine). A tensor whose offset is not a whole number of its items, or whose dtype this
-    torch lacks, gets its own export."""
+    machine), and without the buffer's array of each tensor, which cost as much again. A
+    tensor whose offset is not a whole number of its items, or whose dtype this torch lacks,
+    gets its own export."""
     import torch
     from torch.utils.dlpack import from_dlpack  # what torch re-exports as torch.from_dlpack
 
     buf, offset = tensors.locations[name]
     spec = DTYPES[tensors.dtypes[name]]
     dt = getattr(torch, spec.exact or spec.storage, None)
-    size = arr.dtype.itemsize
+    size = np.dtype(spec.storage).itemsize
     if dt is None or offset % size:
-        one: torch.Tensor = convert(_held(arr, keep), tensors.dtypes[name], "torch")
+        one: torch.Tensor = convert(_held(tensors[name], keep), tensors.dtypes[name], "torch")
         return one
     whole = wholes.get((buf.id, str(dt)))
     if whole is None:
         n = buf.nbytes - buf.nbytes % size
         flat = buf.view(0, n, np.uint8, (n,))
         whole = wholes[buf.id, str(dt)] = from_dlpack(_held(flat, keep)).view(dt)
+    shape = tensors.shapes[name]
     strides, step = [], 1
-    for dim in reversed(arr.shape):
+    for dim in reversed(shape):
         strides.append(step)
         step *= dim
-    return torch.as_strided(whole, arr.shape, tuple(reversed(strides)), offset // size)
+    return torch.as_strided(whole, shape, tuple(reversed(strides)), offset // size)
 
 
 def _empty(arr: Any) -> Any:

@@ -99,3 +99,49 @@ def test_copies_into_gpus_are_byte_identical() -> None:
                 got = gds.read(f, 1 << 20)
                 assert got.report.source == "peer"
                 assert np.array_equal(cp.asnumpy(got.array), data[1 << 20 :])
+
+
+@gpu
+@pytest.mark.gpu
+def test_shards_held_on_the_device_load_on_the_callers_thread() -> None:
+    """A load of safetensors shards whose copies are on the device queues one copy per shard:
+    it runs on the caller's thread, where the I/O threads' hand-off cost more than the copies
+    (a restarted engine's plain load of its kept copies). The bytes are the files'."""
+    import threading
+
+    from safetensors.numpy import save
+
+    cp = importlib.import_module("cupy")
+    rng = np.random.default_rng(3)
+    shards = [{f"s{i}.w{j}": rng.random((64, 32), dtype=np.float32) for j in range(3)}
+              for i in range(3)]  # fmt: skip
+    threads: list[int] = []
+    with GpuDirectStorage("cuda:0") as gds:
+        dev = parse_device("cuda:0")
+
+        def alloc(n: int) -> object:
+            threads.append(threading.get_ident())
+            return dev.empty(n)
+
+        files = []
+        for i, tensors in enumerate(shards):
+            raw = np.frombuffer(save(tensors), dtype=np.uint8)
+            head = 8 + int.from_bytes(raw[:8].tobytes(), "little")
+            on0 = cp.asarray(raw[head:])
+            cp.cuda.Device(0).synchronize()
+            files.append(
+                gds.open_copy(on0, dev, name=f"m/s{i}.safetensors", tier="nvme", rank=0,
+                              head=raw[:head].tobytes())
+            )  # fmt: skip
+        try:
+            out = gds.load_safetensors_raw(files, None, alloc)
+        finally:
+            for f in files:
+                f.close()
+    assert threads == [threading.get_ident()] * 3
+    for shard, tensors in zip(out, shards, strict=True):
+        assert shard.report.source == "gpu"
+        for name, want in tensors.items():
+            at, info = shard.tensors[name]
+            got = cp.asnumpy(shard.buffer[at : at + want.nbytes]).view(np.float32)
+            assert np.array_equal(got.reshape(want.shape), want)
