@@ -8,6 +8,9 @@ copy runs and that its failures abort cleanly; ``tierd bench serving`` measures 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import mmap
 import multiprocessing
 import os
 import signal
@@ -187,3 +190,112 @@ def test_kill_9_of_the_server_mid_copy_ends_the_copy_process_and_recovery_keeps_
         eng.mover.settings.process_min = CHUNK
         eng.migrate(eng.lookup("d/f.bin").id, "hdd")  # and it moves again, through a new one
         assert_invariants(eng, {"d/f.bin": data})
+
+
+def _flags(pid: int, suffix: str) -> int | None:
+    """The open flags of process ``pid``'s descriptor of a file whose path has ``suffix``."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if suffix in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    for line in f:
+                        if line.startswith("flags:"):
+                            return int(line.split()[1], 8)
+    return None
+
+
+def _direct_io(directory: Path) -> bool:
+    try:
+        fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(directory / ".probe")
+    return True
+
+
+def test_the_copy_writes_around_the_page_cache_and_the_tail_through_it(outside: Engine) -> None:
+    """Where the destination's filesystem takes ``O_DIRECT``, the copy process writes the
+    aligned chunks with it (the kernel's writeback of a move's bytes was what cost serving)
+    and turns it off for the file's unaligned tail; the bytes arrive either way."""
+    [root] = [t.watch_root() for t in outside.tiers if t.name == "ssd"]
+    assert root is not None
+    dest = Path(root)
+    if not _direct_io(dest):
+        pytest.skip(f"{dest}'s filesystem does not take O_DIRECT")
+    data = payload(SIZE)  # four aligned chunks, then a short one
+    put(outside, "f.bin", data)
+    process = outside.mover.copy_process
+    seen: list[int | None] = []
+
+    def hook(step: str) -> None:
+        if step == "copying" and process.pid is not None:
+            seen.append(_flags(process.pid, ".tierd-tmp"))
+
+    outside.mover.hook = hook
+    try:
+        outside.migrate(outside.lookup("f.bin").id, "ssd")
+    finally:
+        outside.mover.hook = None
+    [flags] = seen
+    assert flags is not None and flags & os.O_DIRECT
+    assert (dest / "f.bin").read_bytes() == data
+    assert outside.lookup("f.bin").checksum == checksum(data)
+
+
+def test_a_refused_direct_write_goes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem or device that refuses a direct write (EINVAL: a larger block than the
+    alignment) gets it written through the page cache instead, and every later one too."""
+    from tiering.moves import _copyworker
+
+    fd = os.open(tmp_path / "t", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        out = _copyworker._Destination(fd, None)
+        if not out.direct:
+            pytest.skip(f"{tmp_path}'s filesystem does not take O_DIRECT")
+        real = os.pwrite
+        refused: list[int] = []
+
+        def pwrite(f: int, data: memoryview, off: int) -> int:
+            if f == fd and out.direct:
+                refused.append(off)
+                raise OSError(errno.EINVAL, "Invalid argument")  # the fault injected
+            return real(f, data, off)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        buf = mmap.mmap(-1, 8192)
+        buf[:] = b"ab" * 4096
+        out.write(memoryview(buf)[:4096], 0)
+        out.write(memoryview(buf)[4096:], 4096)
+        assert refused == [0] and not out.direct
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+        assert os.pread(fd, 8192, 0) == b"ab" * 4096
+    finally:
+        os.close(fd)
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def test_the_copy_process_keeps_its_chunk_buffer_from_one_move_to_the_next(
+    outside: Engine,
+) -> None:
+    """A new buffer's pages are faulted in and zeroed as the first chunk lands in them (half
+    a 16 MiB chunk's copy time): the copy process keeps its buffers between moves, so a
+    second move faults in almost none of its chunk's pages."""
+    chunk = 4 << 20
+    outside.mover.settings.process_chunk = chunk
+    data = payload(2 * chunk + 1000)
+    rec = put(outside, "f.bin", data)
+    outside.migrate(rec.id, "ssd")
+    pid = outside.mover.copy_process.pid
+    assert pid is not None
+    before = _minor_faults(pid)
+    outside.migrate(rec.id, "nvme")
+    assert outside.mover.copy_process.pid == pid
+    assert _minor_faults(pid) - before < (chunk >> 12) // 4, "the buffer was made again"
+    assert outside.get(rec.id).checksum == checksum(data)
