@@ -192,16 +192,18 @@ def test_kill_9_of_the_server_mid_copy_ends_the_copy_process_and_recovery_keeps_
         assert_invariants(eng, {"d/f.bin": data})
 
 
-def _flags(pid: int, suffix: str) -> int | None:
-    """The open flags of process ``pid``'s descriptor of a file whose path has ``suffix``."""
+def _flags(pid: int, suffix: str) -> list[int]:
+    """The open flags of process ``pid``'s descriptors of files whose path ends with
+    ``suffix``."""
+    out = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
-            if suffix in os.readlink(f"/proc/{pid}/fd/{fd}"):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix):
                 with open(f"/proc/{pid}/fdinfo/{fd}") as f:
                     for line in f:
                         if line.startswith("flags:"):
-                            return int(line.split()[1], 8)
-    return None
+                            out.append(int(line.split()[1], 8))
+    return out
 
 
 def _direct_io(directory: Path) -> bool:
@@ -214,10 +216,12 @@ def _direct_io(directory: Path) -> bool:
     return True
 
 
-def test_the_copy_writes_around_the_page_cache_and_the_tail_through_it(outside: Engine) -> None:
-    """Where the destination's filesystem takes ``O_DIRECT``, the copy process writes the
-    aligned chunks with it (the kernel's writeback of a move's bytes was what cost serving)
-    and turns it off for the file's unaligned tail; the bytes arrive either way."""
+def test_the_copy_goes_around_the_page_cache_and_the_tail_through_it(outside: Engine) -> None:
+    """Where the tiers' filesystem takes ``O_DIRECT``, the copy process writes the aligned
+    chunks with it (the kernel's writeback of a move's bytes was in the requests' tail) and
+    reads the source with it through a descriptor of its own (the one the server handed over
+    shares its open file with the server, and stays as it was); the file's unaligned tail
+    goes through the page cache. The bytes arrive either way."""
     [root] = [t.watch_root() for t in outside.tiers if t.name == "ssd"]
     assert root is not None
     dest = Path(root)
@@ -226,19 +230,20 @@ def test_the_copy_writes_around_the_page_cache_and_the_tail_through_it(outside: 
     data = payload(SIZE)  # four aligned chunks, then a short one
     put(outside, "f.bin", data)
     process = outside.mover.copy_process
-    seen: list[int | None] = []
+    seen: list[tuple[list[int], list[int]]] = []
 
     def hook(step: str) -> None:
         if step == "copying" and process.pid is not None:
-            seen.append(_flags(process.pid, ".tierd-tmp"))
+            seen.append((_flags(process.pid, ".tierd-tmp"), _flags(process.pid, "/f.bin")))
 
     outside.mover.hook = hook
     try:
         outside.migrate(outside.lookup("f.bin").id, "ssd")
     finally:
         outside.mover.hook = None
-    [flags] = seen
-    assert flags is not None and flags & os.O_DIRECT
+    [(temp, source)] = seen
+    assert len(temp) == 1 and temp[0] & os.O_DIRECT
+    assert sorted(bool(f & os.O_DIRECT) for f in source) == [False, True]
     assert (dest / "f.bin").read_bytes() == data
     assert outside.lookup("f.bin").checksum == checksum(data)
 

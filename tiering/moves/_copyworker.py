@@ -11,7 +11,7 @@ Protocol, over ``AF_UNIX`` ``SOCK_SEQPACKET`` sockets (one message a datagram):
   channel, its source and its destination (the writer's unpublished temp file);
 - on a move's channel, the parent's requests and the replies, one a request:
   ``b"c" + <Q n>`` copy the next at most ``n`` bytes (``pread`` then ``pwrite`` at the same
-  offset, around the page cache where the filesystem allows, hashed) and reply
+  offset, both around the page cache where the filesystem allows, hashed) and reply
   ``b"k" + <Q got>`` (0 at the source's end), or
   ``b"x" + <i errno> + what`` ("read" or "write") on an error, after which the move is over;
   ``b"e"`` end: reply ``b"h" + checksum`` (``xxh3_128:<hex>``) and close.
@@ -117,6 +117,49 @@ class _Destination:
             self._written_back = end
 
 
+class _Source:
+    """The source, read around the page cache where its filesystem allows.
+
+    A read through the page cache is one more copy of a move's bytes by the CPU, through the
+    caches the server's requests run from. A direct read has the device put the bytes in the
+    buffer (the kernel first writes back any of the file's dirty pages in the range, so it
+    reads what a buffered read would). It opens the file again (``/proc/self/fd``): the flag
+    would otherwise change the server's descriptor too, which shares its open file. A read
+    the filesystem refuses, or one after a short read (the file's end), goes through the page
+    cache on the descriptor given.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._direct: int | None = None
+        if _O_DIRECT:
+            with contextlib.suppress(OSError):
+                flags = os.O_RDONLY | _O_DIRECT | os.O_CLOEXEC
+                self._direct = os.open(f"/proc/self/fd/{fd}", flags)
+
+    def read(self, view: memoryview, off: int) -> int:
+        """Fill ``view`` from ``off``, up to the file's end; the bytes read."""
+        got = 0
+        while got < len(view):
+            fd = self._direct if not (got % _ALIGN or off % _ALIGN) else None
+            try:
+                r = os.preadv(self.fd if fd is None else fd, [view[got:]], off + got)
+            except OSError as exc:
+                if fd is None or exc.errno != errno.EINVAL:
+                    raise
+                self.close()
+                continue
+            if r == 0:
+                break
+            got += r
+        return got
+
+    def close(self) -> None:
+        fd, self._direct = self._direct, None
+        if fd is not None:
+            os.close(fd)
+
+
 class _Buffers:
     """Chunk buffers kept from one move to the next.
 
@@ -156,6 +199,7 @@ def _serve(
     """One move's channel: chunks on request until the end, an error or the parent's end."""
     buf = _buffers.take()
     off = 0
+    source = _Source(src)
     try:
         out = _Destination(dst, writeback)
         while True:
@@ -172,12 +216,7 @@ def _serve(
             what = "read"
             view = memoryview(buf)[:n]
             try:
-                got = 0
-                while got < n:
-                    r = os.preadv(src, [view[got:]], off + got)
-                    if r == 0:
-                        break
-                    got += r
+                got = source.read(view, off)
                 what = "write"
                 out.write(view[:got], off)
                 hasher.update(view[:got])
@@ -191,6 +230,7 @@ def _serve(
     except OSError:
         return  # the channel broke: the parent is gone
     finally:
+        source.close()
         os.close(src)
         os.close(dst)
         chan.close()
