@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import mmap
 import os
 import socket
@@ -78,41 +77,50 @@ class _Destination:
     the buffer is page-aligned memory, every chunk but the last starts and ends at a multiple
     of :data:`_ALIGN`, and a write that is not (the file's tail), or one the filesystem refuses
     with ``EINVAL`` (a device with larger blocks), turns direct writes off for the rest of the
-    file and goes through the page cache as before.
+    file and goes through the page cache as before. Direct writes go through a descriptor of
+    their own, opened again from ``/proc/self/fd``: the one handed over shares its open file
+    with the server's writer, which syncs and publishes the temp file afterwards.
     """
 
     def __init__(self, fd: int, writeback: Writeback | None) -> None:
         self.fd = fd
-        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         self._writeback = writeback
         self._written_back = 0
-        #: Whether writes go around the page cache now; a filesystem without direct I/O (tmpfs
-        #: on older kernels, some FUSE ones) refuses the flag.
-        self.direct = False
-        if not _O_DIRECT:
-            return
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | _O_DIRECT)
-            self.direct = True
+        # None where the filesystem refuses direct I/O (tmpfs on older kernels, some FUSE
+        # ones), and once a write has turned it off.
+        self._direct: int | None = None
+        if _O_DIRECT:
+            with contextlib.suppress(OSError):
+                flags = os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC
+                self._direct = os.open(f"/proc/self/fd/{fd}", flags)
 
-    def _buffered(self) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
-        self.direct = False
+    @property
+    def direct(self) -> bool:
+        """Whether writes go around the page cache now."""
+        return self._direct is not None
+
+    def close(self) -> None:
+        """Stop writing around the page cache (the descriptor handed over stays open)."""
+        fd, self._direct = self._direct, None
+        if fd is not None:
+            os.close(fd)
 
     def write(self, view: memoryview, off: int) -> None:
         """All of ``view`` at ``off``."""
-        if self.direct and (len(view) % _ALIGN or off % _ALIGN):
-            self._buffered()
+        if len(view) % _ALIGN or off % _ALIGN:
+            self.close()
         done = 0
         while done < len(view):
+            fd = self._direct
             try:
-                done += os.pwrite(self.fd, view[done:], off + done)
+                done += os.pwrite(self.fd if fd is None else fd, view[done:], off + done)
             except OSError as exc:
-                if not (self.direct and exc.errno == errno.EINVAL):
+                if fd is None or exc.errno != errno.EINVAL:
                     raise
-                self._buffered()
+                self.close()
         end, since = off + len(view), self._written_back
-        if not self.direct and self._writeback is not None and end - since >= _WRITEBACK_STEP:
+        buffered = self._direct is None
+        if buffered and self._writeback is not None and end - since >= _WRITEBACK_STEP:
             self._writeback(self.fd, since, end - since, _SYNC_FILE_RANGE_WRITE)
             self._written_back = end
 
@@ -200,8 +208,8 @@ def _serve(
     buf = _buffers.take()
     off = 0
     source = _Source(src)
+    out = _Destination(dst, writeback)
     try:
-        out = _Destination(dst, writeback)
         while True:
             req = chan.recv(64)
             if not req:
@@ -231,6 +239,7 @@ def _serve(
         return  # the channel broke: the parent is gone
     finally:
         source.close()
+        out.close()
         os.close(src)
         os.close(dst)
         chan.close()
