@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,14 +37,35 @@ def outside(eng: Engine) -> Engine:
     return eng
 
 
-def _fd_target(pid: int, fd_dir: str = "/proc/{}/fd") -> set[str]:
-    """Where process ``pid``'s descriptors point."""
-    d = fd_dir.format(pid)
-    out = set()
-    for fd in os.listdir(d):
-        with contextlib.suppress(OSError):  # closed meanwhile
-            out.add(os.readlink(f"{d}/{fd}"))
+def _open_files(pid: int) -> list[tuple[str, int]]:
+    """Where process ``pid``'s descriptors point, and each one's open flags."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/fdinfo/{fd}") as f:  # closed?
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = next(line for line in f if line.startswith("flags:"))
+            out.append((target, int(flags.split()[1], 8)))
     return out
+
+
+def _flags(pid: int, suffix: str) -> list[int]:
+    """The open flags of ``pid``'s descriptors of files whose path ends with ``suffix``."""
+    return [flags for target, flags in _open_files(pid) if target.endswith(suffix)]
+
+
+def _migrate_seeing(eng: Engine, file_id: int, tier: str, see: Callable[[], None]) -> None:
+    """Move ``file_id`` to ``tier``, calling ``see()`` mid-copy (after its last chunk was
+    copied, while the copy process still holds both files open)."""
+
+    def hook(step: str) -> None:
+        if step == "copying":
+            see()
+
+    eng.mover.hook = hook
+    try:
+        eng.migrate(file_id, tier)
+    finally:
+        eng.mover.hook = None
 
 
 def test_the_bytes_are_copied_by_another_process_and_arrive(outside: Engine) -> None:
@@ -52,16 +74,11 @@ def test_the_bytes_are_copied_by_another_process_and_arrive(outside: Engine) -> 
     seen: list[tuple[int | None, set[str]]] = []
     process = outside.mover.copy_process
 
-    def hook(step: str) -> None:
-        if step == "copying":  # mid-copy: the process holds the temp file open, the server asks
-            pid = process.pid
-            seen.append((pid, _fd_target(pid) if pid else set()))
+    def see() -> None:  # the process holds the temp file open, the server asks
+        pid = process.pid
+        seen.append((pid, {t for t, _ in _open_files(pid)} if pid else set()))
 
-    outside.mover.hook = hook
-    try:
-        outside.migrate(outside.lookup("f.bin").id, "ssd")
-    finally:
-        outside.mover.hook = None
+    _migrate_seeing(outside, outside.lookup("f.bin").id, "ssd", see)
     [(pid, fds)] = seen
     assert pid is not None and pid != os.getpid()
     assert any(".tierd-tmp" in target for target in fds), fds  # it writes the temp itself
@@ -79,16 +96,10 @@ def test_a_move_still_yields_to_serving_one_chunk_at_a_time(outside: Engine) -> 
     put(outside, "moving.bin", payload(SIZE))
     put(outside, "served.bin", b"s" * 8192)
 
-    def hook(step: str) -> None:
-        if step == "copying":
-            content = outside.open_content(outside.lookup("served.bin").id)
-            content.close()
+    def see() -> None:
+        outside.open_content(outside.lookup("served.bin").id).close()
 
-    outside.mover.hook = hook
-    try:
-        outside.migrate(outside.lookup("moving.bin").id, "ssd")
-    finally:
-        outside.mover.hook = None
+    _migrate_seeing(outside, outside.lookup("moving.bin").id, "ssd", see)
     assert gate.rests == 5 + 1  # one per chunk, one for the other steps
     assert outside.mover.copy_process.starts == 1
 
@@ -106,16 +117,12 @@ def test_a_killed_copy_process_fails_the_move_cleanly_and_the_next_starts_anothe
     rec = put(outside, "f.bin", data)
     process = outside.mover.copy_process
 
-    def hook(step: str) -> None:
-        if step == "copying" and process.pid is not None:
+    def see() -> None:
+        if process.pid is not None:
             os.kill(process.pid, signal.SIGKILL)
 
-    outside.mover.hook = hook
-    try:
-        with pytest.raises(StorageError, match="copy process"):
-            outside.migrate(rec.id, "ssd")
-    finally:
-        outside.mover.hook = None
+    with pytest.raises(StorageError, match="copy process"):
+        _migrate_seeing(outside, rec.id, "ssd", see)
     after = outside.get(rec.id)
     assert after.tier == "nvme" and after.state == "stable"
     assert tier_files(outside) == {"f.bin": ["nvme"]}  # no temp left at the destination
@@ -192,20 +199,6 @@ def test_kill_9_of_the_server_mid_copy_ends_the_copy_process_and_recovery_keeps_
         assert_invariants(eng, {"d/f.bin": data})
 
 
-def _flags(pid: int, suffix: str) -> list[int]:
-    """The open flags of process ``pid``'s descriptors of files whose path ends with
-    ``suffix``."""
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix):
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    for line in f:
-                        if line.startswith("flags:"):
-                            out.append(int(line.split()[1], 8))
-    return out
-
-
 def _direct_io(directory: Path) -> bool:
     try:
         fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
@@ -232,15 +225,11 @@ def test_the_copy_goes_around_the_page_cache_and_the_tail_through_it(outside: En
     process = outside.mover.copy_process
     seen: list[tuple[list[int], list[int]]] = []
 
-    def hook(step: str) -> None:
-        if step == "copying" and process.pid is not None:
+    def see() -> None:
+        if process.pid is not None:
             seen.append((_flags(process.pid, ".tierd-tmp"), _flags(process.pid, "/f.bin")))
 
-    outside.mover.hook = hook
-    try:
-        outside.migrate(outside.lookup("f.bin").id, "ssd")
-    finally:
-        outside.mover.hook = None
+    _migrate_seeing(outside, outside.lookup("f.bin").id, "ssd", see)
     [(temp, source)] = seen
     assert sorted(bool(f & os.O_DIRECT) for f in temp) == [False, True]
     assert sorted(bool(f & os.O_DIRECT) for f in source) == [False, True]

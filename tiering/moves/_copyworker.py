@@ -60,7 +60,50 @@ def _writeback() -> Writeback | None:
     return fn
 
 
-class _Destination:
+class _Around:
+    """A file handed over as ``fd``, also opened again with ``O_DIRECT`` where its filesystem
+    allows (``/proc/self/fd``): the descriptor handed over shares its open file with the
+    server, and the flag set on it would change the server's reads and writes too.
+
+    :meth:`_io` goes around the page cache only where the offset is aligned (the buffer is
+    page-aligned memory, every chunk but the last a multiple of :data:`_ALIGN`); a call the
+    filesystem refuses with ``EINVAL`` (a device with larger blocks) turns direct I/O off for
+    the rest of the file and is made again through the page cache.
+    """
+
+    def __init__(self, fd: int, access: int) -> None:
+        self.fd = fd
+        # None where the filesystem refuses direct I/O (tmpfs on older kernels, some FUSE
+        # ones), and once a call has turned it off.
+        self._direct: int | None = None
+        if _O_DIRECT:
+            with contextlib.suppress(OSError):
+                flags = access | _O_DIRECT | os.O_CLOEXEC
+                self._direct = os.open(f"/proc/self/fd/{fd}", flags)
+
+    @property
+    def direct(self) -> bool:
+        """Whether I/O goes around the page cache now."""
+        return self._direct is not None
+
+    def close(self) -> None:
+        """Stop going around the page cache (the descriptor handed over stays open)."""
+        fd, self._direct = self._direct, None
+        if fd is not None:
+            os.close(fd)
+
+    def _io(self, call: Callable[[int, memoryview, int], int], view: memoryview, off: int) -> int:
+        fd = None if off % _ALIGN else self._direct
+        try:
+            return call(self.fd if fd is None else fd, view, off)
+        except OSError as exc:
+            if fd is None or exc.errno != errno.EINVAL:
+                raise
+            self.close()
+            return call(self.fd, view, off)
+
+
+class _Destination(_Around):
     """The temp file, written around the page cache where its filesystem allows.
 
     A move's bytes go to disk, not to memory: written through the page cache, each move's
@@ -71,39 +114,15 @@ class _Destination:
     4 KiB reads' p99 while moving was 1.34-2.80x idle (median 1.61x) with buffered writes and
     1.19-2.01x (median 1.23x) with direct ones; the rate (0.80x) and the moves did not change.
     The move's fsync still makes the bytes durable (a direct write can sit in the device's
-    cache), and the file's page cache, empty, evicts no other file's pages as it fills.
-
-    ``O_DIRECT`` needs each write's buffer, offset and length aligned to the device's block:
-    the buffer is page-aligned memory, every chunk but the last starts and ends at a multiple
-    of :data:`_ALIGN`, and a write that is not (the file's tail), or one the filesystem refuses
-    with ``EINVAL`` (a device with larger blocks), turns direct writes off for the rest of the
-    file and goes through the page cache as before. Direct writes go through a descriptor of
-    their own, opened again from ``/proc/self/fd``: the one handed over shares its open file
-    with the server's writer, which syncs and publishes the temp file afterwards.
+    cache), and the file's page cache, empty, evicts no other file's pages as it fills. A
+    write whose length is not aligned (the file's tail) turns direct writes off, as a refused
+    one does (see :class:`_Around`).
     """
 
     def __init__(self, fd: int, writeback: Writeback | None) -> None:
-        self.fd = fd
+        super().__init__(fd, os.O_WRONLY)
         self._writeback = writeback
         self._written_back = 0
-        # None where the filesystem refuses direct I/O (tmpfs on older kernels, some FUSE
-        # ones), and once a write has turned it off.
-        self._direct: int | None = None
-        if _O_DIRECT:
-            with contextlib.suppress(OSError):
-                flags = os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC
-                self._direct = os.open(f"/proc/self/fd/{fd}", flags)
-
-    @property
-    def direct(self) -> bool:
-        """Whether writes go around the page cache now."""
-        return self._direct is not None
-
-    def close(self) -> None:
-        """Stop writing around the page cache (the descriptor handed over stays open)."""
-        fd, self._direct = self._direct, None
-        if fd is not None:
-            os.close(fd)
 
     def write(self, view: memoryview, off: int) -> None:
         """All of ``view`` at ``off``."""
@@ -111,61 +130,39 @@ class _Destination:
             self.close()
         done = 0
         while done < len(view):
-            fd = self._direct
-            try:
-                done += os.pwrite(self.fd if fd is None else fd, view[done:], off + done)
-            except OSError as exc:
-                if fd is None or exc.errno != errno.EINVAL:
-                    raise
-                self.close()
+            done += self._io(os.pwrite, view[done:], off + done)
         end, since = off + len(view), self._written_back
-        buffered = self._direct is None
-        if buffered and self._writeback is not None and end - since >= _WRITEBACK_STEP:
+        if not self.direct and self._writeback is not None and end - since >= _WRITEBACK_STEP:
             self._writeback(self.fd, since, end - since, _SYNC_FILE_RANGE_WRITE)
             self._written_back = end
 
 
-class _Source:
+class _Source(_Around):
     """The source, read around the page cache where its filesystem allows.
 
     A read through the page cache is one more copy of a move's bytes by the CPU, through the
     caches the server's requests run from. A direct read has the device put the bytes in the
     buffer (the kernel first writes back any of the file's dirty pages in the range, so it
-    reads what a buffered read would). It opens the file again (``/proc/self/fd``): the flag
-    would otherwise change the server's descriptor too, which shares its open file. A read
-    the filesystem refuses, or one after a short read (the file's end), goes through the page
-    cache on the descriptor given.
+    reads what a buffered read would). A read after a short one (the file's end) is not
+    aligned, and goes through the page cache.
     """
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._direct: int | None = None
-        if _O_DIRECT:
-            with contextlib.suppress(OSError):
-                flags = os.O_RDONLY | _O_DIRECT | os.O_CLOEXEC
-                self._direct = os.open(f"/proc/self/fd/{fd}", flags)
+        super().__init__(fd, os.O_RDONLY)
 
     def read(self, view: memoryview, off: int) -> int:
         """Fill ``view`` from ``off``, up to the file's end; the bytes read."""
         got = 0
         while got < len(view):
-            fd = self._direct if not (got % _ALIGN or off % _ALIGN) else None
-            try:
-                r = os.preadv(self.fd if fd is None else fd, [view[got:]], off + got)
-            except OSError as exc:
-                if fd is None or exc.errno != errno.EINVAL:
-                    raise
-                self.close()
-                continue
+            r = self._io(_preadv, view[got:], off + got)
             if r == 0:
                 break
             got += r
         return got
 
-    def close(self) -> None:
-        fd, self._direct = self._direct, None
-        if fd is not None:
-            os.close(fd)
+
+def _preadv(fd: int, view: memoryview, off: int) -> int:
+    return os.preadv(fd, [view], off)
 
 
 class _Buffers:
