@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from tests.conftest import wait_for
 from tests.serving.conftest import leased
 
 torch = pytest.importorskip("torch")
@@ -74,13 +75,14 @@ def test_every_load_of_a_kept_shard_copies_from_it(api, upload, tmp_path):
         sd = api.load_state_dict("models/k")
         for k, v in tensors.items():
             assert torch.equal(sd[k], torch.from_numpy(v)), k
-        del sd
+        del sd  # its leases are retired by the client's renewer thread, a moment later
         assert _page_cache_bytes(api) == read  # not one byte more from the files
         # Rows gathered from the file need it whole in host memory: read from the file.
         with api.gather(ids[0], dim=1, dtype="uint8", indices=[0, 1, 9, 200]) as rows:
             assert np.asarray(rows).ravel().tobytes() == bytes(blobs[0][i] for i in (0, 1, 9, 200))
 
         # A shared load of a selection is handed the kept allocation, at its tensors' offsets.
+        wait_for(lambda: leased(api) == one_copy, what="the state dict's leases retired")
         with api.load_safetensors(ids, names=["layer.0.bias", "lm_head.weight"], shared=True) as s:
             assert all(b.reused for b in s.buffers)
             assert leased(api) == one_copy

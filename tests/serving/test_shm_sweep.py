@@ -70,7 +70,8 @@ def test_a_killed_servers_segments_are_removed_at_the_next_start(tmp_path: Path)
             assert _segments(pid), "the lease's segment is in /dev/shm"
             os.kill(pid, signal.SIGKILL)  # no cleanup of any kind
             _wait_gone(pid)
-        assert _segments(pid), "kill -9 leaves the segments (what the sweep is for)"
+        # kill -9 leaves the segments (what the sweep is for); not asserted here, as a server
+        # another test worker starts meanwhile may sweep them first, which is the same code.
         with server_process(data):
             assert _run_files(pid) == set(), "the dead run's segments (or marker) stay"
         assert foreign.exists() and kept.exists()
