@@ -90,7 +90,7 @@ def start_migrations(
             c.done.wait()
         if body.file_id is not None and isinstance(claims[0].error, TierdError):
             raise claims[0].error
-    items = [MigrationOut.of(engine.migration(c.intent.id)) for c in claims]
+    items = [MigrationOut.of(engine.claimed(c)) for c in claims]
     out = MigrationsStarted(planned=planned, migrations=items, skipped=skipped)
     return JSONResponse(out.model_dump(mode="json"), status_code=200 if wait else 202)
 

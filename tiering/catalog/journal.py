@@ -220,10 +220,13 @@ class Journal:
 
         return self.db.transact(body, files=_files(intent))
 
-    def finish(self, intent_id: int, *, error: str | None = None, now: float | None = None) -> None:
-        """Step 10: a switched intent becomes ``done``."""
+    def finish(
+        self, intent_id: int, *, error: str | None = None, now: float | None = None
+    ) -> Migration | None:
+        """Step 10: a switched intent becomes ``done``; returns the intent as committed (None
+        if it is gone), so a move's caller needs no read of its own after it."""
 
-        def body(s: Session) -> None:
+        def body(s: Session) -> Migration | None:
             if not self.db.single_writer:
                 # Losing ``done`` in a crash is harmless: recovery finds the intent switched,
                 # finds the source gone, and marks it done again.
@@ -233,8 +236,9 @@ class Journal:
                 row.phase = MigrationPhase.DONE
                 row.error = error
                 row.finished_at = time.time() if now is None else now
+            return row
 
-        self.db.transact(body, changes_files=False)  # the intent's row only
+        return self.db.transact(body, changes_files=False)  # the intent's row only
 
     def release(
         self,

@@ -199,6 +199,14 @@ class Steering:
             raise NotFound(f"no migration with id {intent_id}", migration_id=intent_id)
         return MigrationInfo.of(row, self.mover)
 
+    def claimed(self, claim: Claim) -> MigrationInfo:
+        """A claimed move's migration: as the move left it when it has finished (no catalog
+        read: on a busy host each read waits its turn for the cores and the GIL), else as the
+        catalog has it now."""
+        if claim.result is not None:
+            return MigrationInfo.of(claim.result, self.mover)
+        return self.migration(claim.intent.id)
+
     def migrations(
         self,
         *,

@@ -12,6 +12,7 @@ import errno
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from tiering.catalog import FileState, Migration, MigrationPhase
 from tiering.catalog.journal import Journal
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Cancelled(Unavailable):
@@ -70,16 +73,17 @@ def public_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def retry_busy(fn: Callable[[], object], tries: int = 3) -> None:
-    """Run a catalog write, retrying a few times while the catalog is busy."""
+def retry_busy(fn: Callable[[], T], tries: int = 3) -> T:
+    """Run a catalog write, retrying a few times while the catalog is busy; returns what it
+    returned."""
     for i in range(tries):
         try:
-            fn()
-            return
+            return fn()
         except CatalogBusy:
             if i == tries - 1:
                 raise
             time.sleep(0.1 * (i + 1))
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def record_abort(

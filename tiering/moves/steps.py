@@ -304,13 +304,13 @@ class MoveRunner:
                 "migration %d: could not remove the source on %s: %s", intent.id, src.name, exc
             )
             return self.journal.get(intent.id) or intent
-        retry_busy(lambda: self.journal.finish(intent.id))
+        finished = retry_busy(lambda: self.journal.finish(intent.id))
         self.settings.at("done")
         # The steps since the last chunk rest too, once the file's guard is let go (the mover
         # rests after its run): a rest holding it kept the file busy, and a planner pass then
         # skipped it (a pin's move waited for the next periodic pass).
         claim.owed_rest_s = time.monotonic() - pace.since
-        return self.journal.get(intent.id) or intent
+        return finished or intent
 
     def _verify_source(self, src: Tier, rec: FileRecord, source: Source, copied: int) -> None:
         if not (copied == source.stat.size and source.unchanged()):
