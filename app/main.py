@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -78,39 +78,15 @@ def check_bind(settings: Settings) -> None:
     log.warning("no tokens configured: serving without auth on loopback %s only", settings.host)
 
 
-@contextmanager
-def switch_interval(seconds: float) -> Iterator[None]:
-    """The GIL's switch interval set to ``seconds`` within, and put back after (a test's
-    in-process servers share the process with the rest of the test run)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app. The engine starts in the lifespan, not here."""
-    settings = settings or get_settings()
-    check_bind(settings)
-    engine = Engine(settings.engine_config())
-    metrics = Metrics()
-    loader = Loader(
-        engine,
-        settings.buffers.loader_config(settings.io.gds_config()),
-        observer=metrics.observe_load,
-    )
-    metrics.watch(engine, loader)
+def lifespan(
+    settings: Settings, engine: Engine, loader: Loader
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The server's life: the GIL's switch interval set (kept for the process's life: it
+    serves), then the engine, the loader and the fleet worker started, and stopped in reverse."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        with switch_interval(SWITCH_INTERVAL_S):
-            async with serving():
-                yield
-
-    @asynccontextmanager
-    async def serving() -> AsyncIterator[None]:
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         await run_in_threadpool(engine.start)
         try:
             # The loader's reaper and jobs stop, and every lease is freed, before the engine.
@@ -127,11 +103,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await run_in_threadpool(engine.stop)
 
+    return serving
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. The engine starts in the lifespan, not here."""
+    settings = settings or get_settings()
+    check_bind(settings)
+    engine = Engine(settings.engine_config())
+    metrics = Metrics()
+    loader = Loader(
+        engine,
+        settings.buffers.loader_config(settings.io.gds_config()),
+        observer=metrics.observe_load,
+    )
+    metrics.watch(engine, loader)
+
     app = FastAPI(
         title="tierd",
         version=tiering.__version__,
         description="Keeps files on the right storage tier and gets them into GPU memory fast.",
-        lifespan=lifespan,
+        lifespan=lifespan(settings, engine, loader),
         docs_url=None,  # install_docs serves it from the package, not a CDN
         redoc_url=None,
         dependencies=[Depends(json_bodies)],  # a route's JSON body must come as JSON (415)

@@ -11,12 +11,10 @@ and of two claims of one file the second waits for the first and sees it ``migra
 
 Each intent names the host that claimed it (``Migration.host``). Hosts share a catalog but not
 their directory tiers, and a move's temp lives on its destination: only the claiming host can
-settle what a crash left, so recovery reads :meth:`Journal.own_open_intents` alone. A file
-owned by another host's open intent stays busy for everyone (scan, the watcher, claims): it is
-in flight, whoever moves it.
+settle what a crash left, so recovery reads :meth:`Journal.own_open_intents` alone. A file of
+another host's open intent stays busy for everyone (scan, watcher, claims): it is in flight.
 
-Kept whole past 450 lines: every write of the move protocol is a compare-and-set over the same
-rows, read against each other.
+Kept whole past 450 lines: every write of the move protocol is a CAS over the same rows.
 """
 
 from __future__ import annotations
@@ -223,8 +221,7 @@ class Journal:
     def finish(
         self, intent_id: int, *, error: str | None = None, now: float | None = None
     ) -> Migration | None:
-        """Step 10: a switched intent becomes ``done``; returns the intent as committed (None
-        if it is gone), so a move's caller needs no read of its own after it."""
+        """Step 10: a switched intent becomes ``done``; returns it as committed (no read after)."""
 
         def body(s: Session) -> Migration | None:
             if not self.db.single_writer:
