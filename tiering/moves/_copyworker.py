@@ -203,6 +203,7 @@ def _serve(
 ) -> None:
     """One move's channel: chunks on request until the end, an error or the parent's end."""
     buf = _buffers.take()
+    given = False
     off = 0
     source = _Source(src)
     out = _Destination(dst, writeback)
@@ -212,6 +213,10 @@ def _serve(
             if not req:
                 return  # the parent is gone or gave the move up
             if req[:1] == b"e":
+                # The buffer goes back before the answer: the server's next move may start as
+                # soon as it has it, and must find the buffer kept, not make one again.
+                _buffers.give(buf)
+                given = True
                 chan.send(b"h" + hasher.value().encode())
                 return
             (n,) = struct.unpack("<Q", req[1:9])
@@ -240,7 +245,8 @@ def _serve(
         os.close(src)
         os.close(dst)
         chan.close()
-        _buffers.give(buf)
+        if not given:
+            _buffers.give(buf)
 
 
 def main(argv: list[str]) -> int:
