@@ -57,13 +57,13 @@ _CatalogOpt = Annotated[
 def bench_serving(
     duration: Annotated[
         float, typer.Option("--duration", help="Seconds of each window.", min=0.5)
-    ] = 5.0,
+    ] = 10.0,  # serving.DURATION_S, REPEATS, RUNS: that module is imported only to run
     repeats: Annotated[
         int,
         typer.Option(
             "--repeats", "--repeat", help="Rounds of windows (idle, then each phase).", min=1
         ),
-    ] = 4,
+    ] = 6,
     phases: _PhasesOpt = "moves",
     clients: Annotated[int, typer.Option("--clients", help="Concurrent clients.", min=1)] = 16,
     movers: Annotated[
@@ -82,7 +82,7 @@ def bench_serving(
     ] = None,
     runs: Annotated[
         int, typer.Option("--runs", help="Whole runs, each on a fresh server (medians).", min=1)
-    ] = 1,
+    ] = 3,
     origin: _OriginOpt = None,
     load_size: _LoadSizeOpt = "256MiB",
     device: _DeviceOpt = "cpu",

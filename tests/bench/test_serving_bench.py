@@ -18,11 +18,19 @@ from tests.conftest import LiveServer, make_settings
 from tests.helpers import cli_text
 from tests.pg_support import PgServer
 from tierd_bench._serving_fills import why_no_fills
-from tierd_bench.serving import KINDS, _set_policy, busy_phases, run
+from tierd_bench.serving import (
+    DURATION_S,
+    KINDS,
+    REPEATS,
+    RUNS,
+    _set_policy,
+    busy_phases,
+    run,
+)
 
 from .test_cli_bench import run_to_json
 
-TINY = ["--duration", "0.5", "--repeats", "1", "--clients", "3", "--movers", "1"]
+TINY = ["--duration", "0.5", "--repeats", "1", "--runs", "1", "--clients", "3", "--movers", "1"]
 
 
 @dataclass
@@ -116,6 +124,22 @@ def test_bench_serving_fills_copies_from_a_peer_while_serving(served: Served) ->
     assert after == before  # the scratch catalog was dropped
 
 
+def test_the_clis_defaults_are_the_benchs() -> None:
+    """60 s of each phase a run, in alternating windows, three runs (issue 43's measurement,
+    medians of three): the CLI states
+    the defaults itself, as it imports the bench only when it runs."""
+    import inspect
+
+    from tierd_bench._cliserving import bench_serving
+
+    cli_defaults = inspect.signature(bench_serving).parameters
+    run_defaults = inspect.signature(run).parameters
+    assert cli_defaults["duration"].default == run_defaults["duration_s"].default == DURATION_S
+    assert cli_defaults["repeats"].default == run_defaults["repeats"].default == REPEATS
+    assert cli_defaults["runs"].default == run_defaults["runs"].default == RUNS == 3
+    assert DURATION_S * REPEATS == 60
+
+
 def test_phases_are_chosen_and_checked() -> None:
     assert busy_phases(None, None) == ["moves"]
     assert busy_phases(["fills", "moves"], "open") == ["moves", "fills", "load"]
@@ -191,7 +215,18 @@ def test_bench_serving_during_a_large_load_from_a_fast_origin(tmp_path: Path) ->
         pytest.skip(str(exc))
     work = tmp_path / "work"
     work.mkdir()
-    args = ["serving", *TINY[:2], "--repeats", "1", "--clients", "2", "--movers", "1"]
+    args = [
+        "serving",
+        *TINY[:2],
+        "--repeats",
+        "1",
+        "--runs",
+        "1",
+        "--clients",
+        "2",
+        "--movers",
+        "1",
+    ]
     args += ["--size", "256KiB", "--origin", "open", "--load-size", "2MiB", "--dir", str(work)]
     doc = run_to_json(tmp_path, "serving", *args)
     rows, setup = doc["rows"], doc["setup"]
