@@ -75,15 +75,13 @@ def public_error(exc: BaseException) -> BaseException:
 
 def retry_busy(fn: Callable[[], T], tries: int = 3) -> T:
     """Run a catalog write, retrying a few times while the catalog is busy; returns what it
-    returned."""
-    for i in range(tries):
+    returned (the last try's error is raised)."""
+    for i in range(tries - 1):
         try:
             return fn()
         except CatalogBusy:
-            if i == tries - 1:
-                raise
             time.sleep(0.1 * (i + 1))
-    raise AssertionError("unreachable: the last try returns or raises")
+    return fn()
 
 
 def record_abort(
